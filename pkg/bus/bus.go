@@ -1,0 +1,192 @@
+// Package bus connects a service to NATS: it embeds a JetStream server when no
+// URL is given, or connects to the operator's cluster; it defines every
+// stream, consumer and KV bucket in one place and creates or updates them
+// idempotently; and it provides the event store that appends domain events
+// with idempotency and optimistic-concurrency checks.
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultListen is where an embedded server listens unless told otherwise.
+const DefaultListen = "127.0.0.1:4222"
+
+// Config says how to reach NATS.
+type Config struct {
+	// URL of the operator's NATS servers. Empty means: embed a server.
+	URL string
+	// CredsFile is a NATS credentials file used with URL.
+	CredsFile string
+	// Name is the client connection name, shown by `nats server report connections`.
+	Name string
+
+	// DataDir is the embedded server's JetStream store directory.
+	DataDir string
+	// Listen is the embedded server's client address ("127.0.0.1:4222";
+	// port -1 or 0 picks a free port).
+	Listen string
+
+	// Replicas for streams and buckets. 0 means 1 when embedded and 3 when
+	// connected to a cluster.
+	Replicas int
+}
+
+// Conn is a live NATS connection with JetStream, and the embedded server
+// behind it when there is one.
+type Conn struct {
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	Server *server.Server // nil when connected to an external server
+
+	replicas int
+}
+
+// Replicas is the replica count used for streams and buckets.
+func (c *Conn) Replicas() int { return c.replicas }
+
+// ClientURL is the URL other processes can use to reach this connection's
+// server.
+func (c *Conn) ClientURL() string {
+	if c.Server != nil {
+		return c.Server.ClientURL()
+	}
+	return c.NC.ConnectedUrl()
+}
+
+// Connect embeds or dials NATS according to cfg and waits until JetStream
+// answers.
+func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+	}
+	c := &Conn{replicas: cfg.Replicas}
+	url := cfg.URL
+	if url == "" {
+		srv, err := Embed(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		c.Server = srv
+		url = srv.ClientURL()
+		if c.replicas == 0 {
+			c.replicas = 1
+		}
+	} else {
+		if cfg.CredsFile != "" {
+			opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+		}
+		if c.replicas == 0 {
+			c.replicas = 3
+		}
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		c.shutdownServer()
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	c.NC = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.JS = js
+	if _, err := js.AccountInfo(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("JetStream is not available at %s: %w", url, err)
+	}
+	return c, nil
+}
+
+// Embed starts a JetStream-enabled nats-server that stores under
+// cfg.DataDir and listens on cfg.Listen (default [DefaultListen]).
+func Embed(cfg Config, log *slog.Logger) (*server.Server, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("embedded NATS needs a data directory")
+	}
+	listen := cfg.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen address %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("listen address %q: port must be a number", listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, err
+	}
+	storeDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	opts := &server.Options{
+		ServerName: "proxyfleet-embedded",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS did not start listening on %s within 10s (is the port in use?)", listen)
+	}
+	log.Info("embedded NATS started", "url", srv.ClientURL(), "store", storeDir)
+	return srv, nil
+}
+
+// Close drains the connection and stops the embedded server, if any.
+func (c *Conn) Close() {
+	if c.NC != nil {
+		_ = c.NC.Drain()
+		for i := 0; i < 50 && !c.NC.IsClosed(); i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.NC.Close()
+	}
+	c.shutdownServer()
+}
+
+func (c *Conn) shutdownServer() {
+	if c.Server != nil {
+		c.Server.Shutdown()
+		c.Server.WaitForShutdown()
+	}
+}

@@ -1,0 +1,79 @@
+package events
+
+import "fmt"
+
+// CreateCommand asks an agent to build the instance behind a proxy. It is
+// carried by FLEET_CMDS only; it holds the pool's secrets (user-data and the
+// proxy password) because the agent needs them, and must never be logged
+// whole (see [CreateCommand.LogValue]).
+type CreateCommand struct {
+	ProxyID  string     `json:"proxyID"`
+	Pool     string     `json:"pool"`
+	Entry    string     `json:"entry"`
+	Target   string     `json:"target"`
+	Instance string     `json:"instance"`
+	Attempt  int        `json:"attempt"`
+	Revision int        `json:"revision"`
+	Image    string     `json:"image,omitempty"`
+	Profile  string     `json:"profile,omitempty"`
+	Port     int        `json:"port"`
+	Auth     *ProxyAuth `json:"auth,omitempty"`
+	UserData []byte     `json:"userData,omitempty"`
+}
+
+// Validate checks the command.
+func (c *CreateCommand) Validate() error {
+	var v ValidationError
+	v.AddField(CheckIdentifier("proxyID", c.ProxyID))
+	v.AddField(CheckIdentifier("pool", c.Pool))
+	v.AddField(CheckIdentifier("entry", c.Entry))
+	v.AddField(CheckIdentifier("target", c.Target))
+	if c.Instance != InstanceName(c.ProxyID) {
+		v.Add("instance", "must be the instance name derived from proxyID", c.Instance)
+	}
+	if c.Attempt < 1 {
+		v.Add("attempt", "must be 1 or more", fmt.Sprint(c.Attempt))
+	}
+	if c.Port < 1 || c.Port > 65535 {
+		v.Add("port", "must be between 1 and 65535", fmt.Sprint(c.Port))
+	}
+	return v.Err()
+}
+
+// MsgID is the command's deterministic Nats-Msg-Id.
+func (c *CreateCommand) MsgID() string { return CommandID(c.ProxyID, VerbCreate, c.Attempt) }
+
+// DeleteCommand asks an agent to remove the instance behind a proxy.
+type DeleteCommand struct {
+	ProxyID    string `json:"proxyID"`
+	Pool       string `json:"pool"`
+	Entry      string `json:"entry"`
+	Target     string `json:"target"`
+	Instance   string `json:"instance"`
+	ProviderID string `json:"providerID,omitempty"`
+	Attempt    int    `json:"attempt"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+// Validate checks the command.
+func (c *DeleteCommand) Validate() error {
+	var v ValidationError
+	v.AddField(CheckIdentifier("proxyID", c.ProxyID))
+	v.AddField(CheckIdentifier("entry", c.Entry))
+	v.AddField(CheckIdentifier("target", c.Target))
+	if c.Instance != InstanceName(c.ProxyID) {
+		v.Add("instance", "must be the instance name derived from proxyID", c.Instance)
+	}
+	if c.Attempt < 1 {
+		v.Add("attempt", "must be 1 or more", fmt.Sprint(c.Attempt))
+	}
+	return v.Err()
+}
+
+// MsgID is the command's deterministic Nats-Msg-Id.
+func (c *DeleteCommand) MsgID() string { return CommandID(c.ProxyID, VerbDelete, c.Attempt) }
+
+// CommandID returns "<proxy>.<verb>.<attempt>", the Nats-Msg-Id of a command.
+func CommandID(proxyID, verb string, attempt int) string {
+	return fmt.Sprintf("%s.%s.%d", proxyID, verb, attempt)
+}

@@ -1,0 +1,166 @@
+package events
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Pool defaults applied by [PoolSpec.Normalize].
+const (
+	DefaultProxyPort = 3128
+	MaxPoolSize      = 1000
+)
+
+// PoolSpec is what an operator asks for: a named group of proxies. It is the
+// body of fleet.api.pool.apply. UserData and Auth.Password are secrets: they
+// never appear in events or logs (see [PoolSpec.Public]).
+type PoolSpec struct {
+	Name     string     `json:"name"`
+	Provider string     `json:"provider"`
+	Targets  []string   `json:"targets,omitempty"`
+	Size     int        `json:"size"`
+	Image    string     `json:"image,omitempty"`
+	Profile  string     `json:"profile,omitempty"`
+	Port     int        `json:"port,omitempty"`
+	Auth     *ProxyAuth `json:"auth,omitempty"`
+	UserData string     `json:"userData,omitempty"`
+	MaxAge   Duration   `json:"maxAge,omitempty"`
+}
+
+// ProxyAuth is the basic-auth pair a proxy demands from its clients.
+type ProxyAuth struct {
+	Username string `json:"username"`
+	Password string `json:"password,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("72h").
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	if d == 0 {
+		return []byte(`""`), nil
+	}
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON accepts a duration string such as "90m" or "72h".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("must be a duration string such as \"72h\"")
+	}
+	if s == "" {
+		*d = 0
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("must be a duration string such as \"72h\": %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Normalize fills defaults in place.
+func (p *PoolSpec) Normalize() {
+	if p.Port == 0 {
+		p.Port = DefaultProxyPort
+	}
+}
+
+// Validate checks every field and returns a [*ValidationError] listing all
+// problems, or nil.
+func (p *PoolSpec) Validate() error {
+	var v ValidationError
+	v.AddField(CheckIdentifier("name", p.Name))
+	v.AddField(CheckIdentifier("provider", p.Provider))
+	for i, t := range p.Targets {
+		v.AddField(CheckIdentifier(fmt.Sprintf("targets[%d]", i), t))
+	}
+	if p.Size < 0 {
+		v.Add("size", "must be zero or more", fmt.Sprint(p.Size))
+	} else if p.Size > MaxPoolSize {
+		v.Add("size", fmt.Sprintf("must be at most %d", MaxPoolSize), fmt.Sprint(p.Size))
+	}
+	if p.Image != "" {
+		v.AddField(CheckIdentifier("image", p.Image))
+	}
+	if p.Profile != "" {
+		v.AddField(CheckIdentifier("profile", p.Profile))
+	}
+	if p.Port < 0 || p.Port > 65535 {
+		v.Add("port", "must be between 1 and 65535", fmt.Sprint(p.Port))
+	}
+	if p.Auth != nil {
+		if p.Auth.Username == "" || containsAny(p.Auth.Username, ":\r\n") {
+			v.Add("auth.username", "is required and may not contain ':' or line breaks", "")
+		}
+		if p.Auth.Password == "" || containsAny(p.Auth.Password, "\r\n") {
+			v.Add("auth.password", "is required and may not contain line breaks", "")
+		}
+	}
+	if p.MaxAge < 0 {
+		v.Add("maxAge", "must not be negative", time.Duration(p.MaxAge).String())
+	} else if p.MaxAge > 0 && time.Duration(p.MaxAge) < time.Minute {
+		v.Add("maxAge", "must be at least 1m", time.Duration(p.MaxAge).String())
+	}
+	if len(p.UserData) > 64<<10 {
+		v.Add("userData", "must be at most 64 KiB", "")
+	}
+	return v.Err()
+}
+
+func containsAny(s, chars string) bool {
+	for i := 0; i < len(s); i++ {
+		for j := 0; j < len(chars); j++ {
+			if s[i] == chars[j] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Public returns a copy of p without secrets, safe for events and logs.
+func (p PoolSpec) Public() PoolSpec {
+	out := p
+	out.Targets = append([]string(nil), p.Targets...)
+	out.UserData = ""
+	if p.Auth != nil {
+		out.Auth = &ProxyAuth{Username: p.Auth.Username}
+	}
+	return out
+}
+
+// Secrets returns the secret half of p, stored beside the event log (never in
+// it) so the planner can put it into commands.
+func (p PoolSpec) Secrets() PoolSecrets {
+	s := PoolSecrets{UserData: p.UserData}
+	if p.Auth != nil {
+		s.Password = p.Auth.Password
+	}
+	return s
+}
+
+// PoolSecrets is the part of a [PoolSpec] that may not enter the event log.
+type PoolSecrets struct {
+	Revision int    `json:"revision"`
+	UserData string `json:"userData,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
+// Digest returns a stable SHA-256 of the secrets, recorded in events so a
+// change of user-data or password is a new spec revision without the values
+// ever entering the log.
+func (s PoolSecrets) Digest() string {
+	if s.UserData == "" && s.Password == "" {
+		return ""
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s\x00%d:%s", len(s.UserData), s.UserData, len(s.Password), s.Password)
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,155 @@
+package events
+
+import (
+	"fmt"
+)
+
+// Event types: the last token of an event subject.
+const (
+	PoolApplied = "applied"
+	PoolDeleted = "deleted"
+
+	ProxyRequested    = "requested"
+	ProxyProvisioning = "provisioning"
+	ProxyRunning      = "running"
+	ProxyReady        = "ready"
+	ProxyUnhealthy    = "unhealthy"
+	ProxyFailed       = "failed"
+	ProxyRetiring     = "retiring"
+	ProxyDeleted      = "deleted"
+	ProxyAbandoned    = "abandoned"
+)
+
+// Failure classes carried by [ProxyFailedData].
+const (
+	ClassQuota      = "quota"
+	ClassPermanent  = "permanent"
+	ClassTimeout    = "timeout"
+	ClassVanished   = "vanished"
+	ClassDeadLetter = "dead-letter"
+)
+
+// PoolAppliedData is recorded when a pool spec is accepted. Spec has no
+// secrets; SecretsDigest changes when user-data or the password change.
+type PoolAppliedData struct {
+	Spec          PoolSpec `json:"spec"`
+	Revision      int      `json:"revision"`
+	SecretsDigest string   `json:"secretsDigest,omitempty"`
+}
+
+// Validate checks the data.
+func (d *PoolAppliedData) Validate() error {
+	if d.Revision < 1 {
+		return &FieldError{Field: "revision", Reason: "must be 1 or more"}
+	}
+	return d.Spec.Validate()
+}
+
+// PoolDeletedData is recorded when an operator deletes a pool.
+type PoolDeletedData struct {
+	Revision int `json:"revision"`
+}
+
+// ProxyRequestedData is the planner's decision to create a proxy on a target.
+type ProxyRequestedData struct {
+	Pool     string `json:"pool"`
+	Entry    string `json:"entry"`
+	Target   string `json:"target"`
+	Instance string `json:"instance"`
+	Revision int    `json:"revision"`
+	Image    string `json:"image,omitempty"`
+	Profile  string `json:"profile,omitempty"`
+	Port     int    `json:"port"`
+	Username string `json:"username,omitempty"`
+	// Replaces names the proxy this one replaces, if any.
+	Replaces string `json:"replaces,omitempty"`
+}
+
+// Validate checks the data.
+func (d *ProxyRequestedData) Validate() error {
+	var v ValidationError
+	v.AddField(CheckIdentifier("pool", d.Pool))
+	v.AddField(CheckIdentifier("entry", d.Entry))
+	v.AddField(CheckIdentifier("target", d.Target))
+	if d.Instance == "" {
+		v.Add("instance", "is required", "")
+	}
+	return v.Err()
+}
+
+// ProxyProvisioningData is the agent's observation that it started to build
+// the instance. It is published before any slow work, with the provider ID
+// when one is known (for Proxmox the reserved VMID).
+type ProxyProvisioningData struct {
+	Entry      string `json:"entry"`
+	Target     string `json:"target"`
+	Instance   string `json:"instance"`
+	ProviderID string `json:"providerID,omitempty"`
+	Attempt    int    `json:"attempt"`
+}
+
+// ProxyRunningData is the agent's observation that the instance runs and
+// answers at Address (host:port).
+type ProxyRunningData struct {
+	ProviderID string `json:"providerID,omitempty"`
+	Address    string `json:"address"`
+	Attempt    int    `json:"attempt"`
+}
+
+// Validate checks the data.
+func (d *ProxyRunningData) Validate() error {
+	if d.Address == "" {
+		return &FieldError{Field: "address", Reason: "is required"}
+	}
+	return nil
+}
+
+// ProxyReadyData is the health service's observation that a probe through
+// the proxy succeeded after it was not ready.
+type ProxyReadyData struct {
+	Address   string `json:"address"`
+	LatencyMS int64  `json:"latencyMs"`
+	EgressIP  string `json:"egressIP,omitempty"`
+}
+
+// ProxyUnhealthyData is the health service's observation that probes failed
+// Streak times in a row.
+type ProxyUnhealthyData struct {
+	Reason string `json:"reason"`
+	Streak int    `json:"streak"`
+}
+
+// ProxyFailedData records that a proxy cannot reach or stay in service.
+type ProxyFailedData struct {
+	Class   string `json:"class"`
+	Reason  string `json:"reason"`
+	Attempt int    `json:"attempt,omitempty"`
+}
+
+// ProxyRetiringData is the planner's decision to remove a proxy.
+type ProxyRetiringData struct {
+	Reason string `json:"reason"`
+	// SkipCleanup means the instance is left in place (the proxy becomes
+	// abandoned instead of deleted).
+	SkipCleanup bool `json:"skipCleanup,omitempty"`
+}
+
+// ProxyDeletedData is the agent's observation that the instance is gone.
+type ProxyDeletedData struct {
+	Attempt int `json:"attempt"`
+}
+
+// ProxyAbandonedData records that the proxy was dropped without cleanup.
+type ProxyAbandonedData struct {
+	Reason string `json:"reason"`
+}
+
+// IsTerminal reports whether a proxy in state typ is finished for good.
+func IsTerminal(typ string) bool { return typ == ProxyDeleted || typ == ProxyAbandoned }
+
+// ProxyEventID returns the deterministic id (and Nats-Msg-Id) of a proxy
+// event: "<proxy>.<type>.<n>", where n distinguishes repeated facts of one
+// type (the command attempt, or the sequence the fact follows).
+func ProxyEventID(proxyID, typ string, n uint64) string {
+	return fmt.Sprintf("%s.%s.%d", proxyID, typ, n)
+}

@@ -1,0 +1,118 @@
+// Package agent is the runtime every backend agent shares. A backend supplies
+// a [Driver]; [Runtime] consumes the agent's own command subject, runs the
+// driver under a per-command deadline, publishes what it observed to
+// FLEET_EVENTS before acknowledging, heartbeats into fleet-agents, and answers
+// info, inventory and check requests as the "fleet-agent" micro service.
+package agent
+
+import (
+	"context"
+
+	"proxyfleet/pkg/events"
+)
+
+// Driver is the seam every backend implements. Every method takes ctx first
+// and must return when it ends.
+//
+// Create and Delete are idempotent: Create finds an instance an earlier
+// attempt made (by its deterministic name) instead of making a second one;
+// Delete of something already gone returns nil or an error wrapping
+// [ErrNotFound]. List returns only instances carrying the proxyfleet marker,
+// cheaply (no per-instance address lookups). Check never fails as a whole: it
+// reports one [Verdict] per thing it checked.
+type Driver interface {
+	Create(ctx context.Context, spec Spec) (Instance, error)
+	Get(ctx context.Context, ref Ref) (Instance, error)
+	Delete(ctx context.Context, ref Ref) error
+	List(ctx context.Context) ([]Instance, error)
+	Check(ctx context.Context) []Verdict
+}
+
+// Preparer is an optional [Driver] capability: reserve the provider ID
+// before any slow work, so the runtime can record it in the provisioning
+// event and a retry after a crash finds the instance by it (Proxmox reserves
+// the VMID here). Spec.ProviderID holds the ID an earlier attempt recorded,
+// if any; Prepare must return it unchanged when it is still valid.
+type Preparer interface {
+	Prepare(ctx context.Context, spec Spec) (providerID string, err error)
+}
+
+// Spec is everything a driver needs to create one instance. UserData and
+// Auth.Password are secrets: never log them.
+type Spec struct {
+	ProxyID    string
+	Pool       string
+	Entry      string
+	Target     string
+	Name       string // deterministic instance name, events.InstanceName(ProxyID)
+	ProviderID string // set when Prepare or an earlier attempt recorded one
+	Attempt    int
+	Image      string
+	Profile    string
+	Port       int
+	Auth       *events.ProxyAuth
+	UserData   []byte
+}
+
+// Marker returns the garbage-collection marker the instance must carry.
+func (s Spec) Marker() Marker {
+	return Marker{ProxyID: s.ProxyID, Pool: s.Pool, Entry: s.Entry}
+}
+
+// Marker identifies an instance as proxyfleet's. Instances without it are
+// never touched.
+type Marker struct {
+	ProxyID string `json:"proxyID"`
+	Pool    string `json:"pool"`
+	Entry   string `json:"entry"`
+}
+
+// Ref points at an existing instance.
+type Ref struct {
+	ProxyID    string
+	Name       string
+	ProviderID string
+}
+
+// State is what a driver observed of an instance.
+type State string
+
+// Instance states.
+const (
+	// StateProvisioning: the instance exists but has no usable address yet.
+	StateProvisioning State = "provisioning"
+	// StateRunning: the instance runs and Address answers.
+	StateRunning State = "running"
+	// StateTerminated: the instance exists but stopped for good.
+	StateTerminated State = "terminated"
+)
+
+// Instance is one backend object behind a proxy.
+type Instance struct {
+	Name       string `json:"name"`
+	ProviderID string `json:"providerID,omitempty"`
+	Marker     Marker `json:"marker"`
+	State      State  `json:"state,omitempty"`
+	// Address is host:port of the proxy, set when State is running.
+	Address string `json:"address,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// Verdict is the outcome of one health check of a target.
+type Verdict struct {
+	Check  string `json:"check"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Info is what an agent announces about itself.
+type Info struct {
+	Entry    string   `json:"entry"`
+	Target   string   `json:"target"`
+	Type     string   `json:"type"`
+	Images   []string `json:"images,omitempty"`
+	Profiles []string `json:"profiles,omitempty"`
+	// Capacity is how many proxies the target may hold; 0 means unlimited.
+	Capacity int    `json:"capacity"`
+	Version  string `json:"version,omitempty"`
+}

@@ -1,0 +1,567 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
+)
+
+// Config tunes a [Runtime]. Zero values take the defaults noted.
+type Config struct {
+	// Info is announced in heartbeats and answered to info requests.
+	Info Info
+	// CommandTimeout bounds one command, including waiting for an address
+	// (default 10m).
+	CommandTimeout time.Duration
+	// WatchInterval is how often an instance without an address is polled
+	// (default 2s).
+	WatchInterval time.Duration
+	// Concurrency bounds commands handled at once (default 8).
+	Concurrency int
+	// HeartbeatInterval is how often the agent refreshes its fleet-agents
+	// entry (default 5s; the entry expires after [bus.AgentTTL]).
+	HeartbeatInterval time.Duration
+	// CheckTimeout bounds one check request (default 15s).
+	CheckTimeout time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.CommandTimeout <= 0 {
+		c.CommandTimeout = 10 * time.Minute
+	}
+	if c.WatchInterval <= 0 {
+		c.WatchInterval = 2 * time.Second
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 5 * time.Second
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = 15 * time.Second
+	}
+}
+
+// Heartbeat is the value an agent keeps in the fleet-agents bucket under
+// "<entry>.<target>".
+type Heartbeat struct {
+	Info
+	Instances int       `json:"instances"`
+	StartedAt time.Time `json:"startedAt"`
+	At        time.Time `json:"at"`
+}
+
+// HeartbeatKey is the fleet-agents key of one agent: "<entry>.<target>".
+func HeartbeatKey(entry, target string) string { return entry + "." + target }
+
+// Runtime runs one agent: one entry, one target, one driver.
+type Runtime struct {
+	conn   *bus.Conn
+	drv    Driver
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	store  *bus.EventStore
+	sem    chan struct{}
+	queue  *keyedQueue
+	start  time.Time
+}
+
+// New returns a runtime for drv. tracer may be nil (no tracing).
+func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Runtime, error) {
+	cfg.defaults()
+	var v events.ValidationError
+	v.AddField(events.CheckIdentifier("entry", cfg.Info.Entry))
+	v.AddField(events.CheckIdentifier("target", cfg.Info.Target))
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if tracer == nil {
+		tracer = noop.NewTracerProvider().Tracer("")
+	}
+	log = log.With("entry", cfg.Info.Entry, "target", cfg.Info.Target)
+	return &Runtime{
+		conn:   conn,
+		drv:    drv,
+		cfg:    cfg,
+		log:    log,
+		tracer: tracer,
+		store:  bus.NewEventStore(conn, "proxyfleet/agent/"+cfg.Info.Entry+"/"+cfg.Info.Target, log),
+		sem:    make(chan struct{}, cfg.Concurrency),
+		queue:  newKeyedQueue(),
+		start:  time.Now().UTC(),
+	}, nil
+}
+
+// Run serves until ctx ends: it consumes commands, heartbeats, answers
+// requests, and first resumes watching instances that had not reached
+// running when the agent last stopped.
+func (r *Runtime) Run(ctx context.Context) error {
+	info := r.cfg.Info
+	cons, err := bus.EnsureAgentConsumer(ctx, r.conn, info.Entry, info.Target)
+	if err != nil {
+		return fmt.Errorf("command consumer: %w", err)
+	}
+	svc, err := r.startService()
+	if err != nil {
+		return fmt.Errorf("fleet-agent service: %w", err)
+	}
+	defer func() { _ = svc.Stop() }()
+
+	kv, err := r.conn.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		return err
+	}
+	r.heartbeat(ctx, kv)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		t := time.NewTicker(r.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				r.heartbeat(ctx, kv)
+			}
+		}
+	}()
+
+	r.resume(ctx)
+
+	cc, err := cons.Consume(func(msg jetstream.Msg) { r.dispatch(ctx, msg) },
+		jetstream.PullMaxMessages(r.cfg.Concurrency*2))
+	if err != nil {
+		return fmt.Errorf("consume commands: %w", err)
+	}
+	r.log.Info("agent started", "type", info.Type, "consumer", bus.AgentConsumerName(info.Entry, info.Target))
+	<-ctx.Done()
+	cc.Stop()
+	r.queue.Wait()
+	<-hbDone
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = kv.Delete(dctx, HeartbeatKey(info.Entry, info.Target))
+	r.log.Info("agent stopped")
+	return nil
+}
+
+func (r *Runtime) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.CheckTimeout)
+	defer cancel()
+	hb := Heartbeat{Info: r.cfg.Info, StartedAt: r.start, At: time.Now().UTC()}
+	if list, err := r.drv.List(lctx); err == nil {
+		hb.Instances = len(list)
+	} else {
+		r.log.Warn("heartbeat: list instances", "err", err)
+		hb.Instances = -1
+	}
+	b, _ := json.Marshal(hb)
+	if _, err := kv.Put(ctx, HeartbeatKey(r.cfg.Info.Entry, r.cfg.Info.Target), b); err != nil && ctx.Err() == nil {
+		r.log.Warn("heartbeat", "err", err)
+	}
+}
+
+func (r *Runtime) startService() (micro.Service, error) {
+	info := r.cfg.Info
+	svc, err := micro.AddService(r.conn.NC, micro.Config{
+		Name:        "fleet-agent",
+		Version:     "0.1.0",
+		Description: "proxyfleet agent for " + info.Entry + "/" + info.Target,
+		Metadata:    map[string]string{"entry": info.Entry, "target": info.Target, "type": info.Type},
+	})
+	if err != nil {
+		return nil, err
+	}
+	g := svc.AddGroup(events.AgentGroup(info.Entry, info.Target))
+	add := func(name string, fn func(ctx context.Context) (any, error)) error {
+		return g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CheckTimeout)
+			defer cancel()
+			out, err := fn(ctx)
+			if err != nil {
+				r.log.Warn("request failed", "endpoint", name, "err", err)
+				_ = req.Error("500", err.Error(), nil)
+				return
+			}
+			_ = req.RespondJSON(out)
+		}))
+	}
+	if err := add(events.AgentInfo, func(context.Context) (any, error) { return info, nil }); err != nil {
+		return nil, err
+	}
+	if err := add(events.AgentInventory, func(ctx context.Context) (any, error) {
+		list, err := r.drv.List(ctx)
+		if list == nil {
+			list = []Instance{}
+		}
+		return list, err
+	}); err != nil {
+		return nil, err
+	}
+	if err := add(events.AgentCheck, func(ctx context.Context) (any, error) {
+		v := r.drv.Check(ctx)
+		if v == nil {
+			v = []Verdict{}
+		}
+		return v, nil
+	}); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}
+
+// resume finds marked instances whose proxy's last event is provisioning and
+// watches them until they report an address, as an interrupted create would
+// have.
+func (r *Runtime) resume(ctx context.Context) {
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.CheckTimeout)
+	list, err := r.drv.List(lctx)
+	cancel()
+	if err != nil {
+		r.log.Warn("resume: list instances", "err", err)
+		return
+	}
+	for _, inst := range list {
+		if inst.Marker.ProxyID == "" || !events.IsIdentifier(inst.Marker.ProxyID) {
+			continue
+		}
+		last, err := r.store.Last(ctx, events.AggregateProxy, inst.Marker.ProxyID)
+		if err != nil || last == nil || last.Kind != events.ProxyProvisioning {
+			continue
+		}
+		var prov events.ProxyProvisioningData
+		if err := last.DecodeData(&prov); err != nil || prov.Entry != r.cfg.Info.Entry || prov.Target != r.cfg.Info.Target {
+			continue
+		}
+		inst := inst
+		r.log.Info("resuming watch", "proxy", inst.Marker.ProxyID, "instance", inst.Name)
+		r.queue.Submit(inst.Marker.ProxyID, func() {
+			r.sem <- struct{}{}
+			defer func() { <-r.sem }()
+			wctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+			defer cancel()
+			ref := Ref{ProxyID: inst.Marker.ProxyID, Name: inst.Name, ProviderID: firstNonEmpty(prov.ProviderID, inst.ProviderID)}
+			got, err := r.waitRunning(wctx, ref, inst)
+			if err != nil {
+				r.log.Warn("resume: instance did not reach running; its command will be retried", "proxy", ref.ProxyID, "err", err)
+				return
+			}
+			if err := r.appendRunning(wctx, ref.ProxyID, prov.Attempt, got); err != nil {
+				r.log.Warn("resume: publish running", "proxy", ref.ProxyID, "err", err)
+			}
+		})
+	}
+}
+
+func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
+	verb := msg.Subject()[strings.LastIndexByte(msg.Subject(), '.')+1:]
+	env, err := events.DecodeEnvelope(msg.Data())
+	if err != nil {
+		r.log.Error("dropping undecodable command", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	switch verb {
+	case events.VerbCreate:
+		var cmd events.CreateCommand
+		if err := env.DecodeData(&cmd); err != nil {
+			r.log.Error("dropping invalid create command", "err", err)
+			_ = msg.Term()
+			return
+		}
+		r.queue.Submit(cmd.ProxyID, func() { r.withSlot(func() { r.handleCreate(ctx, msg, cmd) }) })
+	case events.VerbDelete:
+		var cmd events.DeleteCommand
+		if err := env.DecodeData(&cmd); err != nil {
+			r.log.Error("dropping invalid delete command", "err", err)
+			_ = msg.Term()
+			return
+		}
+		r.queue.Submit(cmd.ProxyID, func() { r.withSlot(func() { r.handleDelete(ctx, msg, cmd) }) })
+	default:
+		r.log.Error("dropping command with unknown verb", "subject", msg.Subject())
+		_ = msg.Term()
+	}
+}
+
+func (r *Runtime) withSlot(fn func()) {
+	r.sem <- struct{}{}
+	defer func() { <-r.sem }()
+	fn()
+}
+
+// keepAlive tells JetStream the command is still being worked on, so a long
+// create is not redelivered to another attempt.
+func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(bus.AgentAckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd events.CreateCommand) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
+	ctx, span := r.tracer.Start(ctx, "agent.create", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
+			attribute.String("entry", cmd.Entry), attribute.String("target", cmd.Target), attribute.Int("attempt", cmd.Attempt)))
+	defer span.End()
+	log := r.log.With("proxy", cmd.ProxyID, "pool", cmd.Pool, "attempt", cmd.Attempt)
+	defer keepAlive(ctx, msg)()
+
+	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
+	if err != nil {
+		r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
+		return
+	}
+	var providerID string
+	if last != nil {
+		switch last.Kind {
+		case events.ProxyRetiring, events.ProxyDeleted, events.ProxyAbandoned:
+			log.Info("dropping create: proxy is " + last.Kind)
+			r.ack(ctx, msg, log)
+			return
+		case events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
+			log.Info("create already done: proxy is " + last.Kind)
+			r.ack(ctx, msg, log)
+			return
+		case events.ProxyFailed:
+			var f events.ProxyFailedData
+			if last.DecodeData(&f) == nil && f.Attempt >= cmd.Attempt {
+				log.Info("dropping create: this attempt already failed")
+				r.ack(ctx, msg, log)
+				return
+			}
+		case events.ProxyProvisioning:
+			var p events.ProxyProvisioningData
+			if last.DecodeData(&p) == nil {
+				providerID = p.ProviderID
+			}
+		}
+	}
+	spec := Spec{
+		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,
+		Name: cmd.Instance, ProviderID: providerID, Attempt: cmd.Attempt,
+		Image: cmd.Image, Profile: cmd.Profile, Port: cmd.Port, Auth: cmd.Auth, UserData: cmd.UserData,
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	if p, ok := r.drv.(Preparer); ok {
+		id, err := p.Prepare(cctx, spec)
+		if err != nil {
+			r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("prepare: %w", err))
+			return
+		}
+		spec.ProviderID = id
+	}
+	if last == nil || last.Kind != events.ProxyProvisioning || providerID != spec.ProviderID {
+		prov := events.ProxyProvisioningData{Entry: cmd.Entry, Target: cmd.Target, Instance: cmd.Instance, ProviderID: spec.ProviderID, Attempt: cmd.Attempt}
+		id := events.ProxyEventID(cmd.ProxyID, events.ProxyProvisioning, uint64(cmd.Attempt))
+		if spec.ProviderID != providerID && providerID != "" {
+			id += "." + spec.ProviderID
+		}
+		if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyProvisioning, id, prov, nil); err != nil {
+			r.retry(ctx, msg, log, fmt.Errorf("publish provisioning: %w", err))
+			return
+		}
+	}
+	inst, err := r.drv.Create(cctx, spec)
+	if err != nil {
+		span.RecordError(err)
+		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("create %s: %w", cmd.Instance, err))
+		return
+	}
+	ref := Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: firstNonEmpty(inst.ProviderID, spec.ProviderID)}
+	inst, err = r.waitRunning(cctx, ref, inst)
+	if err != nil {
+		span.RecordError(err)
+		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
+		return
+	}
+	if err := r.appendRunning(ctx, cmd.ProxyID, cmd.Attempt, inst); err != nil {
+		r.retry(ctx, msg, log, fmt.Errorf("publish running: %w", err))
+		return
+	}
+	log.Info("proxy running", "instance", inst.Name, "address", inst.Address)
+	r.ack(ctx, msg, log)
+}
+
+func (r *Runtime) appendRunning(ctx context.Context, proxyID string, attempt int, inst Instance) error {
+	run := events.ProxyRunningData{ProviderID: inst.ProviderID, Address: inst.Address, Attempt: attempt}
+	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyRunning,
+		events.ProxyEventID(proxyID, events.ProxyRunning, uint64(attempt)), run, nil)
+	return err
+}
+
+// waitRunning polls the driver until the instance is running with an
+// address, it terminates, or ctx ends.
+func (r *Runtime) waitRunning(ctx context.Context, ref Ref, inst Instance) (Instance, error) {
+	t := time.NewTicker(r.cfg.WatchInterval)
+	defer t.Stop()
+	for {
+		switch {
+		case inst.State == StateRunning && inst.Address != "":
+			return inst, nil
+		case inst.State == StateTerminated:
+			return inst, Wrapf(ErrPermanent, "instance %s terminated: %s", ref.Name, inst.Detail)
+		}
+		select {
+		case <-ctx.Done():
+			return inst, Wrapf(ErrTransient, "instance %s has no address yet: %w", ref.Name, ctx.Err())
+		case <-t.C:
+		}
+		got, err := r.drv.Get(ctx, ref)
+		if errors.Is(err, ErrNotFound) {
+			return inst, Wrapf(ErrTransient, "instance %s vanished while starting", ref.Name)
+		}
+		if err != nil {
+			if Classify(err) == ClassPermanent {
+				return inst, err
+			}
+			r.log.Debug("watch: get failed, will retry", "proxy", ref.ProxyID, "err", err)
+			continue
+		}
+		inst = got
+	}
+}
+
+func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd events.DeleteCommand) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
+	ctx, span := r.tracer.Start(ctx, "agent.delete", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
+			attribute.String("entry", cmd.Entry), attribute.String("target", cmd.Target), attribute.Int("attempt", cmd.Attempt)))
+	defer span.End()
+	log := r.log.With("proxy", cmd.ProxyID, "pool", cmd.Pool, "attempt", cmd.Attempt)
+	defer keepAlive(ctx, msg)()
+
+	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
+	if err != nil {
+		r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
+		return
+	}
+	if last != nil && events.IsTerminal(last.Kind) {
+		log.Info("delete already done: proxy is " + last.Kind)
+		r.ack(ctx, msg, log)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
+	defer cancel()
+	err = r.drv.Delete(cctx, Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: cmd.ProviderID})
+	if err != nil && Classify(err) != ClassNotFound {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "delete failed")
+		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("delete %s: %w", cmd.Instance, err))
+		return
+	}
+	if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyDeleted,
+		events.ProxyEventID(cmd.ProxyID, events.ProxyDeleted, uint64(cmd.Attempt)), events.ProxyDeletedData{Attempt: cmd.Attempt}, nil); err != nil {
+		r.retry(ctx, msg, log, fmt.Errorf("publish deleted: %w", err))
+		return
+	}
+	log.Info("proxy deleted", "instance", cmd.Instance)
+	r.ack(ctx, msg, log)
+}
+
+// fail handles a driver error by class: transient errors are retried with
+// backoff (until the last delivery, which records a failure); quota and
+// permanent errors record a failed event and acknowledge the command.
+func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger, proxyID string, attempt int, err error) {
+	class := Classify(err)
+	if ctx.Err() != nil {
+		// Shutting down: leave the command for redelivery.
+		log.Info("command interrupted by shutdown", "err", err)
+		return
+	}
+	evClass := events.ClassPermanent
+	switch class {
+	case ClassQuota:
+		evClass = events.ClassQuota
+	case ClassTransient, ClassNotFound:
+		md, merr := msg.Metadata()
+		if merr != nil || md.NumDelivered < bus.AgentMaxDeliver {
+			r.retry(ctx, msg, log, err)
+			return
+		}
+		evClass = events.ClassDeadLetter
+	}
+	log.Warn("command failed", "class", evClass, "err", err)
+	data := events.ProxyFailedData{Class: evClass, Reason: err.Error(), Attempt: attempt}
+	if _, aerr := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyFailed,
+		events.ProxyEventID(proxyID, events.ProxyFailed, uint64(attempt)), data, nil); aerr != nil {
+		r.retry(ctx, msg, log, fmt.Errorf("publish failed: %w", aerr))
+		return
+	}
+	r.ack(ctx, msg, log)
+}
+
+// retry asks JetStream to redeliver msg after a backoff that grows with
+// each delivery.
+func (r *Runtime) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	delay := time.Second
+	if md, merr := msg.Metadata(); merr == nil {
+		delay = backoff(md.NumDelivered)
+	}
+	log.Warn("command will be retried", "in", delay.String(), "err", err)
+	_ = msg.NakWithDelay(delay)
+}
+
+func backoff(delivered uint64) time.Duration {
+	d := time.Second
+	for i := uint64(1); i < delivered && d < time.Minute; i++ {
+		d *= 2
+	}
+	if d > time.Minute {
+		d = time.Minute
+	}
+	return d
+}
+
+func (r *Runtime) ack(ctx context.Context, msg jetstream.Msg, log *slog.Logger) {
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := msg.DoubleAck(actx); err != nil {
+		log.Warn("ack failed; the command may be redelivered and will be found done", "err", err)
+	}
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,115 @@
+// Package service is the start-up every proxyfleet binary shares: the common
+// flags (NATS, data directory, logging, metrics), the JSON logger, telemetry,
+// the NATS connection and the stream topology, and a context that ends on
+// SIGINT or SIGTERM. Each cmd/<svc>/main.go composes it with its own adapters.
+package service
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/telemetry"
+)
+
+// Flags are the options every service accepts.
+type Flags struct {
+	NATSURL     string
+	NATSCreds   string
+	DataDir     string
+	Listen      string
+	Replicas    int
+	LogLevel    string
+	MetricsAddr string
+}
+
+// Register adds the common flags to fs. Environment variables give the
+// defaults: NATS_URL, NATS_CREDS, PROXYFLEET_DATA_DIR, PROXYFLEET_LOG_LEVEL.
+func (f *Flags) Register(fs *flag.FlagSet, service string) {
+	fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
+		"NATS server URL(s), comma separated; empty embeds a JetStream server (env NATS_URL)")
+	fs.StringVar(&f.NATSCreds, "nats-creds", os.Getenv("NATS_CREDS"),
+		"NATS credentials file used with --nats-url (env NATS_CREDS)")
+	fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
+		"directory for this service's state; the embedded server stores JetStream under <data-dir>/jetstream (env PROXYFLEET_DATA_DIR)")
+	fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
+		"client address of the embedded NATS server (only without --nats-url)")
+	fs.IntVar(&f.Replicas, "replicas", 0,
+		"stream and bucket replicas; 0 means 1 when embedded and 3 with --nats-url")
+	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
+		"log level: debug, info, warn or error (env PROXYFLEET_LOG_LEVEL)")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",
+		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// Base is what [Start] built. Close releases it in reverse order.
+type Base struct {
+	Name string
+	Log  *slog.Logger
+	Tel  *telemetry.Telemetry
+	Conn *bus.Conn
+}
+
+// Start builds the logger, telemetry and NATS connection for service name,
+// and creates or updates the stream topology.
+func Start(ctx context.Context, name string, f Flags) (*Base, error) {
+	level, err := telemetry.ParseLevel(f.LogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.LogLevel)
+	}
+	log := telemetry.NewLogger(os.Stderr, level, name)
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Service: name, MetricsAddr: f.MetricsAddr})
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	cfg := bus.Config{
+		URL:       f.NATSURL,
+		CredsFile: f.NATSCreds,
+		Name:      "proxyfleet-" + name,
+		DataDir:   f.DataDir + "/jetstream",
+		Listen:    f.Listen,
+		Replicas:  f.Replicas,
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := bus.Connect(cctx, cfg, log)
+	if err != nil {
+		_ = tel.Close(context.Background())
+		return nil, err
+	}
+	if err := bus.EnsureTopology(cctx, conn); err != nil {
+		conn.Close()
+		_ = tel.Close(context.Background())
+		return nil, fmt.Errorf("create streams and buckets: %w", err)
+	}
+	if conn.Server != nil {
+		log.Info("embedded NATS ready", "url", conn.ClientURL())
+	}
+	return &Base{Name: name, Log: log, Tel: tel, Conn: conn}, nil
+}
+
+// Close flushes telemetry and closes NATS (stopping an embedded server).
+func (b *Base) Close() {
+	b.Conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = b.Tel.Close(ctx)
+}
+
+// SignalContext returns a context cancelled by SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}

@@ -1,0 +1,27 @@
+# Local backend: the Squid tier. `make test-squid` installs Debian's squid
+# (without letting the package start a system squid on port 3128) and runs the
+# local-agent tests that drive real Squid processes.
+
+SQUID ?= /usr/sbin/squid
+
+.PHONY: squid-install
+squid-install: ## install Debian's squid for the local backend (root; no system squid is started)
+	@if [ -x $(SQUID) ]; then echo "squid present: $$($(SQUID) -v | head -1)"; exit 0; fi; \
+	set -e; \
+	backup=""; \
+	if [ -e /usr/sbin/policy-rc.d ]; then backup=$$(mktemp /usr/sbin/policy-rc.d.pf.XXXXXX); cp -p /usr/sbin/policy-rc.d "$$backup"; fi; \
+	restore() { if [ -n "$$backup" ]; then mv -f "$$backup" /usr/sbin/policy-rc.d; else rm -f /usr/sbin/policy-rc.d; fi; }; \
+	trap restore EXIT; \
+	printf '#!/bin/sh\n# installed by make squid-install: keep package scripts from starting services\nexit 101\n' > /usr/sbin/policy-rc.d; \
+	chmod 755 /usr/sbin/policy-rc.d; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get -o DPkg::Lock::Timeout=600 update -q; \
+	apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends squid; \
+	$(SQUID) -v | head -1
+
+.PHONY: test-squid
+test-squid: squid-install ## local backend with real Squid processes (root; installs squid)
+	cd services/local-agent && PROXYFLEET_SQUID=$(SQUID) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+		$(GO) test $(GOTEST_FLAGS) -run Squid ./...
+
+TEST_ALL_TIERS += test-squid

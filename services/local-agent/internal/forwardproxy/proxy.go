@@ -1,0 +1,219 @@
+// Package forwardproxy is the built-in forward HTTP proxy of the local
+// backend: it forwards absolute-URI HTTP requests, tunnels CONNECT, demands
+// basic credentials when configured, and can send its outgoing connections
+// from one source address.
+package forwardproxy
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Credentials is the basic-auth pair clients must present.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+// Config tunes a [Proxy]. Zero values take the defaults noted.
+type Config struct {
+	// Auth, when set, is demanded in Proxy-Authorization.
+	Auth *Credentials
+	// SourceAddr, when set, is the local address of outgoing connections.
+	SourceAddr net.IP
+	// DialTimeout bounds connecting to an origin (default 15s).
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds waiting for an origin's response headers
+	// (default 60s).
+	ResponseHeaderTimeout time.Duration
+	// Log receives failures; nil discards them.
+	Log *slog.Logger
+}
+
+// Realm is the basic-auth realm the proxy announces.
+const Realm = "proxyfleet"
+
+// Proxy is an http.Handler that acts as a forward proxy.
+type Proxy struct {
+	cfg     Config
+	dialer  *net.Dialer
+	forward *httputil.ReverseProxy
+	// userSum and passSum are SHA-256 digests of the credentials, so the
+	// comparison takes the same time whatever their lengths.
+	userSum, passSum [32]byte
+}
+
+// New returns a proxy for cfg.
+func New(cfg Config) *Proxy {
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 15 * time.Second
+	}
+	if cfg.ResponseHeaderTimeout <= 0 {
+		cfg.ResponseHeaderTimeout = 60 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	d := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	if cfg.SourceAddr != nil {
+		d.LocalAddr = &net.TCPAddr{IP: cfg.SourceAddr}
+	}
+	p := &Proxy{cfg: cfg, dialer: d}
+	if cfg.Auth != nil {
+		p.userSum = sha256.Sum256([]byte(cfg.Auth.Username))
+		p.passSum = sha256.Sum256([]byte(cfg.Auth.Password))
+	}
+	transport := &http.Transport{
+		Proxy:                 nil, // never chain to the environment's proxy
+		DialContext:           d.DialContext,
+		TLSHandshakeTimeout:   15 * time.Second,
+		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   16,
+		DisableCompression:    true, // pass bodies through as the origin sent them
+	}
+	p.forward = &httputil.ReverseProxy{
+		// The incoming absolute URI is already the destination; Rewrite (as
+		// opposed to Director) also drops any X-Forwarded-* the client sent.
+		Rewrite:       func(*httputil.ProxyRequest) {},
+		Transport:     transport,
+		FlushInterval: -1, // stream: flush after every write
+		ErrorLog:      nil,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			cfg.Log.Warn("forward failed", "host", r.URL.Host, "err", err)
+			http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
+		},
+	}
+	return p
+}
+
+// ServeHTTP authenticates the client, then tunnels CONNECT or forwards an
+// absolute-URI request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !p.authorized(r) {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="`+Realm+`"`)
+		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
+		return
+	}
+	if r.Method == http.MethodConnect {
+		p.tunnel(w, r)
+		return
+	}
+	if !r.URL.IsAbs() || r.URL.Host == "" {
+		http.Error(w, "this is a forward proxy: send an absolute URI (http://host/path)", http.StatusBadRequest)
+		return
+	}
+	if r.URL.Scheme != "http" {
+		http.Error(w, "only http:// is forwarded; use CONNECT for https", http.StatusBadRequest)
+		return
+	}
+	p.forward.ServeHTTP(w, r)
+}
+
+// authorized reports whether r carries the configured credentials (always
+// true without auth).
+func (p *Proxy) authorized(r *http.Request) bool {
+	if p.cfg.Auth == nil {
+		return true
+	}
+	user, pass, ok := parseBasic(r.Header.Get("Proxy-Authorization"))
+	if !ok {
+		return false
+	}
+	u := sha256.Sum256([]byte(user))
+	pw := sha256.Sum256([]byte(pass))
+	// Both comparisons always run: no early exit on a wrong user name.
+	userOK := subtle.ConstantTimeCompare(u[:], p.userSum[:])
+	passOK := subtle.ConstantTimeCompare(pw[:], p.passSum[:])
+	return userOK&passOK == 1
+}
+
+func parseBasic(h string) (user, pass string, ok bool) {
+	const prefix = "basic "
+	if len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(h[len(prefix):]))
+	if err != nil {
+		return "", "", false
+	}
+	user, pass, ok = strings.Cut(string(raw), ":")
+	return user, pass, ok
+}
+
+// tunnel answers CONNECT: it dials the authority, reports 200 and copies
+// bytes both ways until either side closes.
+func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request) {
+	host := r.Host
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
+		return
+	}
+	upstream, err := p.dialer.DialContext(r.Context(), "tcp", host)
+	if err != nil {
+		p.cfg.Log.Warn("connect failed", "host", host, "err", err)
+		http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		upstream.Close()
+		http.Error(w, "CONNECT is not supported on this connection", http.StatusInternalServerError)
+		return
+	}
+	client, buf, err := hj.Hijack()
+	if err != nil {
+		upstream.Close()
+		p.cfg.Log.Warn("hijack failed", "err", err)
+		return
+	}
+	// The server's header deadline must not cut a long tunnel.
+	_ = client.SetDeadline(time.Time{})
+	if _, err := client.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+		client.Close()
+		upstream.Close()
+		return
+	}
+	var fromClient io.Reader = client
+	if buf != nil && buf.Reader.Buffered() > 0 {
+		fromClient = io.MultiReader(io.LimitReader(buf.Reader, int64(buf.Reader.Buffered())), client)
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); pipe(upstream, fromClient) }()
+	go func() { defer wg.Done(); pipe(client, upstream) }()
+	wg.Wait()
+	client.Close()
+	upstream.Close()
+}
+
+// pipe copies src to dst, then half-closes dst so the other side sees EOF
+// while the reverse direction keeps flowing.
+func pipe(dst net.Conn, src io.Reader) {
+	_, err := io.Copy(dst, src)
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok && err == nil {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = dst.Close()
+}
+
+// Server returns an http.Server serving p with timeouts suited to a proxy:
+// bounded header reads and idle keep-alives, no bound on a body or tunnel.
+func Server(p *Proxy) *http.Server {
+	return &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          nil,
+	}
+}

@@ -1,0 +1,241 @@
+package cloudinit
+
+import (
+	"bytes"
+	"io"
+	"mime"
+	"mime/multipart"
+	"strings"
+	"testing"
+
+	"github.com/kdomanski/iso9660"
+	yaml "go.yaml.in/yaml/v3"
+
+	"proxyfleet/pkg/events"
+)
+
+// readISO returns the label and the files of the root directory of img.
+func readISO(t *testing.T, img []byte) (string, map[string][]byte) {
+	t.Helper()
+	im, err := iso9660.OpenImage(bytes.NewReader(img))
+	if err != nil {
+		t.Fatalf("open iso: %v", err)
+	}
+	label, err := im.Label()
+	if err != nil {
+		t.Fatalf("label: %v", err)
+	}
+	root, err := im.RootDir()
+	if err != nil {
+		t.Fatalf("root: %v", err)
+	}
+	children, err := root.GetChildren()
+	if err != nil {
+		t.Fatalf("children: %v", err)
+	}
+	files := map[string][]byte{}
+	for _, c := range children {
+		if c.IsDir() {
+			continue
+		}
+		b, err := io.ReadAll(c.Reader())
+		if err != nil {
+			t.Fatalf("read %s: %v", c.Name(), err)
+		}
+		files[c.Name()] = b
+	}
+	return label, files
+}
+
+func TestBuildISOContents(t *testing.T) {
+	userData := [][]byte{
+		[]byte("#cloud-config\nversion: 1.10\n# comment kept\nz: 1\na: 2\n"),
+		[]byte("#!/bin/sh\necho hi\n"),
+		[]byte("## template: jinja\n#cloud-config\nhostname: {{ v1.local_hostname }}\n"),
+		{0x00, 0xff, 0x1f, 0x8b, 'b', 'i', 'n'},
+		{},
+	}
+	for i, ud := range userData {
+		img, err := BuildISO(Seed{InstanceID: "px-abc", Hostname: "px-abc", UserData: ud, VendorData: []byte("#cloud-config\npackages: [htop]\n"), InstallGuestAgent: true})
+		if err != nil {
+			t.Fatalf("case %d: BuildISO: %v", i, err)
+		}
+		label, files := readISO(t, img)
+		if label != VolumeID {
+			t.Errorf("case %d: label = %q, want %q", i, label, VolumeID)
+		}
+		if len(files) != 3 {
+			t.Errorf("case %d: files = %v, want meta-data, user-data, vendor-data", i, keys(files))
+		}
+		if got := files[FileUserData]; !bytes.Equal(got, ud) {
+			t.Errorf("case %d: user-data = %q, want %q", i, got, ud)
+		}
+		if got, want := files[FileMetaData], MetaData("px-abc", "px-abc"); !bytes.Equal(got, want) {
+			t.Errorf("case %d: meta-data = %q, want %q", i, got, want)
+		}
+		want, _ := VendorData(true, []byte("#cloud-config\npackages: [htop]\n"))
+		if got := files[FileVendorData]; !bytes.Equal(got, want) {
+			t.Errorf("case %d: vendor-data differs:\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}
+
+func TestBuildISORequiresInstanceID(t *testing.T) {
+	if _, err := BuildISO(Seed{}); err == nil {
+		t.Fatal("BuildISO without instance id: got nil error")
+	}
+}
+
+func keys(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func TestMetaData(t *testing.T) {
+	var got map[string]string
+	if err := yaml.Unmarshal(MetaData("px-1", "host: evil\nx"), &got); err != nil {
+		t.Fatalf("meta-data is not YAML: %v", err)
+	}
+	if got["instance-id"] != "px-1" || got["local-hostname"] != "host: evil\nx" || len(got) != 2 {
+		t.Errorf("meta-data = %v", got)
+	}
+}
+
+type part struct{ ctype, body string }
+
+func parseMIME(t *testing.T, doc []byte) []part {
+	t.Helper()
+	head, body, ok := bytes.Cut(doc, []byte("\n\n"))
+	if !ok {
+		t.Fatalf("no header/body separator in %q", doc)
+	}
+	var ctype string
+	for _, l := range strings.Split(string(head), "\n") {
+		if k, v, ok := strings.Cut(l, ": "); ok && strings.EqualFold(k, "Content-Type") {
+			ctype = v
+		}
+	}
+	mt, params, err := mime.ParseMediaType(ctype)
+	if err != nil || mt != "multipart/mixed" {
+		t.Fatalf("content type %q: %v", ctype, err)
+	}
+	r := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	var parts []part
+	for {
+		p, err := r.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("next part: %v", err)
+		}
+		b, _ := io.ReadAll(p)
+		pt, _, _ := mime.ParseMediaType(p.Header.Get("Content-Type"))
+		parts = append(parts, part{pt, string(b)})
+	}
+	return parts
+}
+
+func TestVendorData(t *testing.T) {
+	user := "#cloud-config\nruncmd: [[touch, /x]]\n"
+	tests := []struct {
+		name  string
+		agent bool
+		user  string
+		want  []string // content types in order
+	}{
+		{"agent only", true, "", []string{"text/x-shellscript"}},
+		{"agent and user", true, user, []string{"text/x-shellscript", "text/plain"}},
+		{"user only", false, user, []string{"text/plain"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			doc, err := VendorData(tc.agent, []byte(tc.user))
+			if err != nil {
+				t.Fatal(err)
+			}
+			parts := parseMIME(t, doc)
+			if len(parts) != len(tc.want) {
+				t.Fatalf("parts = %d, want %d", len(parts), len(tc.want))
+			}
+			for i, p := range parts {
+				if p.ctype != tc.want[i] {
+					t.Errorf("part %d type = %q, want %q", i, p.ctype, tc.want[i])
+				}
+				switch p.ctype {
+				case "text/x-shellscript":
+					if !strings.HasPrefix(p.body, "#!/bin/sh") || !strings.Contains(p.body, "qemu-guest-agent") {
+						t.Errorf("script part = %q", p.body)
+					}
+				case "text/plain":
+					if p.body != tc.user {
+						t.Errorf("user part = %q, want %q", p.body, tc.user)
+					}
+				}
+			}
+		})
+	}
+	if doc, err := VendorData(false, nil); err != nil || len(doc) != 0 {
+		t.Errorf("VendorData(false, nil) = %q, %v; want empty", doc, err)
+	}
+}
+
+func TestDefaultSquidUserData(t *testing.T) {
+	tests := []struct {
+		name string
+		auth *events.ProxyAuth
+	}{
+		{"open", nil},
+		{"auth", &events.ProxyAuth{Username: "crawler", Password: `p'a"s s\n`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := DefaultSquidUserData(8080, tc.auth)
+			if !bytes.HasPrefix(doc, []byte("#cloud-config\n")) {
+				t.Fatalf("not a cloud-config: %q", doc[:20])
+			}
+			var cc struct {
+				Packages   []string `yaml:"packages"`
+				WriteFiles []struct {
+					Path    string `yaml:"path"`
+					Content string `yaml:"content"`
+				} `yaml:"write_files"`
+				Runcmd [][]string `yaml:"runcmd"`
+			}
+			if err := yaml.Unmarshal(doc, &cc); err != nil {
+				t.Fatalf("not YAML: %v\n%s", err, doc)
+			}
+			files := map[string]string{}
+			for _, f := range cc.WriteFiles {
+				files[f.Path] = f.Content
+			}
+			conf := files["/etc/proxyfleet/squid.conf"]
+			if !strings.Contains(conf, "http_port 8080\n") {
+				t.Errorf("squid.conf lacks http_port 8080:\n%s", conf)
+			}
+			if len(cc.Packages) == 0 || cc.Packages[0] != "squid" {
+				t.Errorf("packages = %v, want squid first", cc.Packages)
+			}
+			if len(cc.Runcmd) != 1 {
+				t.Errorf("runcmd = %v", cc.Runcmd)
+			}
+			hasAuth := strings.Contains(conf, "proxy_auth REQUIRED")
+			if hasAuth != (tc.auth != nil) {
+				t.Errorf("auth in squid.conf = %v, want %v", hasAuth, tc.auth != nil)
+			}
+			if tc.auth != nil {
+				if got := files["/etc/proxyfleet/proxy-password"]; got != tc.auth.Password {
+					t.Errorf("password file = %q, want %q", got, tc.auth.Password)
+				}
+				if !strings.Contains(files["/etc/proxyfleet/setup-squid.sh"], "htpasswd -ic /etc/squid/proxyfleet.htpasswd 'crawler'") {
+					t.Errorf("setup script does not create the htpasswd entry:\n%s", files["/etc/proxyfleet/setup-squid.sh"])
+				}
+			} else if !strings.Contains(conf, "http_access allow all") {
+				t.Errorf("open proxy lacks http_access allow all:\n%s", conf)
+			}
+		})
+	}
+}

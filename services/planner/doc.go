@@ -1,3 +1,3 @@
-// Package planner is the planner service module; its binary is in cmd/planner and its
-// logic under internal/.
+// Package planner is the planner service module: the operator API and the
+// reconciler. Its binary is cmd/planner; its logic is internal/planner.
 package planner

@@ -1,0 +1,112 @@
+// Command planner is proxyfleet's planner: the operator API (the
+// fleet-planner micro service on fleet.api.>) and the reconciler that keeps
+// every pool at its spec. Run any number of replicas; one holds the leader
+// lease and reconciles. Without --nats-url it embeds the NATS server the
+// other services connect to.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"proxyfleet/pkg/service"
+	"proxyfleet/services/planner/internal/planner"
+)
+
+const usage = `planner — proxyfleet's intent API and reconciler.
+
+It answers the operator API as the NATS micro service "fleet-planner":
+
+  fleet.api.pool.apply    {"name":"demo","provider":"local","size":3}
+  fleet.api.pool.get      {"name":"demo"}
+  fleet.api.pool.list     {}
+  fleet.api.pool.delete   {"name":"demo"}
+  fleet.api.proxy.get     {"id":"demo-abcdefghij"}
+  fleet.api.proxy.list    {"pool":"demo"}          (pool optional)
+  fleet.api.proxy.delete  {"id":"...","skipCleanup":false}
+  fleet.api.proxy.recycle {"id":"..."}
+
+It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
+One replica at a time (the holder of the lease in KV fleet-planner)
+reconciles: it places missing proxies on live agent targets, retires excess
+and failed ones, and re-issues stuck commands. Bad requests get a micro error
+(400: unreadable, 422: not acceptable) with a JSON body naming the field.
+
+Without --nats-url the planner embeds a JetStream server listening on
+--nats-listen and storing under <data-dir>/jetstream; other services connect
+to it.
+
+Usage: planner [flags]
+
+`
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	fs := flag.NewFlagSet("planner", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	var common service.Flags
+	common.Register(fs, "planner")
+	var cfg planner.Config
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 2*time.Second,
+		"period of reconcile rounds (events also start one)")
+	fs.DurationVar(&cfg.CreateTimeout, "create-timeout", 3*time.Minute,
+		"a proxy requested this long without provisioning gets its create re-issued (or fails when its agent is gone)")
+	fs.DurationVar(&cfg.ProvisionTimeout, "provision-timeout", 15*time.Minute,
+		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
+	id := fs.String("id", "", "replica id in the leader lease (default <hostname>-<random>)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "planner: unexpected arguments %q; see --help\n", fs.Args())
+		return 2
+	}
+	cfg.ID = *id
+	if cfg.ID == "" {
+		cfg.ID = replicaID()
+	}
+
+	ctx, stop := service.SignalContext()
+	defer stop()
+	base, err := service.Start(ctx, "planner", common)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "planner: %v\n", err)
+		return 1
+	}
+	defer base.Close()
+	p, err := planner.New(base.Conn, cfg, base.Log, base.Tel.Tracer)
+	if err != nil {
+		base.Log.Error("planner", "err", err)
+		return 1
+	}
+	base.Log.Info("planner starting", "replica", cfg.ID, "nats", base.Conn.ClientURL())
+	if err := p.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		base.Log.Error("planner stopped", "err", err)
+		return 1
+	}
+	base.Log.Info("planner stopped")
+	return 0
+}
+
+func replicaID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	if host == "" {
+		host = "planner"
+	}
+	return host + "-" + hex.EncodeToString(b[:])
+}

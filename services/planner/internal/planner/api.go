@@ -1,0 +1,610 @@
+package planner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
+)
+
+// ServiceName is the micro service every planner replica serves.
+const ServiceName = "fleet-planner"
+
+// Version is the micro service version.
+const Version = "0.1.0"
+
+// requestTimeout bounds the work behind one API request.
+const requestTimeout = 30 * time.Second
+
+// maxConflictRetries bounds how often one request re-reads and re-decides.
+const maxConflictRetries = 5
+
+// Error codes in the JSON body of an error reply.
+const (
+	CodeBadRequest  = "bad_request"
+	CodeInvalid     = "invalid"
+	CodeNotFound    = "not_found"
+	CodeConflict    = "conflict"
+	CodeInternal    = "internal"
+	CodeUnavailable = "unavailable"
+)
+
+// APIError is the body of an error reply: {"error": APIError}. The micro
+// error code (Nats-Service-Error-Code) is "400" for a request that cannot be
+// read, "422" for one that can but is not acceptable.
+type APIError struct {
+	Code    string              `json:"code"`
+	Message string              `json:"message"`
+	Fields  []events.FieldError `json:"fields,omitempty"`
+
+	status string
+}
+
+func (e *APIError) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(field, msg string) *APIError {
+	e := &APIError{status: "400", Code: CodeBadRequest, Message: msg}
+	if field != "" {
+		e.Fields = []events.FieldError{{Field: field, Reason: msg}}
+	}
+	return e
+}
+
+func invalid(fields []events.FieldError) *APIError {
+	parts := make([]string, len(fields))
+	for i := range fields {
+		parts[i] = fields[i].Error()
+	}
+	return &APIError{status: "422", Code: CodeInvalid, Message: strings.Join(parts, "; "), Fields: fields}
+}
+
+func notFound(field, what, value string) *APIError {
+	return &APIError{status: "422", Code: CodeNotFound, Message: what + " " + strconv.Quote(value),
+		Fields: []events.FieldError{{Field: field, Reason: what, Value: value}}}
+}
+
+func internal(msg string) *APIError {
+	return &APIError{status: "500", Code: CodeInternal, Message: msg}
+}
+
+// Requests of the API besides pool.apply (whose body is an events.PoolSpec).
+type (
+	// NameRequest selects a pool: pool.get, pool.delete.
+	NameRequest struct {
+		Name string `json:"name"`
+	}
+	// ProxyRequest selects a proxy: proxy.get, proxy.recycle.
+	ProxyRequest struct {
+		ID string `json:"id"`
+	}
+	// ProxyDeleteRequest is the body of proxy.delete.
+	ProxyDeleteRequest struct {
+		ID string `json:"id"`
+		// SkipCleanup leaves the instance in place: the proxy is retired and
+		// abandoned without a delete command.
+		SkipCleanup bool `json:"skipCleanup,omitempty"`
+	}
+	// ProxyListRequest is the body of proxy.list; Pool is optional.
+	ProxyListRequest struct {
+		Pool string `json:"pool,omitempty"`
+	}
+	// PoolList is the reply of pool.list.
+	PoolList struct {
+		Pools []PoolView `json:"pools"`
+	}
+	// ProxyList is the reply of proxy.list.
+	ProxyList struct {
+		Proxies []Proxy `json:"proxies"`
+	}
+)
+
+type handlerFunc func(ctx context.Context, body []byte) (any, *APIError)
+
+// startAPI adds the fleet-planner micro service with its endpoints.
+func (p *Planner) startAPI() (micro.Service, error) {
+	svc, err := micro.AddService(p.conn.NC, micro.Config{
+		Name:        ServiceName,
+		Version:     Version,
+		Description: "proxyfleet planner: pool and proxy intent",
+		Metadata:    map[string]string{"replica": p.cfg.ID},
+	})
+	if err != nil {
+		return nil, err
+	}
+	endpoints := []struct {
+		noun, verb string
+		fn         handlerFunc
+	}{
+		{"pool", "apply", p.poolApply},
+		{"pool", "get", p.poolGet},
+		{"pool", "list", p.poolList},
+		{"pool", "delete", p.poolDelete},
+		{"proxy", "get", p.proxyGet},
+		{"proxy", "list", p.proxyList},
+		{"proxy", "delete", p.proxyDelete},
+		{"proxy", "recycle", p.proxyRecycle},
+	}
+	groups := map[string]micro.Group{}
+	for _, e := range endpoints {
+		g := groups[e.noun]
+		if g == nil {
+			g = svc.AddGroup(events.APIGroup(e.noun))
+			groups[e.noun] = g
+		}
+		if err := g.AddEndpoint(e.verb, p.handler(e.noun+"."+e.verb, e.fn)); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("endpoint %s: %w", events.APISubject(e.noun, e.verb), err)
+		}
+	}
+	return svc, nil
+}
+
+// handler runs fn in the trace the request carries, and writes its reply.
+func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
+	return micro.HandlerFunc(func(req micro.Request) {
+		ctx := telemetry.Extract(context.Background(), nats.Header(req.Headers()))
+		ctx, span := p.tracer.Start(ctx, "planner.api."+name, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		out, aerr := fn(ctx, req.Data())
+		if aerr != nil {
+			span.SetStatus(codes.Error, aerr.Code)
+			level := p.log.InfoContext
+			if aerr.status == "500" {
+				level = p.log.ErrorContext
+			}
+			level(ctx, "request refused", "endpoint", name, "code", aerr.status, "error", aerr.Message)
+			body, _ := json.Marshal(map[string]*APIError{"error": aerr})
+			if err := req.Error(aerr.status, aerr.Message, body); err != nil {
+				p.log.Warn("reply", "endpoint", name, "err", err)
+			}
+			return
+		}
+		if err := req.RespondJSON(out); err != nil {
+			p.log.Warn("reply", "endpoint", name, "err", err)
+		}
+	})
+}
+
+// decodeStrict decodes a JSON object into out, refusing unknown fields. Its
+// errors name the offending field.
+func decodeStrict(data []byte, out any, allowEmpty bool) *APIError {
+	if len(bytes.TrimSpace(data)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return badRequest("", "request body is empty; send a JSON object")
+	}
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(data, &probe); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return badRequest("", fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, se.Error()))
+		}
+		return badRequest("", "request body must be a JSON object")
+	}
+	if probe == nil {
+		return badRequest("", "request body must be a JSON object, not null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(out)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if field == "" {
+			field = "(body)"
+		}
+		return badRequest(field, fmt.Sprintf("must be %s, got %s", jsonKind(te.Type), te.Value))
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		if uq, uerr := strconv.Unquote(name); uerr == nil {
+			name = uq
+		}
+		return badRequest(name, "unknown field")
+	}
+	// A field's own decoder refused its value (a duration, say): find which.
+	keys := make([]string, 0, len(probe))
+	for k := range probe {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		one, _ := json.Marshal(map[string]json.RawMessage{k: probe[k]})
+		if ferr := json.Unmarshal(one, reflect.New(reflect.TypeOf(out).Elem()).Interface()); ferr != nil {
+			return badRequest(k, ferr.Error())
+		}
+	}
+	return badRequest("", err.Error())
+}
+
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another type"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map, reflect.Pointer:
+		return "an object"
+	}
+	return t.String()
+}
+
+// poolApply accepts a pool spec: it validates it, writes its secrets to
+// fleet-secrets and appends pool applied with the next revision. An
+// unchanged spec appends nothing.
+func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
+	var spec events.PoolSpec
+	if aerr := decodeStrict(body, &spec, false); aerr != nil {
+		return nil, aerr
+	}
+	spec.Normalize()
+	if aerr := p.validateSpec(&spec); aerr != nil {
+		return nil, aerr
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", spec.Name))
+	pub, sec := spec.Public(), spec.Secrets()
+	digest := sec.Digest()
+	pubJSON, _ := json.Marshal(pub)
+	for range maxConflictRetries {
+		p.mu.Lock()
+		var cur Pool
+		cp := p.st.pools[spec.Name]
+		if cp != nil {
+			cur = *cp
+		}
+		p.mu.Unlock()
+		if cp != nil && !cur.Deleted && cur.Revision > 0 && cur.SecretsDigest == digest {
+			curJSON, _ := json.Marshal(cur.Spec)
+			if bytes.Equal(curJSON, pubJSON) {
+				if aerr := p.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
+					return nil, aerr
+				}
+				return p.poolView(spec.Name), nil
+			}
+		}
+		rev := cur.Revision + 1
+		sec.Revision = rev
+		raw, _ := json.Marshal(sec)
+		if _, err := p.secrets.Put(ctx, spec.Name, raw); err != nil {
+			return nil, internal("could not store the pool's secrets; nothing was applied, retry")
+		}
+		seq, err := p.store.Append(ctx, events.AggregatePool, spec.Name, events.PoolApplied,
+			events.ProxyEventID(spec.Name, events.PoolApplied, uint64(rev)),
+			events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}, &bus.Expect{Seq: cur.LastSeq})
+		if errors.Is(err, bus.ErrConflict) {
+			if err := p.catchUp(ctx, events.AggregatePool, spec.Name); err != nil {
+				return nil, internal("could not re-read the pool after a concurrent change; retry")
+			}
+			continue
+		}
+		if err != nil {
+			p.log.ErrorContext(ctx, "append pool applied", "pool", spec.Name, "err", err)
+			return nil, internal("could not record the pool; retry")
+		}
+		p.log.InfoContext(ctx, "pool applied", "pool", spec.Name, "revision", rev, "size", spec.Size, "entry", spec.Provider)
+		if err := p.waitSeq(ctx, seq); err != nil {
+			return nil, internal("pool recorded but not yet visible; get it again")
+		}
+		return p.poolView(spec.Name), nil
+	}
+	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
+}
+
+// ensureSecrets rewrites the secrets of an unchanged re-apply when the
+// stored ones do not match (a write that raced or a lost bucket), so a
+// re-apply always repairs them.
+func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec events.PoolSecrets) *APIError {
+	e, err := p.secrets.Get(ctx, pool)
+	if err == nil {
+		var have events.PoolSecrets
+		if json.Unmarshal(e.Value(), &have) == nil && have.Digest() == sec.Digest() {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return internal("could not read the pool's secrets; retry")
+	}
+	sec.Revision = rev
+	raw, _ := json.Marshal(sec)
+	if _, err := p.secrets.Put(ctx, pool, raw); err != nil {
+		return internal("could not store the pool's secrets; retry")
+	}
+	return nil
+}
+
+// validateSpec checks the spec's fields, then that its provider entry and
+// targets are known to the fleet.
+func (p *Planner) validateSpec(spec *events.PoolSpec) *APIError {
+	var fields []events.FieldError
+	var ve *events.ValidationError
+	if err := spec.Validate(); errors.As(err, &ve) {
+		fields = append(fields, ve.Fields...)
+	} else if err != nil {
+		fields = append(fields, events.FieldError{Field: "(body)", Reason: err.Error()})
+	}
+	bad := map[string]bool{}
+	for _, f := range fields {
+		bad[f.Field] = true
+	}
+	if !bad["provider"] {
+		p.mu.Lock()
+		targets, known := p.knownTargetsLocked(spec.Provider)
+		entries := p.knownEntriesLocked()
+		p.mu.Unlock()
+		if !known {
+			reason := "unknown provider entry; no agent announced it"
+			if len(entries) > 0 {
+				reason += " (known: " + strings.Join(entries, ", ") + ")"
+			}
+			fields = append(fields, events.FieldError{Field: "provider", Reason: reason, Value: spec.Provider})
+		} else {
+			for i, t := range spec.Targets {
+				f := fmt.Sprintf("targets[%d]", i)
+				if !bad[f] && !targets[t] {
+					fields = append(fields, events.FieldError{Field: f,
+						Reason: "not a target of entry " + spec.Provider + " (known: " + strings.Join(sortedKeys(targets), ", ") + ")", Value: t})
+				}
+			}
+		}
+	}
+	if len(fields) > 0 {
+		return invalid(fields)
+	}
+	return nil
+}
+
+func (p *Planner) poolView(name string) PoolView {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl := p.st.pools[name]; pl != nil {
+		return pl.view()
+	}
+	return PoolView{Name: name}
+}
+
+// lookupPool returns a copy of the pool named by req, or a 422.
+func (p *Planner) lookupPool(field, name string) (Pool, *APIError) {
+	if fe := events.CheckIdentifier(field, name); fe != nil {
+		return Pool{}, invalid([]events.FieldError{*fe})
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.st.pools[name]
+	if pl == nil || pl.Revision == 0 {
+		return Pool{}, notFound(field, "unknown pool", name)
+	}
+	return *pl, nil
+}
+
+func (p *Planner) poolGet(_ context.Context, body []byte) (any, *APIError) {
+	var req NameRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	if _, aerr := p.lookupPool("name", req.Name); aerr != nil {
+		return nil, aerr
+	}
+	return p.poolView(req.Name), nil
+}
+
+func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
+	var req struct{}
+	if aerr := decodeStrict(body, &req, true); aerr != nil {
+		return nil, aerr
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := PoolList{Pools: []PoolView{}}
+	for _, pl := range p.st.sortedPools() {
+		if pl.Revision == 0 || (pl.Deleted && len(pl.members) == 0) {
+			continue
+		}
+		out.Pools = append(out.Pools, pl.view())
+	}
+	return out, nil
+}
+
+// poolDelete appends pool deleted; the reconciler then retires every proxy
+// of the pool. Deleting a deleted pool changes nothing.
+func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) {
+	var req NameRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	for range maxConflictRetries {
+		cur, aerr := p.lookupPool("name", req.Name)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if cur.Deleted {
+			return p.poolView(req.Name), nil
+		}
+		rev := cur.Revision + 1
+		seq, err := p.store.Append(ctx, events.AggregatePool, req.Name, events.PoolDeleted,
+			events.ProxyEventID(req.Name, events.PoolDeleted, uint64(rev)), events.PoolDeletedData{Revision: rev}, &bus.Expect{Seq: cur.LastSeq})
+		if errors.Is(err, bus.ErrConflict) {
+			if err := p.catchUp(ctx, events.AggregatePool, req.Name); err != nil {
+				return nil, internal("could not re-read the pool after a concurrent change; retry")
+			}
+			continue
+		}
+		if err != nil {
+			p.log.ErrorContext(ctx, "append pool deleted", "pool", req.Name, "err", err)
+			return nil, internal("could not record the deletion; retry")
+		}
+		p.log.InfoContext(ctx, "pool deleted", "pool", req.Name, "revision", rev)
+		if err := p.waitSeq(ctx, seq); err != nil {
+			return nil, internal("deletion recorded but not yet visible; get the pool again")
+		}
+		return p.poolView(req.Name), nil
+	}
+	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
+}
+
+// lookupProxy returns a copy of the proxy with id, or a 422.
+func (p *Planner) lookupProxy(id string) (Proxy, string, *APIError) {
+	if fe := events.CheckIdentifier("id", id); fe != nil {
+		return Proxy{}, "", invalid([]events.FieldError{*fe})
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	x := p.st.proxies[id]
+	if x == nil {
+		return Proxy{}, "", notFound("id", "unknown proxy", id)
+	}
+	tp := ""
+	if pl := p.st.pools[x.Pool]; pl != nil {
+		tp = pl.traceparent
+	}
+	return *x, tp, nil
+}
+
+func (p *Planner) proxyGet(_ context.Context, body []byte) (any, *APIError) {
+	var req ProxyRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	x, _, aerr := p.lookupProxy(req.ID)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return x, nil
+}
+
+func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
+	var req ProxyListRequest
+	if aerr := decodeStrict(body, &req, true); aerr != nil {
+		return nil, aerr
+	}
+	if req.Pool != "" {
+		if _, aerr := p.lookupPool("pool", req.Pool); aerr != nil {
+			return nil, aerr
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := ProxyList{Proxies: []Proxy{}}
+	for _, pl := range p.st.sortedPools() {
+		if req.Pool != "" && pl.Name != req.Pool {
+			continue
+		}
+		for _, x := range pl.members {
+			out.Proxies = append(out.Proxies, *x)
+		}
+	}
+	sort.Slice(out.Proxies, func(i, j int) bool { return out.Proxies[i].ID < out.Proxies[j].ID })
+	return out, nil
+}
+
+func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError) {
+	var req ProxyDeleteRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	reason := "deleted by operator"
+	if req.SkipCleanup {
+		reason = "deleted by operator, cleanup skipped"
+	}
+	return p.retireByOperator(ctx, req.ID, reason, req.SkipCleanup)
+}
+
+func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError) {
+	var req ProxyRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	return p.retireByOperator(ctx, req.ID, "recycled by operator", false)
+}
+
+// retireByOperator retires one proxy and sends its delete command, or, with
+// skipCleanup, retires and abandons it without touching the instance. The
+// reconciler replaces it if its pool still wants it. Repeating the request
+// changes nothing.
+func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup bool) (any, *APIError) {
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
+	for range maxConflictRetries {
+		x, _, aerr := p.lookupProxy(id)
+		if aerr != nil {
+			return nil, aerr
+		}
+		var seq uint64
+		var err error
+		switch {
+		case events.IsTerminal(x.State):
+			return x, nil
+		case x.State == events.ProxyRetiring && (!skipCleanup || x.SkipCleanup):
+			return x, nil
+		case x.State == events.ProxyRetiring:
+			// Already being deleted; the operator now wants it abandoned.
+			seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
+				events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: reason}, &bus.Expect{Seq: x.LastSeq})
+		default:
+			seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyRetiring,
+				events.ProxyEventID(x.ID, events.ProxyRetiring, 1), events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}, &bus.Expect{Seq: x.LastSeq})
+			if err == nil && skipCleanup {
+				seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
+					events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: reason}, &bus.Expect{Seq: seq})
+			}
+		}
+		if errors.Is(err, bus.ErrConflict) {
+			if err := p.catchUp(ctx, events.AggregateProxy, x.ID); err != nil {
+				return nil, internal("could not re-read the proxy after a concurrent change; retry")
+			}
+			continue
+		}
+		if err != nil {
+			p.log.ErrorContext(ctx, "append proxy decision", "proxy", x.ID, "err", err)
+			return nil, internal("could not record the decision; retry")
+		}
+		p.log.InfoContext(ctx, "proxy retired by operator", "proxy", x.ID, "pool", x.Pool, "reason", reason)
+		if !skipCleanup {
+			x.Reason = reason
+			cmd := deleteCommand(x, 1)
+			if err := p.publishCommand(ctx, pending{del: &cmd}); err != nil {
+				// The decision stands; the reconciler re-issues the delete
+				// when the proxy stays retiring.
+				p.log.WarnContext(ctx, "publish delete", "proxy", x.ID, "err", err)
+			}
+		}
+		if err := p.waitSeq(ctx, seq); err != nil {
+			return nil, internal("decision recorded but not yet visible; get the proxy again")
+		}
+		x, _, aerr = p.lookupProxy(id)
+		if aerr != nil {
+			return nil, aerr
+		}
+		return x, nil
+	}
+	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
+}

@@ -1,0 +1,452 @@
+// Package planner turns operator intent into events and backend commands.
+//
+// It serves the operator API (the "fleet-planner" micro service on
+// fleet.api.pool.* and fleet.api.proxy.*), keeps a projection of
+// FLEET_EVENTS (rebuilt by replay at start, then followed live, O(1) per
+// event), and, on the one replica holding the leader lease in KV
+// fleet-planner, reconciles every pool to its spec: it places missing
+// proxies on the live targets agents announce in fleet-agents, retires
+// excess and failed ones, and re-issues commands that got stuck.
+//
+// Every decision is appended with the aggregate's expected last sequence,
+// so two deciders never both win; commands carry deterministic Nats-Msg-Ids,
+// so re-publishing after a crash is a no-op inside the duplicate window.
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// Source is the CloudEvents source of everything the planner writes.
+const Source = "proxyfleet/planner"
+
+// leaderKey is the fleet-planner key of the leader lease.
+const leaderKey = "leader"
+
+// Config tunes a [Planner]. Zero values take the defaults noted.
+type Config struct {
+	// ID names this replica in the leader lease (required).
+	ID string
+	// ReconcileInterval is the period of reconcile rounds (default 2s);
+	// relevant events also start a round.
+	ReconcileInterval time.Duration
+	// CreateTimeout is how long a proxy may stay requested before its create
+	// is re-issued with the next attempt (default 3m).
+	CreateTimeout time.Duration
+	// ProvisionTimeout is how long a proxy may stay provisioning before it is
+	// recorded as failed with class timeout (default 15m).
+	ProvisionTimeout time.Duration
+	// RetireTimeout is how long a proxy may stay retiring before its delete
+	// is re-issued with the next attempt (default 3m).
+	RetireTimeout time.Duration
+	// QuotaAvoid is how long a target that answered quota is not used for
+	// placement (default 5m).
+	QuotaAvoid time.Duration
+	// LeaseTTL is the lifetime of the leader lease; it is renewed every
+	// third of it (default [bus.LeaseTTL], the fleet-planner bucket's TTL).
+	LeaseTTL time.Duration
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.ReconcileInterval, 2*time.Second)
+	def(&c.CreateTimeout, 3*time.Minute)
+	def(&c.ProvisionTimeout, 15*time.Minute)
+	def(&c.RetireTimeout, 3*time.Minute)
+	def(&c.QuotaAvoid, 5*time.Minute)
+	def(&c.LeaseTTL, bus.LeaseTTL)
+}
+
+// agentSeen is one fleet-agents entry.
+type agentSeen struct {
+	Entry, Target string
+	Images        []string
+	Profiles      []string
+	Capacity      int
+	At            time.Time // server time of the last heartbeat
+}
+
+// Planner is one planner replica. Create it with [New] and call [Planner.Run].
+type Planner struct {
+	conn   *bus.Conn
+	store  *bus.EventStore
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	now    func() time.Time
+
+	secrets jetstream.KeyValue
+
+	// mu guards st, agents, seen and progressed.
+	mu     sync.Mutex
+	st     *state
+	agents map[string]agentSeen // "<entry>.<target>" → last heartbeat
+	// seen lists the targets of every entry that heartbeated since start.
+	seen map[string]map[string]bool
+	// progressed is closed and replaced whenever st advances.
+	progressed chan struct{}
+
+	caughtUp atomic.Bool
+	leader   atomic.Bool
+	kick     chan struct{}
+
+	// reconciler-only state (one goroutine).
+	ownSeq   uint64
+	outbox   map[string]pending
+	noTarget map[string]time.Time // pool → when "no target" was last logged
+}
+
+// New returns a planner replica using conn. log and tracer may be nil.
+func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Planner, error) {
+	cfg.defaults()
+	if cfg.ID == "" {
+		return nil, errors.New("planner: Config.ID is required")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if tracer == nil {
+		tracer = noop.NewTracerProvider().Tracer("")
+	}
+	log = log.With("planner", cfg.ID)
+	return &Planner{
+		conn:       conn,
+		store:      bus.NewEventStore(conn, Source, log),
+		cfg:        cfg,
+		log:        log,
+		tracer:     tracer,
+		now:        time.Now,
+		st:         newState(log),
+		agents:     map[string]agentSeen{},
+		seen:       map[string]map[string]bool{},
+		progressed: make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+	}, nil
+}
+
+// IsLeader reports whether this replica holds the lease and reconciles.
+func (p *Planner) IsLeader() bool { return p.leader.Load() }
+
+// Ready reports whether the projection has caught up with the event log and
+// the API is being served.
+func (p *Planner) Ready() bool { return p.caughtUp.Load() }
+
+// Run replays the event log, then serves the API, follows new events and
+// competes for the leader lease until ctx ends. It returns nil on a clean
+// shutdown.
+func (p *Planner) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	agentsKV, err := p.conn.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketAgents, err)
+	}
+	leaseKV, err := p.conn.JS.KeyValue(ctx, bus.BucketPlanner)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
+	}
+	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	caught := make(chan struct{})
+	var once sync.Once
+	wg.Go(func() { p.follow(ctx, func() { once.Do(func() { close(caught) }) }) })
+	wg.Go(func() { p.watchAgents(ctx, agentsKV) })
+
+	start := time.Now()
+	select {
+	case <-caught:
+	case <-ctx.Done():
+		return nil
+	}
+	p.caughtUp.Store(true)
+	p.mu.Lock()
+	seq := p.st.seq
+	p.mu.Unlock()
+	p.log.Info("state rebuilt from the event log", "seq", seq, "took", time.Since(start).String())
+
+	svc, err := p.startAPI()
+	if err != nil {
+		cancel()
+		return fmt.Errorf("fleet-planner service: %w", err)
+	}
+	wg.Go(func() { p.lead(ctx, leaseKV) })
+	<-ctx.Done()
+	if err := svc.Stop(); err != nil {
+		p.log.Warn("stop API", "err", err)
+	}
+	return nil
+}
+
+// follow keeps the projection live. It restarts the follow after an error,
+// from the next sequence, so a NATS hiccup never loses or repeats events.
+func (p *Planner) follow(ctx context.Context, caughtUp func()) {
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		from := p.st.seq + 1
+		p.mu.Unlock()
+		err := p.store.Follow(ctx, from, p.onEvent, caughtUp)
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("following the event log failed; resuming", "from", from, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (p *Planner) onEvent(ev bus.Event) error {
+	p.mu.Lock()
+	if ev.Seq <= p.st.seq {
+		p.mu.Unlock()
+		return nil
+	}
+	relevant := p.st.apply(ev)
+	close(p.progressed)
+	p.progressed = make(chan struct{})
+	p.mu.Unlock()
+	if relevant && p.caughtUp.Load() {
+		p.poke()
+	}
+	return nil
+}
+
+// poke asks for a reconcile round soon.
+func (p *Planner) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitSeq waits until the projection holds sequence seq, so a reply can read
+// what the request wrote.
+func (p *Planner) waitSeq(ctx context.Context, seq uint64) error {
+	for {
+		p.mu.Lock()
+		at, ch := p.st.seq, p.progressed
+		p.mu.Unlock()
+		if at >= seq {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// catchUp waits until the projection holds the last event of one aggregate:
+// the re-read after a conflict.
+func (p *Planner) catchUp(ctx context.Context, aggregate, id string) error {
+	last, err := p.store.Last(ctx, aggregate, id)
+	if err != nil || last == nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return p.waitSeq(wctx, last.Seq)
+}
+
+// watchAgents keeps p.agents current from the fleet-agents bucket.
+func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
+	for ctx.Err() == nil {
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			p.log.Warn("watch fleet-agents", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		p.readAgents(ctx, w)
+		_ = w.Stop()
+	}
+}
+
+func (p *Planner) readAgents(ctx context.Context, w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				p.onAgent(e)
+			}
+		}
+	}
+}
+
+func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
+	entry, target, ok := splitAgentKey(e.Key())
+	if !ok {
+		return
+	}
+	key := e.Key()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(p.agents, key)
+		return
+	}
+	var hb agent.Heartbeat
+	if err := json.Unmarshal(e.Value(), &hb); err != nil {
+		p.log.Warn("ignoring unreadable heartbeat", "key", key, "err", err)
+		return
+	}
+	_, known := p.agents[key]
+	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created()}
+	if p.seen[entry] == nil {
+		p.seen[entry] = map[string]bool{}
+	}
+	p.seen[entry][target] = true
+	if !known && p.caughtUp.Load() {
+		p.poke()
+	}
+}
+
+// liveAgents returns the agents whose heartbeat has not expired. Callers
+// hold p.mu.
+func (p *Planner) liveAgentsLocked(now time.Time) []agentSeen {
+	out := make([]agentSeen, 0, len(p.agents))
+	for _, a := range p.agents {
+		if now.Sub(a.At) < bus.AgentTTL {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// knownTargetsLocked returns the targets known for entry and whether the
+// entry is known at all: from live or seen agents, or named by an event.
+// Callers hold p.mu.
+func (p *Planner) knownTargetsLocked(entry string) (map[string]bool, bool) {
+	out := map[string]bool{}
+	known := false
+	if m, ok := p.st.targets[entry]; ok {
+		known = true
+		for t := range m {
+			out[t] = true
+		}
+	}
+	if m, ok := p.seen[entry]; ok {
+		known = true
+		for t := range m {
+			out[t] = true
+		}
+	}
+	return out, known
+}
+
+// knownEntriesLocked lists every known entry. Callers hold p.mu.
+func (p *Planner) knownEntriesLocked() []string {
+	set := map[string]bool{}
+	for e := range p.st.targets {
+		set[e] = true
+	}
+	for e := range p.seen {
+		set[e] = true
+	}
+	return sortedKeys(set)
+}
+
+// lead competes for the leader lease and runs the reconciler while holding
+// it. On shutdown it releases the lease so another replica takes over at
+// once.
+func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
+	t := time.NewTicker(p.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	var rev uint64
+	var stop func()
+	stepDown := func() {
+		if stop != nil {
+			stop()
+			stop = nil
+		}
+		p.leader.Store(false)
+	}
+	for {
+		if rev == 0 {
+			if r, err := kv.Create(ctx, leaderKey, []byte(p.cfg.ID)); err == nil {
+				rev = r
+				p.leader.Store(true)
+				p.log.Info("leader lease acquired; reconciling")
+				rctx, cancel := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() { defer close(done); p.reconcileLoop(rctx) }()
+				stop = func() { cancel(); <-done }
+			} else if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
+				p.log.Warn("leader lease", "err", err)
+			}
+		} else if r, err := kv.Update(ctx, leaderKey, []byte(p.cfg.ID), rev); err == nil {
+			rev = r
+		} else if ctx.Err() == nil {
+			p.log.Warn("leader lease lost; no longer reconciling", "err", err)
+			rev = 0
+			stepDown()
+		}
+		select {
+		case <-t.C:
+			continue
+		case <-ctx.Done():
+		}
+		stepDown()
+		if rev != 0 {
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := kv.Delete(dctx, leaderKey, jetstream.LastRevision(rev)); err != nil {
+				p.log.Warn("release leader lease", "err", err)
+			} else {
+				p.log.Info("leader lease released")
+			}
+		}
+		return
+	}
+}
+
+// splitAgentKey splits a fleet-agents key "<entry>.<target>".
+func splitAgentKey(key string) (entry, target string, ok bool) {
+	entry, target, ok = strings.Cut(key, ".")
+	return entry, target, ok && events.IsIdentifier(entry) && events.IsIdentifier(target)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

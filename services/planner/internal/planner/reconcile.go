@@ -1,0 +1,514 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
+)
+
+// pending is a command whose publish failed after its decision was
+// appended; the reconciler retries it with the same Msg-Id.
+type pending struct {
+	create *events.CreateCommand
+	del    *events.DeleteCommand
+	trace  nats.Header
+}
+
+// poolSnap is a copy of one pool and its non-terminal proxies, taken under
+// the lock so decisions run without it.
+type poolSnap struct {
+	pool    Pool
+	members []Proxy
+}
+
+// round is what one reconcile pass decides from.
+type round struct {
+	now    time.Time
+	pools  []poolSnap
+	byID   map[string]Proxy
+	agents []agentSeen
+	quota  map[string]time.Time
+	// onTarget counts active proxies per "<entry>.<target>", all pools.
+	onTarget map[string]int
+	// poolOnTarget counts active proxies per pool and target.
+	poolOnTarget map[string]map[string]int
+	secrets      map[string]events.PoolSecrets
+}
+
+func targetKey(entry, target string) string { return entry + "." + target }
+
+func (r *round) count(x Proxy, delta int) {
+	k := targetKey(x.Entry, x.Target)
+	r.onTarget[k] += delta
+	if r.poolOnTarget[x.Pool] == nil {
+		r.poolOnTarget[x.Pool] = map[string]int{}
+	}
+	r.poolOnTarget[x.Pool][k] += delta
+}
+
+func (p *Planner) snapshot() *round {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := &round{
+		now:          p.now(),
+		byID:         map[string]Proxy{},
+		quota:        map[string]time.Time{},
+		onTarget:     map[string]int{},
+		poolOnTarget: map[string]map[string]int{},
+		secrets:      map[string]events.PoolSecrets{},
+	}
+	r.agents = p.liveAgentsLocked(r.now)
+	sort.Slice(r.agents, func(i, j int) bool {
+		return targetKey(r.agents[i].Entry, r.agents[i].Target) < targetKey(r.agents[j].Entry, r.agents[j].Target)
+	})
+	for k, t := range p.st.quota {
+		r.quota[k] = t
+	}
+	for _, pl := range p.st.sortedPools() {
+		ps := poolSnap{pool: *pl}
+		ps.pool.counts, ps.pool.members = nil, nil
+		for _, x := range pl.members {
+			ps.members = append(ps.members, *x)
+			r.byID[x.ID] = *x
+			if isActive(x.State) {
+				r.count(*x, 1)
+			}
+		}
+		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
+		r.pools = append(r.pools, ps)
+	}
+	return r
+}
+
+// reconcileLoop runs while this replica leads.
+func (p *Planner) reconcileLoop(ctx context.Context) {
+	p.ownSeq = 0
+	p.outbox = map[string]pending{}
+	p.noTarget = map[string]time.Time{}
+	p.recoverCommands(ctx)
+	t := time.NewTicker(p.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		p.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.kick:
+		}
+	}
+}
+
+// recoverCommands re-publishes the command of every proxy whose decision
+// may not have reached its agent when the previous leader stopped: creates
+// of requested proxies and deletes of retiring ones, with the same attempt
+// and so the same Msg-Id. Inside the duplicate window JetStream drops them;
+// outside it the agents find the work done.
+func (p *Planner) recoverCommands(ctx context.Context) {
+	r := p.snapshot()
+	n := 0
+	for _, ps := range r.pools {
+		for _, x := range ps.members {
+			switch {
+			case x.State == events.ProxyRequested:
+				sec, ok := p.poolSecrets(ctx, r, ps.pool)
+				if !ok {
+					continue
+				}
+				cmd := createCommand(x.ID, x.requested, x.Attempt, sec)
+				p.publish(traceCtx(ctx, x.traceparent), pending{create: &cmd})
+				n++
+			case x.State == events.ProxyRetiring && !x.SkipCleanup:
+				cmd := deleteCommand(x, x.DeleteAttempt)
+				p.publish(traceCtx(ctx, ps.pool.traceparent), pending{del: &cmd})
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		p.log.Info("re-published the commands of unfinished decisions", "commands", n)
+	}
+}
+
+// reconcile runs one pass over every pool.
+func (p *Planner) reconcile(ctx context.Context) {
+	p.mu.Lock()
+	behind := p.st.seq < p.ownSeq
+	p.mu.Unlock()
+	if behind {
+		// Our own last decision is not in the projection yet: deciding now
+		// would count without it.
+		return
+	}
+	r := p.snapshot()
+	p.flushOutbox(ctx, r)
+	for _, ps := range r.pools {
+		if ctx.Err() != nil {
+			return
+		}
+		p.reconcilePool(ctx, r, ps)
+	}
+}
+
+func (p *Planner) flushOutbox(ctx context.Context, r *round) {
+	for id, pc := range p.outbox {
+		x, ok := r.byID[id]
+		want := events.ProxyRetiring
+		if pc.create != nil {
+			want = events.ProxyRequested
+		}
+		delete(p.outbox, id)
+		if ok && x.State == want {
+			p.publish(telemetry.Extract(ctx, pc.trace), pc)
+		}
+	}
+}
+
+// retireRank orders excess proxies: unhealthy first, then those not yet
+// running, then the rest.
+func retireRank(s string) int {
+	switch s {
+	case events.ProxyUnhealthy:
+		return 0
+	case events.ProxyRequested, events.ProxyProvisioning:
+		return 1
+	}
+	return 2
+}
+
+func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
+	pool := ps.pool
+	pctx := traceCtx(ctx, pool.traceparent)
+	var active []Proxy
+	for _, x := range ps.members {
+		age := r.now.Sub(x.Updated)
+		switch x.State {
+		case events.ProxyFailed:
+			p.retire(pctx, r, x, "failed: "+x.FailClass)
+		case events.ProxyRetiring:
+			if x.SkipCleanup {
+				p.decide(ctx, x, events.ProxyAbandoned, events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: x.Reason})
+			} else if age >= p.cfg.RetireTimeout {
+				p.reissueDelete(pctx, x)
+			}
+		case events.ProxyRequested:
+			active = append(active, x)
+			if age >= p.cfg.CreateTimeout {
+				p.reissueCreate(ctx, r, pool, x)
+			}
+		case events.ProxyProvisioning:
+			active = append(active, x)
+			if age >= p.cfg.ProvisionTimeout {
+				p.decide(pctx, x, events.ProxyFailed, events.ProxyEventID(x.ID, events.ProxyFailed, x.LastSeq), events.ProxyFailedData{
+					Class: events.ClassTimeout, Reason: fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout), Attempt: x.Attempt,
+				})
+			}
+		default:
+			if isActive(x.State) {
+				active = append(active, x)
+			}
+		}
+	}
+	want, reason := pool.Spec.Size, "scaled down"
+	if pool.Deleted {
+		want, reason = 0, "pool deleted"
+	}
+	if len(active) > want {
+		sort.SliceStable(active, func(i, j int) bool {
+			a, b := active[i], active[j]
+			if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
+				return ra < rb
+			}
+			if !a.Created.Equal(b.Created) {
+				return a.Created.Before(b.Created)
+			}
+			return a.ID < b.ID
+		})
+		for _, x := range active[:len(active)-want] {
+			p.retire(pctx, r, x, reason)
+		}
+		return
+	}
+	for n := len(active); n < want && ctx.Err() == nil; n++ {
+		a, ok := p.place(r, pool)
+		if !ok {
+			if last, logged := p.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
+				p.noTarget[pool.Name] = r.now
+				p.log.Warn("no live target can take a proxy of this pool now; retrying every round",
+					"pool", pool.Name, "entry", pool.Spec.Provider, "missing", want-n)
+			}
+			return
+		}
+		delete(p.noTarget, pool.Name)
+		if !p.create(pctx, r, pool, a) {
+			return
+		}
+	}
+}
+
+// place picks the target for one new proxy of pool: a live target of the
+// pool's entry (and of pool.Spec.Targets when set) offering its image and
+// profile, with capacity left and no recent quota failure; fewest proxies of
+// this pool first, then fewest overall, then by name.
+func (p *Planner) place(r *round, pool Pool) (agentSeen, bool) {
+	var best agentSeen
+	found := false
+	var bestPool, bestAll int
+	for _, a := range r.agents {
+		if a.Entry != pool.Spec.Provider {
+			continue
+		}
+		if len(pool.Spec.Targets) > 0 && !slices.Contains(pool.Spec.Targets, a.Target) {
+			continue
+		}
+		if pool.Spec.Image != "" && !slices.Contains(a.Images, pool.Spec.Image) {
+			continue
+		}
+		if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
+			continue
+		}
+		k := targetKey(a.Entry, a.Target)
+		if a.Capacity > 0 && r.onTarget[k] >= a.Capacity {
+			continue
+		}
+		if t, ok := r.quota[k]; ok && r.now.Sub(t) < p.cfg.QuotaAvoid {
+			continue
+		}
+		np, na := r.poolOnTarget[pool.Name][k], r.onTarget[k]
+		if !found || np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))) {
+			best, bestPool, bestAll, found = a, np, na, true
+		}
+	}
+	return best, found
+}
+
+// poolSecrets reads the pool's secrets from fleet-secrets, checking they
+// belong to the applied revision (their digest is in the event).
+func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.PoolSecrets, bool) {
+	if s, ok := r.secrets[pool.Name]; ok {
+		return s, true
+	}
+	var s events.PoolSecrets
+	e, err := p.secrets.Get(ctx, pool.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		p.log.Warn("read pool secrets", "pool", pool.Name, "err", err)
+		return s, false
+	default:
+		if err := json.Unmarshal(e.Value(), &s); err != nil {
+			p.log.Error("pool secrets are unreadable; re-apply the pool", "pool", pool.Name, "err", err)
+			return s, false
+		}
+	}
+	if s.Digest() != pool.SecretsDigest {
+		p.log.Error("pool secrets do not match the applied revision; re-apply the pool", "pool", pool.Name, "revision", pool.Revision)
+		return s, false
+	}
+	r.secrets[pool.Name] = s
+	return s, true
+}
+
+func createCommand(id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets) events.CreateCommand {
+	cmd := events.CreateCommand{
+		ProxyID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
+		Attempt: attempt, Revision: d.Revision, Image: d.Image, Profile: d.Profile, Port: d.Port,
+	}
+	if d.Username != "" {
+		cmd.Auth = &events.ProxyAuth{Username: d.Username, Password: sec.Password}
+	}
+	if sec.UserData != "" {
+		cmd.UserData = []byte(sec.UserData)
+	}
+	return cmd
+}
+
+func deleteCommand(x Proxy, attempt int) events.DeleteCommand {
+	if attempt < 1 {
+		attempt = 1
+	}
+	return events.DeleteCommand{
+		ProxyID: x.ID, Pool: x.Pool, Entry: x.Entry, Target: x.Target, Instance: x.Instance,
+		ProviderID: x.ProviderID, Attempt: attempt, Reason: x.Reason,
+	}
+}
+
+// traceCtx continues the trace whose W3C traceparent is tp.
+func traceCtx(ctx context.Context, tp string) context.Context {
+	if tp == "" {
+		return ctx
+	}
+	return telemetry.Extract(ctx, nats.Header{"traceparent": []string{tp}})
+}
+
+// publishCommand sends a create or delete command.
+func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
+	var err error
+	if pc.create != nil {
+		_, err = bus.PublishCreate(ctx, p.conn, Source, *pc.create, 0)
+	} else {
+		pc.del.Reason = truncate(pc.del.Reason, 200)
+		_, err = bus.PublishDelete(ctx, p.conn, Source, *pc.del, 0)
+	}
+	return err
+}
+
+// publish sends a command for the reconciler; when that fails, it keeps the
+// command to retry with the same Msg-Id next round.
+func (p *Planner) publish(ctx context.Context, pc pending) {
+	err := p.publishCommand(ctx, pc)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	id := ""
+	if pc.create != nil {
+		id = pc.create.ProxyID
+	} else {
+		id = pc.del.ProxyID
+	}
+	p.log.WarnContext(ctx, "publish command failed; will retry", "proxy", id, "err", err)
+	pc.trace = nats.Header{}
+	telemetry.Inject(ctx, pc.trace)
+	p.outbox[id] = pc
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (p *Planner) noteOwn(seq uint64) {
+	if seq > p.ownSeq {
+		p.ownSeq = seq
+	}
+}
+
+// decide appends one planner decision about proxy x, expecting x's last
+// sequence. A conflict means x changed meanwhile; the next round decides
+// again from the newer state.
+func (p *Planner) decide(ctx context.Context, x Proxy, typ, msgID string, data any) (uint64, bool) {
+	seq, err := p.store.Append(ctx, events.AggregateProxy, x.ID, typ, msgID, data, &bus.Expect{Seq: x.LastSeq})
+	if errors.Is(err, bus.ErrConflict) {
+		p.log.DebugContext(ctx, "proxy changed since it was read; deciding again next round", "proxy", x.ID, "decision", typ)
+		return 0, false
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.WarnContext(ctx, "append decision", "proxy", x.ID, "decision", typ, "err", err)
+		}
+		return 0, false
+	}
+	p.noteOwn(seq)
+	p.log.InfoContext(ctx, "decided", "proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target)
+	return seq, true
+}
+
+func (p *Planner) retire(pctx context.Context, r *round, x Proxy, reason string) {
+	ctx, span := p.tracer.Start(pctx, "planner.retire", trace.WithAttributes(
+		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason)))
+	defer span.End()
+	if _, ok := p.decide(ctx, x, events.ProxyRetiring, events.ProxyEventID(x.ID, events.ProxyRetiring, 1), events.ProxyRetiringData{Reason: reason}); !ok {
+		return
+	}
+	if isActive(x.State) {
+		r.count(x, -1)
+	}
+	x.Reason = reason
+	cmd := deleteCommand(x, 1)
+	p.publish(ctx, pending{del: &cmd})
+}
+
+func (p *Planner) reissueDelete(pctx context.Context, x Proxy) {
+	attempt := x.DeleteAttempt + 1
+	ctx, span := p.tracer.Start(pctx, "planner.redelete", trace.WithAttributes(
+		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
+	defer span.End()
+	if _, ok := p.decide(ctx, x, events.ProxyRetiring, events.ProxyEventID(x.ID, events.ProxyRetiring, uint64(attempt)),
+		events.ProxyRetiringData{Reason: x.Reason}); !ok {
+		return
+	}
+	cmd := deleteCommand(x, attempt)
+	p.publish(ctx, pending{del: &cmd})
+}
+
+// reissueCreate handles a proxy that stayed requested too long: when its
+// target's agent is alive the create is issued again with the next attempt;
+// when it is not, the proxy fails (class timeout) and is replaced elsewhere.
+func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Proxy) {
+	ctx = traceCtx(ctx, x.traceparent)
+	live := false
+	for _, a := range r.agents {
+		if a.Entry == x.Entry && a.Target == x.Target {
+			live = true
+		}
+	}
+	if !live {
+		p.decide(ctx, x, events.ProxyFailed, events.ProxyEventID(x.ID, events.ProxyFailed, x.LastSeq), events.ProxyFailedData{
+			Class: events.ClassTimeout, Reason: fmt.Sprintf("no agent took the create within %s and target %s/%s is not alive", p.cfg.CreateTimeout, x.Entry, x.Target), Attempt: x.Attempt,
+		})
+		return
+	}
+	sec, ok := p.poolSecrets(ctx, r, pool)
+	if !ok {
+		return
+	}
+	attempt := x.Attempt + 1
+	ctx, span := p.tracer.Start(ctx, "planner.recreate", trace.WithAttributes(
+		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
+	defer span.End()
+	if _, ok := p.decide(ctx, x, events.ProxyRequested, events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), x.requested); !ok {
+		return
+	}
+	cmd := createCommand(x.ID, x.requested, attempt, sec)
+	p.publish(ctx, pending{create: &cmd})
+}
+
+// create decides one new proxy of pool on target a and sends its command.
+func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen) bool {
+	sec, ok := p.poolSecrets(pctx, r, pool)
+	if !ok {
+		return false
+	}
+	id := events.NewProxyID(pool.Name)
+	ctx, span := p.tracer.Start(pctx, "planner.create", trace.WithAttributes(
+		attribute.String("proxy", id), attribute.String("pool", pool.Name),
+		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
+	defer span.End()
+	d := events.ProxyRequestedData{
+		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
+		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
+	}
+	if pool.Spec.Auth != nil {
+		d.Username = pool.Spec.Auth.Username
+	}
+	seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested,
+		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.WarnContext(ctx, "append requested", "pool", pool.Name, "err", err)
+		}
+		return false
+	}
+	p.noteOwn(seq)
+	x := Proxy{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}
+	r.count(x, 1)
+	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested, "entry", a.Entry, "target", a.Target)
+	cmd := createCommand(id, d, 1, sec)
+	p.publish(ctx, pending{create: &cmd})
+	return true
+}

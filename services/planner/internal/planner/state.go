@@ -1,0 +1,332 @@
+package planner
+
+import (
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// Proxy is the planner's view of one proxy aggregate, folded from its
+// events.
+type Proxy struct {
+	ID            string    `json:"id"`
+	Pool          string    `json:"pool"`
+	Entry         string    `json:"entry"`
+	Target        string    `json:"target"`
+	Instance      string    `json:"instance"`
+	State         string    `json:"state"`
+	Attempt       int       `json:"attempt"`
+	DeleteAttempt int       `json:"deleteAttempt,omitempty"`
+	Revision      int       `json:"revision"`
+	ProviderID    string    `json:"providerID,omitempty"`
+	Address       string    `json:"address,omitempty"`
+	FailClass     string    `json:"failClass,omitempty"`
+	Reason        string    `json:"reason,omitempty"`
+	SkipCleanup   bool      `json:"skipCleanup,omitempty"`
+	LastSeq       uint64    `json:"lastSeq"`
+	Created       time.Time `json:"created"`
+	Updated       time.Time `json:"updated"`
+
+	// traceparent is the W3C trace context of the requested event.
+	traceparent string
+	// requested is the decision that created the proxy, replayed into a
+	// re-published create command.
+	requested events.ProxyRequestedData
+}
+
+// Pool is the planner's view of one pool aggregate.
+type Pool struct {
+	Name          string          `json:"name"`
+	Spec          events.PoolSpec `json:"spec"`
+	Revision      int             `json:"revision"`
+	SecretsDigest string          `json:"-"`
+	Deleted       bool            `json:"deleted"`
+	LastSeq       uint64          `json:"lastSeq"`
+
+	// traceparent is the trace context of the last applied event; commands
+	// the reconciler makes for the pool continue that trace.
+	traceparent string
+	// counts is the number of member proxies per state.
+	counts map[string]int
+	// members holds the pool's proxies that are not terminal.
+	members map[string]*Proxy
+}
+
+// isActive reports whether a proxy in state s counts toward its pool's
+// size.
+func isActive(s string) bool {
+	switch s {
+	case events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
+		return true
+	}
+	return false
+}
+
+// state is the projection of FLEET_EVENTS. Applying one event costs O(1).
+// It is not safe for concurrent use; the [Planner] guards it with its mutex.
+type state struct {
+	log     *slog.Logger
+	seq     uint64
+	pools   map[string]*Pool
+	proxies map[string]*Proxy
+	// targets maps an entry to the targets events named for it (a pool's
+	// provider adds the entry with no target).
+	targets map[string]map[string]bool
+	// quota holds the time of the last quota failure per "<entry>.<target>".
+	quota map[string]time.Time
+}
+
+func newState(log *slog.Logger) *state {
+	return &state{
+		log:     log,
+		pools:   map[string]*Pool{},
+		proxies: map[string]*Proxy{},
+		targets: map[string]map[string]bool{},
+		quota:   map[string]time.Time{},
+	}
+}
+
+func (s *state) noteTarget(entry, target string) {
+	m := s.targets[entry]
+	if m == nil {
+		m = map[string]bool{}
+		s.targets[entry] = m
+	}
+	if target != "" {
+		m[target] = true
+	}
+}
+
+// pool returns the pool named name, creating an empty, deleted placeholder
+// when an event names a pool the log never applied: its proxies are then
+// retired.
+func (s *state) pool(name string) *Pool {
+	p := s.pools[name]
+	if p == nil {
+		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}}
+		s.pools[name] = p
+	}
+	return p
+}
+
+// attemptOf reads n from an event id "<proxy>.<type>.<n>".
+func attemptOf(id string) int {
+	i := strings.LastIndexByte(id, '.')
+	if i < 0 {
+		return 1
+	}
+	n, err := strconv.Atoi(id[i+1:])
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+// apply folds one event into the state. It reports whether the event can
+// change a reconcile decision.
+func (s *state) apply(ev bus.Event) bool {
+	if ev.Seq > s.seq {
+		s.seq = ev.Seq
+	}
+	switch ev.Aggregate {
+	case events.AggregatePool:
+		return s.applyPool(ev)
+	case events.AggregateProxy:
+		return s.applyProxy(ev)
+	}
+	return false
+}
+
+func (s *state) skip(ev bus.Event, err error) bool {
+	s.log.Warn("skipping event the planner cannot read", "seq", ev.Seq, "aggregate", ev.Aggregate, "id", ev.ID, "type", ev.Kind, "err", err)
+	return false
+}
+
+func (s *state) applyPool(ev bus.Event) bool {
+	switch ev.Kind {
+	case events.PoolApplied:
+		var d events.PoolAppliedData
+		if err := ev.DecodeData(&d); err != nil {
+			return s.skip(ev, err)
+		}
+		p := s.pool(ev.ID)
+		p.Spec = d.Spec.Public()
+		p.Revision = d.Revision
+		p.SecretsDigest = d.SecretsDigest
+		p.Deleted = false
+		p.LastSeq = ev.Seq
+		p.traceparent = ev.Header.Get("traceparent")
+		s.noteTarget(d.Spec.Provider, "")
+		return true
+	case events.PoolDeleted:
+		var d events.PoolDeletedData
+		if err := ev.DecodeData(&d); err != nil {
+			return s.skip(ev, err)
+		}
+		p := s.pool(ev.ID)
+		if d.Revision > p.Revision {
+			p.Revision = d.Revision
+		}
+		p.Deleted = true
+		p.LastSeq = ev.Seq
+		return true
+	}
+	if p := s.pools[ev.ID]; p != nil {
+		p.LastSeq = ev.Seq
+	}
+	return false
+}
+
+func (s *state) setState(x *Proxy, to string) {
+	if x.State == to {
+		return
+	}
+	p := s.pool(x.Pool)
+	if x.State != "" {
+		if p.counts[x.State]--; p.counts[x.State] <= 0 {
+			delete(p.counts, x.State)
+		}
+	}
+	p.counts[to]++
+	if events.IsTerminal(to) {
+		delete(p.members, x.ID)
+	} else {
+		p.members[x.ID] = x
+	}
+	x.State = to
+}
+
+func (s *state) applyProxy(ev bus.Event) bool {
+	x := s.proxies[ev.ID]
+	if x == nil && ev.Kind != events.ProxyRequested {
+		s.log.Debug("event for a proxy the planner never requested", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind)
+		return false
+	}
+	if x != nil {
+		x.LastSeq = ev.Seq
+		x.Updated = ev.Time
+	}
+	switch ev.Kind {
+	case events.ProxyRequested:
+		var d events.ProxyRequestedData
+		if err := ev.DecodeData(&d); err != nil {
+			if x != nil {
+				return false
+			}
+			return s.skip(ev, err)
+		}
+		if x == nil {
+			x = &Proxy{
+				ID: ev.ID, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
+				Revision: d.Revision, Created: ev.Time, Updated: ev.Time, LastSeq: ev.Seq,
+				traceparent: ev.Header.Get("traceparent"), requested: d,
+			}
+			s.proxies[ev.ID] = x
+			s.noteTarget(d.Entry, d.Target)
+			x.Attempt = attemptOf(ev.Envelope.ID)
+			s.setState(x, events.ProxyRequested)
+			return true
+		}
+		// A re-issued create: a later attempt of the same decision.
+		if x.State == events.ProxyRequested {
+			x.Attempt = attemptOf(ev.Envelope.ID)
+		}
+		return false
+	case events.ProxyProvisioning:
+		var d events.ProxyProvisioningData
+		if ev.DecodeData(&d) == nil {
+			if d.ProviderID != "" {
+				x.ProviderID = d.ProviderID
+			}
+			if d.Attempt > 0 {
+				x.Attempt = d.Attempt
+			}
+		}
+	case events.ProxyRunning:
+		var d events.ProxyRunningData
+		if ev.DecodeData(&d) == nil {
+			x.Address = d.Address
+			if d.ProviderID != "" {
+				x.ProviderID = d.ProviderID
+			}
+		}
+	case events.ProxyFailed:
+		var d events.ProxyFailedData
+		_ = ev.DecodeData(&d)
+		if d.Class == events.ClassQuota {
+			s.quota[x.Entry+"."+x.Target] = ev.Time
+		}
+		if isActive(x.State) {
+			x.FailClass, x.Reason = d.Class, d.Reason
+			s.setState(x, events.ProxyFailed)
+			return true
+		}
+		return false
+	case events.ProxyRetiring:
+		var d events.ProxyRetiringData
+		_ = ev.DecodeData(&d)
+		if events.IsTerminal(x.State) {
+			return false
+		}
+		x.Reason = d.Reason
+		x.SkipCleanup = x.SkipCleanup || d.SkipCleanup
+		x.DeleteAttempt = attemptOf(ev.Envelope.ID)
+		s.setState(x, events.ProxyRetiring)
+		return true
+	case events.ProxyDeleted, events.ProxyAbandoned:
+		if events.IsTerminal(x.State) {
+			return false
+		}
+		s.setState(x, ev.Kind)
+		return true
+	default:
+		return false
+	}
+	// Observations of progress move an active proxy only: once failed or
+	// retiring, a late fact from an agent or the health service must not
+	// make it count toward the pool again.
+	if isActive(x.State) {
+		changed := x.State != ev.Kind
+		s.setState(x, ev.Kind)
+		return changed
+	}
+	return false
+}
+
+// PoolView is the API's answer about one pool.
+type PoolView struct {
+	Name     string          `json:"name"`
+	Spec     events.PoolSpec `json:"spec"`
+	Revision int             `json:"revision"`
+	Deleted  bool            `json:"deleted"`
+	// Active counts the proxies that count toward Spec.Size.
+	Active int `json:"active"`
+	// States counts the pool's proxies per state, terminal ones included.
+	States map[string]int `json:"states"`
+}
+
+func (p *Pool) view() PoolView {
+	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, States: map[string]int{}}
+	for k, n := range p.counts {
+		v.States[k] = n
+		if isActive(k) {
+			v.Active += n
+		}
+	}
+	return v
+}
+
+// sortedPools returns the pools ordered by name.
+func (s *state) sortedPools() []*Pool {
+	out := make([]*Pool, 0, len(s.pools))
+	for _, p := range s.pools {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,50 @@
+package libvirt
+
+import (
+	"io"
+	"sync"
+)
+
+// eofReader ends a stream with io.EOF whatever error its source returns,
+// and keeps that error. go-libvirt's stream sender parks forever on an
+// unbuffered channel when the source fails mid-stream (both its goroutines
+// block on channel sends, so killing the socket does not free them); an EOF
+// is the one outcome that finishes the stream the normal way. The caller
+// reads the real error from Err and compares the length it expected.
+type eofReader struct {
+	r   io.Reader
+	mu  sync.Mutex
+	err error
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.mu.Lock()
+		if e.err == nil {
+			e.err = err
+		}
+		e.mu.Unlock()
+		return n, io.EOF
+	}
+	return n, err
+}
+
+// Err is the first non-EOF error of the source.
+func (e *eofReader) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n uint64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += uint64(n)
+	return n, err
+}

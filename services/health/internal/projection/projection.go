@@ -1,0 +1,443 @@
+// Package projection folds the FLEET_EVENTS log into the fleet-proxies and
+// fleet-pools KV views. It reads through one durable consumer
+// ("health-projection") and acknowledges each event after its KV writes.
+//
+// The views are a pure function of the log: values carry only event data
+// and event times, each records the sequence of the last event applied so a
+// redelivered event is skipped, and events are applied strictly in stream
+// order (the consumer allows one unacknowledged event at a time). Dropping
+// both buckets and the consumer and replaying, see [Rebuild], gives the same
+// bytes.
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// ConsumerName is the durable consumer the projection reads FLEET_EVENTS with.
+const ConsumerName = "health-projection"
+
+// ackWait is how long an event may stay unacknowledged before it is
+// redelivered. Retries of a failing KV write send InProgress meanwhile.
+const ackWait = 30 * time.Second
+
+// EnsureConsumer creates or updates the projection's durable consumer.
+//
+// MaxAckPending is 1 on purpose: a projection must apply events in stream
+// order, and with more than one outstanding event a crash would let newer
+// events through before the older unacknowledged ones are redelivered, which
+// the per-key sequence check would then drop.
+func EnsureConsumer(ctx context.Context, c *bus.Conn) (jetstream.Consumer, error) {
+	return c.JS.CreateOrUpdateConsumer(ctx, bus.EventsStream, jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
+		Description:   "health: projection of FLEET_EVENTS into fleet-proxies and fleet-pools",
+		FilterSubject: events.EventsAll,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxAckPending: 1,
+		Replicas:      c.Replicas(),
+	})
+}
+
+// Rebuild drops the projection's consumer and both view buckets, then
+// recreates the buckets empty. The next [Projector.Run] replays the whole
+// log into them. Other health instances should be stopped first; a running
+// one recreates the consumer and carries on.
+func Rebuild(ctx context.Context, c *bus.Conn) error {
+	if err := c.JS.DeleteConsumer(ctx, bus.EventsStream, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete consumer %s: %w", ConsumerName, err)
+	}
+	for _, b := range []string{bus.BucketProxies, bus.BucketPools} {
+		if err := c.JS.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("delete bucket %s: %w", b, err)
+		}
+	}
+	if err := bus.EnsureTopology(ctx, c); err != nil {
+		return fmt.Errorf("recreate buckets: %w", err)
+	}
+	return nil
+}
+
+// Projector applies events to the views.
+//
+// A Projector is not safe for concurrent use: events must be applied one at
+// a time, in order.
+type Projector struct {
+	conn *bus.Conn
+	log  *slog.Logger
+
+	proxies, pools jetstream.KeyValue // bound on first use
+	stream         jetstream.Stream
+}
+
+// New returns a projector writing through c. log may be nil.
+func New(c *bus.Conn, log *slog.Logger) *Projector {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Projector{conn: c, log: log.With("component", "projection")}
+}
+
+// Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
+// rebuild, or a NATS outage) is recreated after a short pause.
+func (p *Projector) Run(ctx context.Context) error {
+	for {
+		err := p.consume(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		p.log.Warn("projection consumer stopped; restarting it", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (p *Projector) consume(ctx context.Context) error {
+	p.proxies, p.pools, p.stream = nil, nil, nil
+	cons, err := EnsureConsumer(ctx, p.conn)
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return err
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			p.log.Error("event without JetStream metadata; skipped", "subject", msg.Subject(), "err", err)
+			_ = msg.Term()
+			continue
+		}
+		if err := p.applyRetrying(ctx, msg, md.Sequence.Stream); err != nil {
+			return err
+		}
+		if err := msg.Ack(); err != nil {
+			// The event comes back after ackWait and is skipped by its sequence.
+			p.log.Warn("ack failed", "seq", md.Sequence.Stream, "err", err)
+		}
+	}
+}
+
+// applyRetrying applies one event, retrying KV failures in place (never
+// moving on: order matters) until they succeed or ctx ends.
+func (p *Projector) applyRetrying(ctx context.Context, msg jetstream.Msg, seq uint64) error {
+	delay := 100 * time.Millisecond
+	for {
+		err := p.Apply(ctx, seq, msg.Subject(), msg.Data())
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.log.Warn("applying event failed; retrying", "seq", seq, "subject", msg.Subject(), "in", delay.String(), "err", err)
+		_ = msg.InProgress()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// Apply folds the event stored at sequence seq on subject into the views.
+// It returns an error only when a KV operation failed (the caller retries);
+// events it cannot decode or does not know are logged and skipped.
+func (p *Projector) Apply(ctx context.Context, seq uint64, subject string, data []byte) error {
+	agg, id, kind, ok := events.ParseEventSubject(subject)
+	if !ok {
+		p.log.Error("event subject has the wrong shape; skipped", "seq", seq, "subject", subject)
+		return nil
+	}
+	env, err := events.DecodeEnvelope(data)
+	if err != nil {
+		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)
+		return nil
+	}
+	switch agg {
+	case events.AggregateProxy:
+		return p.applyProxy(ctx, seq, id, kind, env)
+	case events.AggregatePool:
+		return p.applyPool(ctx, seq, id, kind, env)
+	}
+	p.log.Warn("event of an unknown aggregate; skipped", "seq", seq, "subject", subject)
+	return nil
+}
+
+func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string, env events.Envelope) error {
+	kv, err := p.bucket(ctx, &p.proxies, bus.BucketProxies)
+	if err != nil {
+		return err
+	}
+	log := p.log.With("seq", seq, "proxy", id, "event", kind)
+	cur, exists, err := load[Proxy](ctx, kv, id, log)
+	if err != nil {
+		return err
+	}
+	if exists && cur.Seq >= seq {
+		return nil // applied before: a redelivery
+	}
+	at := env.Time.UTC()
+	skip := func(err error) error {
+		log.Error("invalid event data; skipped", "err", err)
+		return nil
+	}
+	if kind == events.ProxyRequested {
+		if !exists {
+			if gone, err := p.endedLater(ctx, events.AggregateProxy, id, seq); err != nil || gone {
+				return err
+			}
+		}
+		var d events.ProxyRequestedData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v := Proxy{
+			ID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
+			Revision: d.Revision, Port: d.Port, Image: d.Image, Profile: d.Profile,
+			Username: d.Username, Replaces: d.Replaces,
+			State: kind, CreatedAt: at, UpdatedAt: at, Seq: seq,
+		}
+		return put(ctx, kv, id, v)
+	}
+	if !exists {
+		// Only requested creates a proxy. Anything else for a missing key is
+		// late (for example an unhealthy observation racing the deletion) and
+		// must not resurrect a deleted proxy.
+		log.Debug("event for a proxy that is not in the view; skipped")
+		return nil
+	}
+	v := cur
+	switch kind {
+	case events.ProxyDeleted, events.ProxyAbandoned:
+		// The event kind alone is the fact: the proxy is gone.
+		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return err
+		}
+		return nil
+	case events.ProxyProvisioning:
+		var d events.ProxyProvisioningData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Entry = orKeep(d.Entry, v.Entry)
+		v.Target = orKeep(d.Target, v.Target)
+		v.Instance = orKeep(d.Instance, v.Instance)
+		v.ProviderID = orKeep(d.ProviderID, v.ProviderID)
+		v.Attempt = d.Attempt
+		v.Reason, v.FailureClass, v.Streak = "", "", 0
+	case events.ProxyRunning:
+		var d events.ProxyRunningData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Address = d.Address
+		v.ProviderID = orKeep(d.ProviderID, v.ProviderID)
+		if d.Attempt > 0 {
+			v.Attempt = d.Attempt
+		}
+		v.Reason, v.FailureClass, v.Streak = "", "", 0
+	case events.ProxyReady:
+		if retired(v.State) {
+			log.Debug("ready for a proxy that is " + v.State + "; skipped")
+			return nil
+		}
+		var d events.ProxyReadyData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Address = orKeep(d.Address, v.Address)
+		v.LatencyMS, v.EgressIP = d.LatencyMS, d.EgressIP
+		v.Reason, v.FailureClass, v.Streak = "", "", 0
+	case events.ProxyUnhealthy:
+		if retired(v.State) {
+			log.Debug("unhealthy for a proxy that is " + v.State + "; skipped")
+			return nil
+		}
+		var d events.ProxyUnhealthyData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Reason, v.FailureClass, v.Streak = d.Reason, "", d.Streak
+	case events.ProxyFailed:
+		var d events.ProxyFailedData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Reason, v.FailureClass, v.Streak = d.Reason, d.Class, 0
+		if d.Attempt > 0 {
+			v.Attempt = d.Attempt
+		}
+	case events.ProxyRetiring:
+		var d events.ProxyRetiringData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		v.Reason, v.SkipCleanup, v.Streak = d.Reason, d.SkipCleanup, 0
+	default:
+		log.Warn("unknown proxy event; skipped")
+		return nil
+	}
+	v.State, v.UpdatedAt, v.Seq = kind, at, seq
+	return put(ctx, kv, id, v)
+}
+
+// retired reports whether health's ready/unhealthy observations no longer
+// apply: a probe that raced the planner's decision must not make a retiring
+// or failed proxy look serviceable again.
+func retired(state string) bool {
+	return state == events.ProxyRetiring || state == events.ProxyFailed
+}
+
+// poolApplied is [events.PoolAppliedData] without its Validate method: the
+// recorded spec is the public one (no password), which PoolSpec.Validate
+// would reject for a pool with auth.
+type poolApplied events.PoolAppliedData
+
+func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string, env events.Envelope) error {
+	kv, err := p.bucket(ctx, &p.pools, bus.BucketPools)
+	if err != nil {
+		return err
+	}
+	log := p.log.With("seq", seq, "pool", name, "event", kind)
+	cur, exists, err := load[Pool](ctx, kv, name, log)
+	if err != nil {
+		return err
+	}
+	if exists && cur.Seq >= seq {
+		return nil
+	}
+	at := env.Time.UTC()
+	switch kind {
+	case events.PoolApplied:
+		if !exists {
+			if gone, err := p.endedLater(ctx, events.AggregatePool, name, seq); err != nil || gone {
+				return err
+			}
+		}
+		var d poolApplied
+		if err := env.DecodeData(&d); err != nil {
+			log.Error("invalid event data; skipped", "err", err)
+			return nil
+		}
+		if d.Revision < 1 {
+			log.Error("invalid event data; skipped", "err", "revision must be 1 or more")
+			return nil
+		}
+		v := Pool{
+			Name: orKeep(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.Size,
+			Spec: d.Spec.Public(), Revision: d.Revision, SecretsDigest: d.SecretsDigest,
+			CreatedAt: at, UpdatedAt: at, Seq: seq,
+		}
+		if exists {
+			v.CreatedAt = cur.CreatedAt
+		}
+		return put(ctx, kv, name, v)
+	case events.PoolDeleted:
+		if err := kv.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return err
+		}
+		return nil
+	}
+	log.Warn("unknown pool event; skipped")
+	return nil
+}
+
+// endedLater reports whether the aggregate was deleted (or abandoned) by
+// an event stored after seq. A creating event delivered again after its
+// aggregate was deleted, and its key removed, must not bring the key back;
+// the log knows it is gone. On a replay this skips aggregates that end
+// deleted, which gives the same final views.
+func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq uint64) (bool, error) {
+	if p.stream == nil {
+		st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+		if err != nil {
+			return false, err
+		}
+		p.stream = st
+	}
+	ends := []string{events.ProxyDeleted, events.ProxyAbandoned}
+	if aggregate == events.AggregatePool {
+		ends = []string{events.PoolDeleted}
+	}
+	for _, kind := range ends {
+		raw, err := p.stream.GetLastMsgForSubject(ctx, events.EventSubject(aggregate, id, kind))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if raw.Sequence > seq {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (p *Projector) bucket(ctx context.Context, h *jetstream.KeyValue, name string) (jetstream.KeyValue, error) {
+	if *h == nil {
+		kv, err := p.conn.JS.KeyValue(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", name, err)
+		}
+		*h = kv
+	}
+	return *h, nil
+}
+
+// load reads and decodes key. A value that does not decode is reported and
+// treated as absent, so the next creating event replaces it.
+func load[T any](ctx context.Context, kv jetstream.KeyValue, key string, log *slog.Logger) (T, bool, error) {
+	var v T
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return v, false, nil
+	}
+	if err != nil {
+		return v, false, err
+	}
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		log.Error("stored view value does not decode; treating it as absent", "err", err)
+		var zero T
+		return zero, false, nil
+	}
+	return v, true, nil
+}
+
+func put(ctx context.Context, kv jetstream.KeyValue, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Put(ctx, key, b)
+	return err
+}
+
+func orKeep(v, old string) string {
+	if v != "" {
+		return v
+	}
+	return old
+}

@@ -1,0 +1,476 @@
+package projection_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/health/internal/projection"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// env is one test's NATS, event store and running projector.
+type env struct {
+	t     *testing.T
+	ctx   context.Context
+	conn  *bus.Conn
+	store *bus.EventStore
+	stop  func()
+}
+
+func start(t *testing.T) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	e := &env{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil)}
+	e.run()
+	t.Cleanup(func() { e.stop() })
+	return e
+}
+
+// run starts a projector; stop ends it and waits for it.
+func (e *env) run() {
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- projection.New(e.conn, nil).Run(ctx) }()
+	e.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("projector: %v", err)
+		}
+		e.stop = func() {}
+	}
+}
+
+func (e *env) append(id, kind string, data any) uint64 {
+	e.t.Helper()
+	agg := events.AggregateProxy
+	if kind == events.PoolApplied && isPoolData(data) || kind == events.PoolDeleted && isPoolData(data) {
+		agg = events.AggregatePool
+	}
+	seq, err := e.store.Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.%d", id, kind, time.Now().UnixNano()), data, nil)
+	if err != nil {
+		e.t.Fatalf("append %s %s: %v", id, kind, err)
+	}
+	return seq
+}
+
+func isPoolData(d any) bool {
+	switch d.(type) {
+	case events.PoolAppliedData, events.PoolDeletedData:
+		return true
+	}
+	return false
+}
+
+func (e *env) eventTime(seq uint64) time.Time {
+	e.t.Helper()
+	st, err := e.conn.JS.Stream(e.ctx, bus.EventsStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	raw, err := st.GetMsg(e.ctx, seq)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	env, err := events.DecodeEnvelope(raw.Data)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return env.Time.UTC()
+}
+
+// eventually polls cond until it holds or the test's deadline passes.
+func (e *env) eventually(what string, cond func() bool) {
+	e.t.Helper()
+	for !cond() {
+		select {
+		case <-e.ctx.Done():
+			e.t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// caughtUp waits until the projection consumer acknowledged the last event.
+func (e *env) caughtUp() {
+	e.t.Helper()
+	e.eventually("projection to catch up", func() bool {
+		st, err := e.conn.JS.Stream(e.ctx, bus.EventsStream)
+		if err != nil {
+			return false
+		}
+		si, err := st.Info(e.ctx)
+		if err != nil {
+			return false
+		}
+		cons, err := st.Consumer(e.ctx, projection.ConsumerName)
+		if err != nil {
+			return false
+		}
+		ci, err := cons.Info(e.ctx)
+		if err != nil {
+			return false
+		}
+		return ci.AckFloor.Stream >= si.State.LastSeq && ci.NumAckPending == 0
+	})
+}
+
+func (e *env) proxy(id string) (projection.Proxy, bool) {
+	e.t.Helper()
+	var v projection.Proxy
+	return v, e.get(bus.BucketProxies, id, &v)
+}
+
+func (e *env) get(bucket, key string, out any) bool {
+	e.t.Helper()
+	kv, err := e.conn.JS.KeyValue(e.ctx, bucket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	entry, err := kv.Get(e.ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := json.Unmarshal(entry.Value(), out); err != nil {
+		e.t.Fatalf("%s/%s: %v", bucket, key, err)
+	}
+	return true
+}
+
+// waitProxy waits until the proxy's value records seq, and returns it.
+func (e *env) waitProxy(id string, seq uint64) projection.Proxy {
+	e.t.Helper()
+	var v projection.Proxy
+	e.eventually(fmt.Sprintf("%s at seq %d", id, seq), func() bool {
+		var ok bool
+		v, ok = e.proxy(id)
+		return ok && v.Seq >= seq
+	})
+	return v
+}
+
+// dump returns every key and value of the two views.
+func (e *env) dump() map[string][]byte {
+	e.t.Helper()
+	out := map[string][]byte{}
+	for _, b := range []string{bus.BucketProxies, bus.BucketPools} {
+		kv, err := e.conn.JS.KeyValue(e.ctx, b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		keys, err := kv.Keys(e.ctx)
+		if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+			e.t.Fatal(err)
+		}
+		for _, k := range keys {
+			entry, err := kv.Get(e.ctx, k)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			out[b+"/"+k] = entry.Value()
+		}
+	}
+	return out
+}
+
+func diffDumps(t *testing.T, got, want map[string][]byte) {
+	t.Helper()
+	var keys []string
+	for k := range want {
+		keys = append(keys, k)
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !bytes.Equal(got[k], want[k]) {
+			t.Errorf("%s:\n got  %s\n want %s", k, got[k], want[k])
+		}
+	}
+}
+
+func requested(pool string) events.ProxyRequestedData {
+	return events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "host1", Instance: events.InstanceName("p1"), Revision: 1, Port: 3128}
+}
+
+func TestProxyLifecycle(t *testing.T) {
+	e := start(t)
+	const id = "demo-p1"
+	req := events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "host1", Instance: events.InstanceName(id), Revision: 2, Port: 3128, Username: "crawler"}
+	s1 := e.append(id, events.ProxyRequested, req)
+	t0 := e.eventTime(s1)
+	want := projection.Proxy{
+		ID: id, Pool: "demo", Entry: "local", Target: "host1", Instance: events.InstanceName(id),
+		State: events.ProxyRequested, Revision: 2, Port: 3128, Username: "crawler",
+		CreatedAt: t0, UpdatedAt: t0, Seq: s1,
+	}
+	check := func(step string, seq uint64) {
+		t.Helper()
+		got := e.waitProxy(id, seq)
+		want.Seq, want.UpdatedAt = seq, e.eventTime(seq)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("after %s:\n got  %+v\n want %+v", step, got, want)
+		}
+	}
+	check("requested", s1)
+
+	s := e.append(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "host1", Instance: events.InstanceName(id), ProviderID: "pid-1", Attempt: 1})
+	want.State, want.ProviderID, want.Attempt = events.ProxyProvisioning, "pid-1", 1
+	check("provisioning", s)
+
+	s = e.append(id, events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:40001", Attempt: 1})
+	want.State, want.Address = events.ProxyRunning, "127.0.0.1:40001"
+	check("running", s)
+
+	// A projector restart in the middle changes nothing: the durable
+	// consumer resumes where it stopped.
+	e.stop()
+	s = e.append(id, events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:40001", LatencyMS: 12, EgressIP: "192.0.2.7"})
+	e.run()
+	want.State, want.LatencyMS, want.EgressIP = events.ProxyReady, 12, "192.0.2.7"
+	check("ready", s)
+
+	s = e.append(id, events.ProxyUnhealthy, events.ProxyUnhealthyData{Reason: "connect refused", Streak: 3})
+	want.State, want.Reason, want.Streak = events.ProxyUnhealthy, "connect refused", 3
+	check("unhealthy", s)
+
+	s = e.append(id, events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:40001", LatencyMS: 9, EgressIP: "192.0.2.7"})
+	want.State, want.LatencyMS, want.Reason, want.Streak = events.ProxyReady, 9, "", 0
+	check("ready again", s)
+
+	s = e.append(id, events.ProxyRetiring, events.ProxyRetiringData{Reason: "pool scaled down"})
+	want.State, want.Reason = events.ProxyRetiring, "pool scaled down"
+	check("retiring", s)
+
+	e.append(id, events.ProxyDeleted, events.ProxyDeletedData{Attempt: 1})
+	e.caughtUp()
+	if v, ok := e.proxy(id); ok {
+		t.Fatalf("after deleted: key still holds %+v", v)
+	}
+}
+
+func TestFailedRecordsClassAndReason(t *testing.T) {
+	e := start(t)
+	e.append("p1", events.ProxyRequested, requested("demo"))
+	e.append("p1", events.ProxyProvisioning, events.ProxyProvisioningData{Attempt: 1})
+	s := e.append("p1", events.ProxyFailed, events.ProxyFailedData{Class: events.ClassQuota, Reason: "no capacity", Attempt: 1})
+	got := e.waitProxy("p1", s)
+	if got.State != events.ProxyFailed || got.FailureClass != events.ClassQuota || got.Reason != "no capacity" {
+		t.Fatalf("got state %q class %q reason %q, want failed/quota/no capacity", got.State, got.FailureClass, got.Reason)
+	}
+	// A probe that raced the failure must not make the proxy look ready.
+	e.append("p1", events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:1"})
+	e.caughtUp()
+	if got, _ := e.proxy("p1"); got.State != events.ProxyFailed || got.Seq != s {
+		t.Fatalf("after a late ready: state %q seq %d, want failed at %d", got.State, got.Seq, s)
+	}
+}
+
+func TestProvisioningAfterRunningKeepsAddress(t *testing.T) {
+	e := start(t)
+	e.append("p1", events.ProxyRequested, requested("demo"))
+	e.append("p1", events.ProxyRunning, events.ProxyRunningData{Address: "10.0.0.5:3128", ProviderID: "vm-1", Attempt: 1})
+	s := e.append("p1", events.ProxyProvisioning, events.ProxyProvisioningData{Attempt: 2})
+	got := e.waitProxy("p1", s)
+	if got.State != events.ProxyProvisioning || got.Address != "10.0.0.5:3128" || got.ProviderID != "vm-1" || got.Attempt != 2 {
+		t.Fatalf("got state %q address %q providerID %q attempt %d; want provisioning, 10.0.0.5:3128, vm-1, 2",
+			got.State, got.Address, got.ProviderID, got.Attempt)
+	}
+}
+
+func TestBadEventsAreSkipped(t *testing.T) {
+	e := start(t)
+	e.append("p1", events.ProxyRequested, requested("demo"))
+	raw := func(subject, body string) {
+		t.Helper()
+		if _, err := e.conn.JS.Publish(e.ctx, subject, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw("fleet.evt.proxy.p1.running", `{not json`)
+	raw("fleet.evt.proxy.p1.teleported", `{"specversion":"1.0","id":"x1","source":"t","type":"proxyfleet.proxy.teleported.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
+	raw("fleet.evt.widget.w1.made", `{"specversion":"1.0","id":"x2","source":"t","type":"proxyfleet.widget.made.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
+	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x3","source":"t","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","data":{"address":42}}`)
+	raw("fleet.evt.proxy.p2.requested", `{"specversion":"1.0","id":"x4","source":"t","type":"proxyfleet.proxy.requested.v1","time":"2026-01-01T00:00:00Z","data":{"pool":"BAD NAME"}}`)
+	raw("fleet.evt.pool.demo.applied", `{"specversion":"1.0","id":"x5","source":"t","type":"proxyfleet.pool.applied.v1","time":"2026-01-01T00:00:00Z","data":{"spec":{"name":"demo"},"revision":0}}`)
+	// A running event with a field added by a newer writer still applies.
+	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x6","source":"t","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","newattr":"kept","data":{"address":"127.0.0.1:9","attempt":1,"zone":"new"}}`)
+	s := e.append("p1", events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:9", LatencyMS: 3})
+
+	got := e.waitProxy("p1", s)
+	if got.State != events.ProxyReady || got.Address != "127.0.0.1:9" {
+		t.Fatalf("got state %q address %q, want ready at 127.0.0.1:9", got.State, got.Address)
+	}
+	e.caughtUp()
+	d := e.dump()
+	if len(d) != 1 {
+		t.Fatalf("views hold %d keys (%v), want only proxy p1", len(d), keysOf(d))
+	}
+}
+
+func keysOf(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestLateEventsDoNotResurrectDeletedProxy(t *testing.T) {
+	e := start(t)
+	e.append("p1", events.ProxyRequested, requested("demo"))
+	e.append("p1", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9"})
+	e.append("p1", events.ProxyRetiring, events.ProxyRetiringData{Reason: "scale down"})
+	e.append("p1", events.ProxyDeleted, events.ProxyDeletedData{Attempt: 1})
+	e.append("p1", events.ProxyUnhealthy, events.ProxyUnhealthyData{Reason: "late", Streak: 3})
+	e.caughtUp()
+	if v, ok := e.proxy("p1"); ok {
+		t.Fatalf("deleted proxy came back: %+v", v)
+	}
+}
+
+func TestPoolView(t *testing.T) {
+	e := start(t)
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 3, Port: 3128, Auth: &events.ProxyAuth{Username: "u", Password: "hunter2"}, UserData: "#cloud-config"}
+	s1 := e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 1, SecretsDigest: spec.Secrets().Digest()})
+	var got projection.Pool
+	e.eventually("pool demo", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == s1 })
+	t1 := e.eventTime(s1)
+	want := projection.Pool{Name: "demo", Provider: "local", Size: 3, Spec: spec.Public(), Revision: 1,
+		SecretsDigest: spec.Secrets().Digest(), CreatedAt: t1, UpdatedAt: t1, Seq: s1}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("applied:\n got  %+v\n want %+v", got, want)
+	}
+	spec.Size = 1
+	s2 := e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 2})
+	e.eventually("pool demo revision 2", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == s2 })
+	if got.Size != 1 || got.Revision != 2 || !got.CreatedAt.Equal(t1) || got.Spec.Auth == nil || got.Spec.Auth.Password != "" {
+		t.Fatalf("re-applied: got %+v, want size 1, revision 2, createdAt %v, username only", got, t1)
+	}
+	e.append("demo", events.PoolDeleted, events.PoolDeletedData{Revision: 3})
+	e.caughtUp()
+	if e.get(bus.BucketPools, "demo", &got) {
+		t.Fatalf("deleted pool still in view: %+v", got)
+	}
+}
+
+// history appends a varied log: pools (one with auth), proxies in every
+// state, a provisioning after running, a deletion and bad events.
+func history(e *env) {
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 2, Port: 3128, Auth: &events.ProxyAuth{Username: "u"}}
+	e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	e.append("other", events.PoolApplied, events.PoolAppliedData{Spec: events.PoolSpec{Name: "other", Provider: "local", Size: 1, Port: 3128}, Revision: 1})
+	for i, last := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy, events.ProxyFailed, events.ProxyRetiring, events.ProxyDeleted} {
+		id := fmt.Sprintf("demo-%d", i)
+		e.append(id, events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: "u"})
+		steps := []struct {
+			kind string
+			data any
+		}{
+			{events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1}},
+			{events.ProxyRunning, events.ProxyRunningData{Address: fmt.Sprintf("127.0.0.1:%d", 41000+i), Attempt: 1}},
+			{events.ProxyReady, events.ProxyReadyData{Address: fmt.Sprintf("127.0.0.1:%d", 41000+i), LatencyMS: int64(i), EgressIP: "192.0.2.1"}},
+			{events.ProxyUnhealthy, events.ProxyUnhealthyData{Reason: "timeout", Streak: 3}},
+			{events.ProxyFailed, events.ProxyFailedData{Class: events.ClassPermanent, Reason: "gone", Attempt: 1}},
+			{events.ProxyRetiring, events.ProxyRetiringData{Reason: "replace failed"}},
+			{events.ProxyDeleted, events.ProxyDeletedData{Attempt: 1}},
+		}
+		for _, st := range steps {
+			if i == 0 {
+				break
+			}
+			e.append(id, st.kind, st.data)
+			if st.kind == last {
+				break
+			}
+		}
+	}
+	e.append("demo-2", events.ProxyProvisioning, events.ProxyProvisioningData{Attempt: 2})
+	if _, err := e.conn.JS.Publish(e.ctx, "fleet.evt.proxy.demo-1.running", []byte("garbage")); err != nil {
+		e.t.Fatal(err)
+	}
+	e.append("demo-1", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:42000", Attempt: 1})
+}
+
+func TestRedeliveryChangesNothing(t *testing.T) {
+	e := start(t)
+	history(e)
+	e.caughtUp()
+	before := e.dump()
+	if len(before) < 8 {
+		t.Fatalf("views hold only %d keys: %v", len(before), keysOf(before))
+	}
+	e.stop()
+
+	// Deliver every event a second time, as a crash before the ack would,
+	// each on top of the final views: none may change anything.
+	st, err := e.conn.JS.Stream(e.ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := projection.New(e.conn, nil)
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		raw, err := st.GetMsg(e.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Apply(e.ctx, seq, raw.Subject, raw.Data); err != nil {
+			t.Fatalf("re-apply %d: %v", seq, err)
+		}
+		if after := e.dump(); !reflect.DeepEqual(after, before) {
+			t.Errorf("re-applying event %d (%s) changed the views", seq, raw.Subject)
+			diffDumps(t, after, before)
+			return
+		}
+	}
+}
+
+func TestRebuildGivesIdenticalViews(t *testing.T) {
+	e := start(t)
+	history(e)
+	e.caughtUp()
+	before := e.dump()
+	if len(before) < 8 {
+		t.Fatalf("views hold only %d keys: %v", len(before), keysOf(before))
+	}
+	e.stop()
+
+	if err := projection.Rebuild(e.ctx, e.conn); err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	if d := e.dump(); len(d) != 0 {
+		t.Fatalf("after dropping the views they still hold %v", keysOf(d))
+	}
+	if _, err := e.conn.JS.Consumer(e.ctx, bus.EventsStream, projection.ConsumerName); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("consumer after rebuild: got %v, want ErrConsumerNotFound", err)
+	}
+	e.run()
+	e.caughtUp()
+	diffDumps(t, e.dump(), before)
+}

@@ -1,0 +1,408 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+)
+
+// memDriver is a stateful in-memory backend: instances get an address after
+// pollsToRun Get calls, and errors can be queued per operation.
+type memDriver struct {
+	mu         sync.Mutex
+	instances  map[string]*agent.Instance
+	creates    map[string]int
+	pollsToRun int
+	polls      map[string]int
+	createErrs []error
+	deleteErrs []error
+	prepared   map[string]string
+	order      []string
+}
+
+func newMemDriver() *memDriver {
+	return &memDriver{instances: map[string]*agent.Instance{}, creates: map[string]int{}, polls: map[string]int{}, prepared: map[string]string{}}
+}
+
+func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.order = append(d.order, "create:"+s.ProxyID)
+	if len(d.createErrs) > 0 {
+		err := d.createErrs[0]
+		d.createErrs = d.createErrs[1:]
+		return agent.Instance{}, err
+	}
+	d.creates[s.ProxyID]++
+	if inst, ok := d.instances[s.Name]; ok {
+		return *inst, nil
+	}
+	inst := &agent.Instance{Name: s.Name, ProviderID: s.ProviderID, Marker: s.Marker(), State: agent.StateProvisioning}
+	if d.pollsToRun == 0 {
+		inst.State, inst.Address = agent.StateRunning, "127.0.0.1:9"
+	}
+	d.instances[s.Name] = inst
+	return *inst, nil
+}
+
+func (d *memDriver) Get(ctx context.Context, r agent.Ref) (agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	inst, ok := d.instances[r.Name]
+	if !ok {
+		return agent.Instance{}, agent.Wrap(agent.ErrNotFound, errors.New("no such instance"))
+	}
+	d.polls[r.Name]++
+	if d.polls[r.Name] >= d.pollsToRun {
+		inst.State, inst.Address = agent.StateRunning, "127.0.0.1:9"
+	}
+	return *inst, nil
+}
+
+func (d *memDriver) Delete(ctx context.Context, r agent.Ref) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.order = append(d.order, "delete:"+r.ProxyID)
+	if len(d.deleteErrs) > 0 {
+		err := d.deleteErrs[0]
+		d.deleteErrs = d.deleteErrs[1:]
+		return err
+	}
+	if _, ok := d.instances[r.Name]; !ok {
+		return agent.Wrap(agent.ErrNotFound, errors.New("gone"))
+	}
+	delete(d.instances, r.Name)
+	return nil
+}
+
+func (d *memDriver) List(ctx context.Context) ([]agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []agent.Instance
+	for _, i := range d.instances {
+		out = append(out, *i)
+	}
+	return out, nil
+}
+
+func (d *memDriver) Check(ctx context.Context) []agent.Verdict {
+	return []agent.Verdict{{Check: "memory", OK: true}}
+}
+
+// preparingDriver adds the Preparer capability.
+type preparingDriver struct{ *memDriver }
+
+func (d preparingDriver) Prepare(ctx context.Context, s agent.Spec) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.ProviderID != "" {
+		return s.ProviderID, nil
+	}
+	id := fmt.Sprintf("vm-%d", len(d.prepared)+100)
+	d.prepared[s.ProxyID] = id
+	return id, nil
+}
+
+type harness struct {
+	t     *testing.T
+	conn  *bus.Conn
+	store *bus.EventStore
+	drv   agent.Driver
+}
+
+func start(t *testing.T, drv agent.Driver) *harness {
+	t.Helper()
+	c := bustest.Start(t)
+	h := &harness{t: t, conn: c, store: bus.NewEventStore(c, "test", nil), drv: drv}
+	h.run(drv)
+	return h
+}
+
+func (h *harness) run(drv agent.Driver) context.CancelFunc {
+	h.t.Helper()
+	rt, err := agent.New(bustest.Dial(h.t, h.conn), drv, agent.Config{
+		Info:          agent.Info{Entry: "mem", Target: "t1", Type: "memory"},
+		WatchInterval: 10 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+	}, nil, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rt.Run(ctx) }()
+	h.t.Cleanup(func() { cancel(); <-done })
+	return func() { cancel(); <-done }
+}
+
+func (h *harness) create(id string, attempt int) {
+	h.t.Helper()
+	cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id), Attempt: attempt, Port: 3128}
+	if _, err := bus.PublishCreate(context.Background(), h.conn, "test", cmd, 0); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) delete(id string, attempt int) {
+	h.t.Helper()
+	cmd := events.DeleteCommand{ProxyID: id, Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id), Attempt: attempt}
+	if _, err := bus.PublishDelete(context.Background(), h.conn, "test", cmd, 0); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// waitKinds waits until proxy id's events end with kind and returns them.
+func (h *harness) waitFor(id, kind string) []bus.Event {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		evs, err := h.store.Load(context.Background(), events.AggregateProxy, id)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if len(evs) > 0 && evs[len(evs)-1].Kind == kind {
+			return evs
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	evs, _ := h.store.Load(context.Background(), events.AggregateProxy, id)
+	h.t.Fatalf("proxy %s never reached %s; events: %v", id, kind, kinds(evs))
+	return nil
+}
+
+func kinds(evs []bus.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Kind
+	}
+	return out
+}
+
+func (h *harness) waitQueueEmpty() {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		s, _ := h.conn.JS.Stream(context.Background(), bus.CommandsStream)
+		info, _ := s.Info(context.Background())
+		if info.State.Msgs == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	h.t.Fatal("commands were never acknowledged")
+}
+
+func TestCreatePublishesProvisioningThenRunning(t *testing.T) {
+	d := newMemDriver()
+	d.pollsToRun = 3
+	h := start(t, d)
+	h.create("p-1", 1)
+	evs := h.waitFor("p-1", events.ProxyRunning)
+	if got := kinds(evs); len(got) != 2 || got[0] != events.ProxyProvisioning {
+		t.Fatalf("events = %v, want [provisioning running]", got)
+	}
+	var run events.ProxyRunningData
+	if err := evs[1].DecodeData(&run); err != nil || run.Address != "127.0.0.1:9" || run.Attempt != 1 {
+		t.Fatalf("running data = %+v, %v", run, err)
+	}
+	h.waitQueueEmpty()
+	// A redelivered or repeated create for a running proxy changes nothing.
+	h.create("p-1", 1)
+	h.create("p-1", 2)
+	h.waitQueueEmpty()
+	evs, _ = h.store.Load(context.Background(), events.AggregateProxy, "p-1")
+	if len(evs) != 2 {
+		t.Fatalf("repeated creates appended events: %v", kinds(evs))
+	}
+}
+
+func TestErrorClasses(t *testing.T) {
+	cases := []struct {
+		name      string
+		err       error
+		wantKind  string
+		wantClass string
+	}{
+		{"transient then success", agent.Wrap(agent.ErrTransient, errors.New("busy")), events.ProxyRunning, ""},
+		{"unclassified is transient", errors.New("socket closed"), events.ProxyRunning, ""},
+		{"permanent", agent.Wrap(agent.ErrPermanent, errors.New("bad image")), events.ProxyFailed, events.ClassPermanent},
+		{"quota", agent.Wrap(agent.ErrQuotaExceeded, errors.New("no cpus")), events.ProxyFailed, events.ClassQuota},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newMemDriver()
+			d.createErrs = []error{c.err}
+			h := start(t, d)
+			id := fmt.Sprintf("e-%d", i)
+			h.create(id, 1)
+			evs := h.waitFor(id, c.wantKind)
+			if c.wantClass != "" {
+				var f events.ProxyFailedData
+				if err := evs[len(evs)-1].DecodeData(&f); err != nil || f.Class != c.wantClass || f.Attempt != 1 {
+					t.Fatalf("failed data = %+v, %v; want class %s", f, err, c.wantClass)
+				}
+			}
+			h.waitQueueEmpty()
+		})
+	}
+}
+
+func TestCreateDroppedWhenRetiring(t *testing.T) {
+	d := newMemDriver()
+	h := start(t, d)
+	if _, err := h.store.Append(context.Background(), events.AggregateProxy, "r-1", events.ProxyRetiring, "r-1.retiring.1", events.ProxyRetiringData{Reason: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.create("r-1", 1)
+	h.waitQueueEmpty()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.creates["r-1"] != 0 {
+		t.Fatalf("driver Create called %d times for a retiring proxy", d.creates["r-1"])
+	}
+}
+
+func TestCommandsForOneProxyRunInOrder(t *testing.T) {
+	d := newMemDriver()
+	d.pollsToRun = 5
+	h := start(t, d)
+	h.create("o-1", 1)
+	h.delete("o-1", 1)
+	evs := h.waitFor("o-1", events.ProxyDeleted)
+	if got := kinds(evs); len(got) != 3 || got[1] != events.ProxyRunning {
+		t.Fatalf("events = %v, want [provisioning running deleted]", got)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.instances) != 0 {
+		t.Fatalf("instances left: %v", d.instances)
+	}
+}
+
+func TestDeleteOfMissingInstanceIsDeleted(t *testing.T) {
+	h := start(t, newMemDriver())
+	h.delete("gone-1", 1)
+	h.waitFor("gone-1", events.ProxyDeleted)
+	h.waitQueueEmpty()
+}
+
+func TestDeleteTransientErrorIsRetried(t *testing.T) {
+	d := newMemDriver()
+	d.deleteErrs = []error{agent.Wrap(agent.ErrTransient, errors.New("lock timeout"))}
+	h := start(t, d)
+	h.delete("dt-1", 1)
+	h.waitFor("dt-1", events.ProxyDeleted)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n := len(d.order); n != 2 {
+		t.Fatalf("driver calls %v, want two deletes", d.order)
+	}
+}
+
+func TestPreparerProviderIDRecordedBeforeCreate(t *testing.T) {
+	d := preparingDriver{newMemDriver()}
+	h := start(t, d)
+	h.create("v-1", 1)
+	evs := h.waitFor("v-1", events.ProxyRunning)
+	var prov events.ProxyProvisioningData
+	if err := evs[0].DecodeData(&prov); err != nil || prov.ProviderID != "vm-100" {
+		t.Fatalf("provisioning = %+v, %v; want provider id vm-100", prov, err)
+	}
+}
+
+func TestResumeWatchesUnfinishedInstances(t *testing.T) {
+	d := newMemDriver()
+	d.pollsToRun = 2
+	// The instance exists and the log says provisioning, as if the agent
+	// crashed after Create and before running was published.
+	d.instances[events.InstanceName("res-1")] = &agent.Instance{Name: events.InstanceName("res-1"), Marker: agent.Marker{ProxyID: "res-1", Pool: "p", Entry: "mem"}, State: agent.StateProvisioning}
+	c := bustest.Start(t)
+	s := bus.NewEventStore(c, "test", nil)
+	if _, err := s.Append(context.Background(), events.AggregateProxy, "res-1", events.ProxyProvisioning, "res-1.provisioning.1",
+		events.ProxyProvisioningData{Entry: "mem", Target: "t1", Instance: events.InstanceName("res-1"), Attempt: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, conn: c, store: s, drv: d}
+	h.run(d)
+	h.waitFor("res-1", events.ProxyRunning)
+}
+
+func TestServiceEndpointsAndHeartbeat(t *testing.T) {
+	d := newMemDriver()
+	h := start(t, d)
+	h.create("s-1", 1)
+	h.waitFor("s-1", events.ProxyRunning)
+	for _, verb := range []string{events.AgentInfo, events.AgentInventory, events.AgentCheck} {
+		msg, err := h.conn.NC.Request(events.AgentSubject("mem", "t1", verb), nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", verb, err)
+		}
+		switch verb {
+		case events.AgentInfo:
+			var info agent.Info
+			if err := json.Unmarshal(msg.Data, &info); err != nil || info.Entry != "mem" || info.Type != "memory" {
+				t.Fatalf("info = %s", msg.Data)
+			}
+		case events.AgentInventory:
+			var list []agent.Instance
+			if err := json.Unmarshal(msg.Data, &list); err != nil || len(list) != 1 || list[0].Marker.ProxyID != "s-1" {
+				t.Fatalf("inventory = %s", msg.Data)
+			}
+		case events.AgentCheck:
+			var v []agent.Verdict
+			if err := json.Unmarshal(msg.Data, &v); err != nil || len(v) != 1 || !v[0].OK {
+				t.Fatalf("check = %s", msg.Data)
+			}
+		}
+	}
+	kv, err := h.conn.JS.KeyValue(context.Background(), bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e, err := kv.Get(context.Background(), agent.HeartbeatKey("mem", "t1"))
+		if err == nil {
+			var hb agent.Heartbeat
+			if err := json.Unmarshal(e.Value(), &hb); err == nil && hb.Instances == 1 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no heartbeat with 1 instance: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	base := errors.New("upstream said no")
+	cases := []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{base, agent.ClassTransient},
+		{agent.Wrap(agent.ErrNotFound, base), agent.ClassNotFound},
+		{agent.Wrap(agent.ErrQuotaExceeded, base), agent.ClassQuota},
+		{agent.Wrap(agent.ErrPermanent, base), agent.ClassPermanent},
+		{fmt.Errorf("context: %w", agent.Wrap(agent.ErrPermanent, base)), agent.ClassPermanent},
+		{agent.Wrap(agent.ErrTransient, agent.Wrap(agent.ErrPermanent, base)), agent.ClassTransient},
+	}
+	for _, c := range cases {
+		if got := agent.Classify(c.err); got != c.want {
+			t.Errorf("Classify(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+	if err := agent.Wrap(agent.ErrPermanent, base); !errors.Is(err, base) || err.Error() != base.Error() {
+		t.Errorf("Wrap lost the upstream error: %v", err)
+	}
+}

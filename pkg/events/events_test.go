@@ -57,7 +57,7 @@ func TestNewProxyIDSatisfiesRule(t *testing.T) {
 
 func TestSubjects(t *testing.T) {
 	cases := map[string]string{
-		events.APISubject("pool", "apply"):                     "fleet.api.pool.apply",
+		events.APISubject("pool", "apply"):                      "fleet.api.pool.apply",
 		events.AgentSubject("local", "node1", events.AgentInfo): "fleet.agent.local.node1.info",
 		events.CommandSubject("kvm", "h1", events.VerbCreate):   "fleet.cmd.kvm.h1.create",
 		events.CommandFilter("kvm", "h1"):                       "fleet.cmd.kvm.h1.>",

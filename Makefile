@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 GO       ?= go
 BIN      := $(CURDIR)/bin
-MODULES  := pkg $(wildcard services/*)
+MODULES  := pkg $(wildcard services/*) e2e
 SERVICES := $(notdir $(wildcard services/*))
 NATSCLI_VERSION := v0.5.0
 STATICCHECK_VERSION := 2025.1.1

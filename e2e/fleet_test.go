@@ -1,0 +1,448 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+)
+
+// binDir holds the service binaries built once for the package.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "proxyfleet-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	for _, svc := range []string{"planner", "health", "local-agent"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n", svc, err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	killBinaryProcesses(filepath.Join(dir, "local-agent"))
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fleet is one running system: a JetStream server in the test process and
+// the three services as child processes connected to it.
+type fleet struct {
+	t        *testing.T
+	conn     *bus.Conn
+	dir      string
+	echoAddr string
+	ports    string
+	agentArg []string
+
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+}
+
+func newFleet(t *testing.T, agentArgs ...string) *fleet {
+	t.Helper()
+	f := &fleet{
+		t:        t,
+		conn:     bustest.Start(t),
+		dir:      t.TempDir(),
+		echoAddr: freeAddr(t),
+		ports:    portRange(),
+		agentArg: agentArgs,
+		procs:    map[string]*exec.Cmd{},
+	}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		names := make([]string, 0, len(f.procs))
+		for n := range f.procs {
+			names = append(names, n)
+		}
+		f.mu.Unlock()
+		for _, n := range names {
+			f.stop(n)
+		}
+	})
+	return f
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// portRange picks a block of 40 ports for one test's proxies.
+func portRange() string {
+	base := 30000 + rand.IntN(600)*40
+	return fmt.Sprintf("%d-%d", base, base+39)
+}
+
+func (f *fleet) start(name string, args ...string) {
+	f.t.Helper()
+	common := []string{"--nats-url", f.conn.ClientURL(), "--data-dir", filepath.Join(f.dir, name), "--log-level", "debug"}
+	cmd := exec.Command(filepath.Join(binDir, name), append(common, args...)...)
+	logf, err := os.OpenFile(filepath.Join(f.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start %s: %v", name, err)
+	}
+	f.mu.Lock()
+	f.procs[name] = cmd
+	f.mu.Unlock()
+}
+
+func (f *fleet) startPlanner() { f.start("planner", "--reconcile-interval", "200ms") }
+func (f *fleet) startHealth() {
+	f.start("health", "--echo-addr", f.echoAddr, "--probe-interval", "300ms", "--probe-timeout", "2s")
+}
+func (f *fleet) startAgent() {
+	f.start("local-agent", append([]string{"--entry", "local", "--target", "t1", "--ports", f.ports}, f.agentArg...)...)
+}
+
+func (f *fleet) startAll() {
+	f.startPlanner()
+	f.startHealth()
+	f.startAgent()
+	f.waitAgent("local", "t1")
+}
+
+// stop ends a service with SIGTERM and waits for it.
+func (f *fleet) stop(name string) {
+	f.mu.Lock()
+	cmd := f.procs[name]
+	delete(f.procs, name)
+	f.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// kill9 ends a service with SIGKILL, as a crash would.
+func (f *fleet) kill9(name string) {
+	f.mu.Lock()
+	cmd := f.procs[name]
+	delete(f.procs, name)
+	f.mu.Unlock()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+func (f *fleet) log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(f.dir, name+".log"))
+	return string(b)
+}
+
+// dumpLogs shows the services' logs when the test failed.
+func (f *fleet) dumpLogsOnFailure() {
+	f.t.Cleanup(func() {
+		if !f.t.Failed() {
+			return
+		}
+		for _, n := range []string{"planner", "health", "local-agent"} {
+			l := f.log(n)
+			if len(l) > 6000 {
+				l = l[len(l)-6000:]
+			}
+			f.t.Logf("---- %s log (tail) ----\n%s", n, l)
+		}
+	})
+}
+
+type apiReply struct {
+	Data []byte
+	Code string // micro error code, "" on success
+}
+
+func (f *fleet) req(subject, body string, hdr nats.Header) apiReply {
+	f.t.Helper()
+	msg := nats.NewMsg(subject)
+	msg.Data = []byte(body)
+	for k, v := range hdr {
+		msg.Header[k] = v
+	}
+	var reply *nats.Msg
+	var err error
+	for i := 0; i < 50; i++ {
+		reply, err = f.conn.NC.RequestMsg(msg, 5*time.Second)
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the planner may still be starting
+	}
+	if err != nil {
+		f.t.Fatalf("request %s: %v", subject, err)
+	}
+	return apiReply{Data: reply.Data, Code: reply.Header.Get("Nats-Service-Error-Code")}
+}
+
+func (f *fleet) mustReq(subject, body string) []byte {
+	f.t.Helper()
+	r := f.req(subject, body, nil)
+	if r.Code != "" {
+		f.t.Fatalf("%s %s: error %s: %s", subject, body, r.Code, r.Data)
+	}
+	return r.Data
+}
+
+func (f *fleet) waitAgent(entry, target string) {
+	f.t.Helper()
+	kv, err := f.conn.JS.KeyValue(context.Background(), bus.BucketAgents)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	waitFor(f.t, 30*time.Second, "agent heartbeat", func() bool {
+		_, err := kv.Get(context.Background(), entry+"."+target)
+		return err == nil
+	})
+}
+
+// proxyView is the part of a fleet-proxies value the tests read.
+type proxyView struct {
+	ID      string `json:"id"`
+	Pool    string `json:"pool"`
+	State   string `json:"state"`
+	Address string `json:"address"`
+}
+
+func (f *fleet) views(bucket string) map[string][]byte {
+	f.t.Helper()
+	ctx := context.Background()
+	kv, err := f.conn.JS.KeyValue(ctx, bucket)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err == nil {
+			out[k] = e.Value()
+		}
+	}
+	return out
+}
+
+func (f *fleet) proxies(pool string) []proxyView {
+	f.t.Helper()
+	var out []proxyView
+	for _, raw := range f.views(bus.BucketProxies) {
+		var v proxyView
+		if err := json.Unmarshal(raw, &v); err != nil {
+			f.t.Fatalf("fleet-proxies value is not JSON: %s", raw)
+		}
+		if v.Pool == pool {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// waitPool waits until pool has exactly n proxies in fleet-proxies, all in
+// state.
+func (f *fleet) waitPool(pool string, n int, state string, within time.Duration) []proxyView {
+	f.t.Helper()
+	var got []proxyView
+	waitFor(f.t, within, fmt.Sprintf("%d %s proxies in pool %s", n, state, pool), func() bool {
+		got = f.proxies(pool)
+		if len(got) != n {
+			return false
+		}
+		for _, p := range got {
+			if p.State != state {
+				return false
+			}
+		}
+		return true
+	})
+	return got
+}
+
+func (f *fleet) lastSeq(stream string) uint64 {
+	f.t.Helper()
+	s, err := f.conn.JS.Stream(context.Background(), stream)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// eventCount counts FLEET_EVENTS messages on subjects matching filter.
+func (f *fleet) eventCount(filter string) uint64 {
+	f.t.Helper()
+	s, err := f.conn.JS.Stream(context.Background(), bus.EventsStream)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// origin is a local HTTP server the tests reach through the proxies.
+func origin(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello through "+r.Header.Get("X-Probe"))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// getThrough does a plain-HTTP GET of target through the proxy at addr.
+func getThrough(addr, target string, user *url.Userinfo) (int, string, error) {
+	pu := &url.URL{Scheme: "http", Host: addr, User: user}
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	req, _ := http.NewRequest(http.MethodGet, target, nil)
+	req.Header.Set("X-Probe", addr)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+// proxyProcesses lists live processes running exe with "proxy" as their
+// first argument (the local-agent's proxy subcommand) whose --listen port is
+// in ports ("A-B"; empty means any).
+func proxyProcesses(exe, ports string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || p != exe {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := bytes.Split(cmdline, []byte{0})
+		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && listensIn(args, ports) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func listensIn(args [][]byte, ports string) bool {
+	if ports == "" {
+		return true
+	}
+	lo, hi, _ := strings.Cut(ports, "-")
+	min, _ := strconv.Atoi(lo)
+	max, _ := strconv.Atoi(hi)
+	for i, a := range args {
+		v := string(a)
+		switch {
+		case strings.HasPrefix(v, "--listen="):
+			v = strings.TrimPrefix(v, "--listen=")
+		case v == "--listen" && i+1 < len(args):
+			v = string(args[i+1])
+		default:
+			continue
+		}
+		_, p, err := net.SplitHostPort(v)
+		n, _ := strconv.Atoi(p)
+		return err == nil && n >= min && n <= max
+	}
+	return false
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z'
+}
+
+// killBinaryProcesses removes every process left running exe, so a failed
+// test leaves nothing behind.
+func killBinaryProcesses(exe string) {
+	for _, pid := range proxyProcesses(exe, "") {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+func agentExe() string { return filepath.Join(binDir, "local-agent") }
+
+// parseJSON decodes b into v or fails the test.
+func parseJSON(t *testing.T, b []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("reply is not the expected JSON: %v: %s", err, b)
+	}
+}
+

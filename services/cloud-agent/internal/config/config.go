@@ -1,0 +1,322 @@
+// Package config reads and validates the cloud-agent's config file: the list
+// of provider entries (type gce with zones as targets, type kubernetes with
+// namespaces as targets) one cloud-agent process hosts.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"proxyfleet/pkg/events"
+)
+
+// Entry types.
+const (
+	TypeGCE        = "gce"
+	TypeKubernetes = "kubernetes"
+)
+
+// DefaultSquidImage is the container image a kubernetes entry runs when it
+// names none.
+const DefaultSquidImage = "ubuntu/squid:latest"
+
+// DefaultAuthHelper is where Debian and Ubuntu Squid packages install the
+// basic-auth helper.
+const DefaultAuthHelper = "/usr/lib/squid/basic_ncsa_auth"
+
+// File is the whole config file.
+type File struct {
+	Entries []Entry `yaml:"entries"`
+}
+
+// Entry is one provider entry.
+type Entry struct {
+	Name    string   `yaml:"name"`
+	Type    string   `yaml:"type"`
+	Targets []string `yaml:"targets"`
+	// Capacity is how many proxies each target may hold; 0 means unlimited.
+	Capacity int `yaml:"capacity"`
+	// CommandTimeout bounds one command including the wait for an address.
+	CommandTimeout Duration    `yaml:"commandTimeout"`
+	GCE            *GCE        `yaml:"gce"`
+	Kubernetes     *Kubernetes `yaml:"kubernetes"`
+}
+
+// GCE configures a gce entry. Targets are zones of Project.
+type GCE struct {
+	Project string `yaml:"project"`
+	// CredentialsFile is a service-account key file; empty uses application
+	// default credentials.
+	CredentialsFile string `yaml:"credentialsFile"`
+	// Endpoint overrides the Compute API base URL (private endpoints).
+	Endpoint string `yaml:"endpoint"`
+	// Images maps image keys to source images
+	// ("projects/debian-cloud/global/images/family/debian-12").
+	Images       map[string]string `yaml:"images"`
+	DefaultImage string            `yaml:"defaultImage"`
+	// Profiles maps profile keys to machine types ("e2-small").
+	Profiles       map[string]string `yaml:"profiles"`
+	DefaultProfile string            `yaml:"defaultProfile"`
+	// Network and Subnetwork are resource paths or URLs; empty Network is
+	// the project's default network.
+	Network    string   `yaml:"network"`
+	Subnetwork string   `yaml:"subnetwork"`
+	Tags       []string `yaml:"tags"`
+	// ExternalIP gives each instance an ephemeral external address, which is
+	// then the proxy's address; otherwise the internal address is.
+	ExternalIP  bool  `yaml:"externalIP"`
+	DiskSizeGB  int64 `yaml:"diskSizeGB"`
+	Preemptible bool  `yaml:"preemptible"`
+}
+
+// Kubernetes configures a kubernetes entry. Targets are namespaces.
+type Kubernetes struct {
+	// Kubeconfig is a kubeconfig file; empty uses the in-cluster config.
+	Kubeconfig string `yaml:"kubeconfig"`
+	Context    string `yaml:"context"`
+	// Image is the Squid image used when a pool names no image key.
+	Image string `yaml:"image"`
+	// Images maps image keys to container images.
+	Images map[string]string `yaml:"images"`
+	// Profiles maps profile keys to resource requests and limits.
+	Profiles map[string]Resources `yaml:"profiles"`
+	// AuthHelper is the path of Squid's basic_ncsa_auth inside the image.
+	AuthHelper         string `yaml:"authHelper"`
+	ServiceAccountName string `yaml:"serviceAccountName"`
+	// ImagePullSecrets names Secrets in each target namespace.
+	ImagePullSecrets []string          `yaml:"imagePullSecrets"`
+	NodeSelector     map[string]string `yaml:"nodeSelector"`
+}
+
+// Resources are a Pod profile's requests and limits in Kubernetes quantity
+// syntax ("100m", "128Mi").
+type Resources struct {
+	CPU         string `yaml:"cpu"`
+	Memory      string `yaml:"memory"`
+	CPULimit    string `yaml:"cpuLimit"`
+	MemoryLimit string `yaml:"memoryLimit"`
+}
+
+// Duration is a time.Duration written as "90s" or "10m".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: must be a duration such as \"10m\": %q", n.Line, s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Load reads and validates the config file at path.
+func Load(path string) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Parse decodes and validates a config document. Unknown keys are errors,
+// so a typo never silently falls back to a default.
+func Parse(b []byte) (*File, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var f File
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("empty config: list at least one entry under \"entries\"")
+		}
+		return nil, err
+	}
+	f.defaults()
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+func (f *File) defaults() {
+	for i := range f.Entries {
+		e := &f.Entries[i]
+		if k := e.Kubernetes; k != nil {
+			if k.Image == "" {
+				k.Image = DefaultSquidImage
+			}
+			if k.AuthHelper == "" {
+				k.AuthHelper = DefaultAuthHelper
+			}
+		}
+	}
+}
+
+// gceTagRE is what GCE accepts as a network tag.
+var gceTagRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// Validate reports every problem of the file at once.
+func (f *File) Validate() error {
+	var v events.ValidationError
+	if len(f.Entries) == 0 {
+		v.Add("entries", "must list at least one entry", "")
+	}
+	seen := map[string]bool{}
+	for i, e := range f.Entries {
+		p := fmt.Sprintf("entries[%d]", i)
+		if fe := events.CheckIdentifier(p+".name", e.Name); fe != nil {
+			v.AddField(fe)
+		} else if seen[e.Name] {
+			v.Add(p+".name", "is used by an earlier entry", e.Name)
+		}
+		seen[e.Name] = true
+		if e.Capacity < 0 {
+			v.Add(p+".capacity", "must be 0 (unlimited) or more", fmt.Sprint(e.Capacity))
+		}
+		if e.CommandTimeout < 0 {
+			v.Add(p+".commandTimeout", "must be positive", time.Duration(e.CommandTimeout).String())
+		}
+		if len(e.Targets) == 0 {
+			v.Add(p+".targets", "must list at least one target", "")
+		}
+		tseen := map[string]bool{}
+		for j, t := range e.Targets {
+			tp := fmt.Sprintf("%s.targets[%d]", p, j)
+			if fe := events.CheckIdentifier(tp, t); fe != nil {
+				v.AddField(fe)
+			} else if tseen[t] {
+				v.Add(tp, "is listed twice", t)
+			}
+			tseen[t] = true
+		}
+		switch e.Type {
+		case TypeGCE:
+			if e.Kubernetes != nil {
+				v.Add(p+".kubernetes", "is not allowed in a gce entry", "")
+			}
+			if e.GCE == nil {
+				v.Add(p+".gce", "is required for type gce", "")
+				continue
+			}
+			validateGCE(&v, p+".gce", e.GCE)
+		case TypeKubernetes:
+			if e.GCE != nil {
+				v.Add(p+".gce", "is not allowed in a kubernetes entry", "")
+			}
+			if e.Kubernetes == nil {
+				e.Kubernetes = &Kubernetes{Image: DefaultSquidImage, AuthHelper: DefaultAuthHelper}
+				f.Entries[i].Kubernetes = e.Kubernetes
+			}
+			validateKube(&v, p+".kubernetes", e.Kubernetes)
+		case "":
+			v.Add(p+".type", "is required: gce or kubernetes", "")
+		default:
+			v.Add(p+".type", "must be gce or kubernetes", e.Type)
+		}
+	}
+	return v.Err()
+}
+
+func validateGCE(v *events.ValidationError, p string, g *GCE) {
+	if g.Project == "" {
+		v.Add(p+".project", "is required", "")
+	}
+	if len(g.Images) == 0 {
+		v.Add(p+".images", "must map at least one image key to a source image", "")
+	}
+	for _, k := range sortedKeys(g.Images) {
+		v.AddField(events.CheckIdentifier(p+".images key", k))
+		if g.Images[k] == "" {
+			v.Add(p+".images."+k, "must name a source image", "")
+		}
+	}
+	if len(g.Profiles) == 0 {
+		v.Add(p+".profiles", "must map at least one profile key to a machine type", "")
+	}
+	for _, k := range sortedKeys(g.Profiles) {
+		v.AddField(events.CheckIdentifier(p+".profiles key", k))
+		if g.Profiles[k] == "" {
+			v.Add(p+".profiles."+k, "must name a machine type", "")
+		}
+	}
+	if g.DefaultImage != "" && g.Images[g.DefaultImage] == "" {
+		v.Add(p+".defaultImage", "must be a key of images", g.DefaultImage)
+	}
+	if g.DefaultProfile != "" && g.Profiles[g.DefaultProfile] == "" {
+		v.Add(p+".defaultProfile", "must be a key of profiles", g.DefaultProfile)
+	}
+	for i, t := range g.Tags {
+		if !gceTagRE.MatchString(t) {
+			v.Add(fmt.Sprintf("%s.tags[%d]", p, i), "must be a network tag: lowercase letters, digits and '-', starting with a letter", t)
+		}
+	}
+	if g.DiskSizeGB < 0 {
+		v.Add(p+".diskSizeGB", "must be 0 (image size) or more", fmt.Sprint(g.DiskSizeGB))
+	}
+	if g.Endpoint != "" && !strings.HasPrefix(g.Endpoint, "https://") && !strings.HasPrefix(g.Endpoint, "http://") {
+		v.Add(p+".endpoint", "must be an http(s) URL", g.Endpoint)
+	}
+}
+
+func validateKube(v *events.ValidationError, p string, k *Kubernetes) {
+	for _, key := range sortedKeys(k.Images) {
+		v.AddField(events.CheckIdentifier(p+".images key", key))
+		if k.Images[key] == "" {
+			v.Add(p+".images."+key, "must name a container image", "")
+		}
+	}
+	for _, key := range sortedKeys(k.Profiles) {
+		v.AddField(events.CheckIdentifier(p+".profiles key", key))
+	}
+	if !strings.HasPrefix(k.AuthHelper, "/") {
+		v.Add(p+".authHelper", "must be an absolute path inside the image", k.AuthHelper)
+	}
+}
+
+// ImageKeys returns the image keys an entry announces.
+func (e *Entry) ImageKeys() []string {
+	switch {
+	case e.GCE != nil:
+		return sortedKeys(e.GCE.Images)
+	case e.Kubernetes != nil:
+		return sortedKeys(e.Kubernetes.Images)
+	}
+	return nil
+}
+
+// ProfileKeys returns the machine profile keys an entry announces.
+func (e *Entry) ProfileKeys() []string {
+	switch {
+	case e.GCE != nil:
+		return sortedKeys(e.GCE.Profiles)
+	case e.Kubernetes != nil:
+		return sortedKeys(e.Kubernetes.Profiles)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -27,6 +27,9 @@ type Flags struct {
 	Replicas    int
 	LogLevel    string
 	MetricsAddr string
+	// EnsureTopology creates or updates streams and buckets at start. Turn it
+	// off for services whose NATS user may not (agents under least privilege).
+	EnsureTopology bool
 }
 
 // Register adds the common flags to fs. Environment variables give the
@@ -46,6 +49,8 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"log level: debug, info, warn or error (env PROXYFLEET_LOG_LEVEL)")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
+	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
+		"create or update the streams and buckets at start; set false when this service's NATS user may not (see deploy/nats)")
 }
 
 func envOr(key, def string) string {
@@ -90,10 +95,12 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		_ = tel.Close(context.Background())
 		return nil, err
 	}
-	if err := bus.EnsureTopology(cctx, conn); err != nil {
-		conn.Close()
-		_ = tel.Close(context.Background())
-		return nil, fmt.Errorf("create streams and buckets: %w", err)
+	if f.EnsureTopology || conn.Server != nil {
+		if err := bus.EnsureTopology(cctx, conn); err != nil {
+			conn.Close()
+			_ = tel.Close(context.Background())
+			return nil, fmt.Errorf("create streams and buckets: %w", err)
+		}
 	}
 	if conn.Server != nil {
 		log.Info("embedded NATS ready", "url", conn.ClientURL())

@@ -42,7 +42,13 @@ func (d *PoolAppliedData) Validate() error {
 	if d.Revision < 1 {
 		return &FieldError{Field: "revision", Reason: "must be 1 or more"}
 	}
-	return d.Spec.Validate()
+	spec := d.Spec
+	if spec.Auth != nil && spec.Auth.Password == "" {
+		// The log carries the public spec: the password lives in
+		// fleet-secrets, so its absence here is expected.
+		spec.Auth = &ProxyAuth{Username: spec.Auth.Username, Password: "(secret)"}
+	}
+	return spec.Validate()
 }
 
 // PoolDeletedData is recorded when an operator deletes a pool.

@@ -80,6 +80,7 @@ type Server struct {
 	inject   []injected
 	clones   int
 	onNextID func(id int)
+	race     bool
 }
 
 func sha1Sum(s string) [20]byte { return sha1.Sum([]byte(s)) }
@@ -200,6 +201,16 @@ func (s *Server) OnNextID(fn func(id int)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onNextID = fn
+}
+
+// RaceNextClone makes another client take the new VMID of the next clone
+// request just before it is handled, as a second tool racing on the same
+// /cluster/nextid answer would: the clone then fails with "config file
+// already exists" and the other VM ("other-tool") stays.
+func (s *Server) RaceNextClone() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.race = true
 }
 
 // FailNext makes the next request matching method and route (a schema path

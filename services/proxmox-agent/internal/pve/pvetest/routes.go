@@ -266,6 +266,10 @@ func (s *Server) clone(p pathArgs, q url.Values) (any, *apiError) {
 	if src.conf["template"] != "1" && !full {
 		return nil, fail(500, "Linked clone feature is not supported for drive 'scsi0'")
 	}
+	if s.race {
+		s.race = false
+		s.vms[newid] = &vm{vmid: newid, node: target, conf: map[string]string{"name": "other-tool"}}
+	}
 	if s.vms[newid] != nil {
 		return nil, fail(500, "unable to create VM %d: config file already exists", newid)
 	}

@@ -1,0 +1,68 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"proxyfleet/services/proxmox-agent/internal/config"
+)
+
+const good = `
+entry: pve-home
+apiURL: https://192.168.0.8:8006
+tokenFile: /etc/proxyfleet/pve-token
+fingerprint: "AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99"
+nodes: [pve1, pve2]
+templates:
+  debian-13: 9000
+seedsStorage: proxy-seeds
+bridge: vmbr0
+vlanTag: 4
+profiles:
+  small: {cores: 1, memoryMiB: 1024}
+`
+
+func TestParseGood(t *testing.T) {
+	c, err := config.Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Cluster != "pve-home" || c.Clone != config.CloneLinked || c.VLANTag != 4 || !c.GuestAgent() || c.MinFreeMiB != 1024 {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+}
+
+func TestParseReportsEveryProblemByKey(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		want      []string
+	}{
+		{"empty", "{}", []string{"entry: is required", "apiURL: is required", "tokenFile: is required", "nodes: list at least one node", "templates: map at least one", "seedsStorage: is required"}},
+		{"bad values", strings.NewReplacer(
+			"vlanTag: 4", "vlanTag: 5000",
+			"[pve1, pve2]", "[pve1, PVE_2, pve1]",
+			"debian-13: 9000", "debian-13: 42",
+			"cores: 1", "cores: 0",
+			"https://192.168.0.8:8006", "http://192.168.0.8:8006",
+		).Replace(good), []string{
+			"vlanTag: must be 1-4094", "nodes[1]: must be 1-63 lowercase", `nodes[2]: node "pve1" is listed twice`,
+			"templates.debian-13: VMID must be between 100", "profiles.small.cores: must be 1 or more", "apiURL: must be https://",
+		}},
+		{"clone mode", good + "clone: fast\n", []string{`clone: must be "linked" or "full", got "fast"`}},
+		{"clone storage on linked", good + "cloneStorage: local-lvm\n", []string{"cloneStorage: applies to full clones only"}},
+		{"unknown key", good + "vlan: 4\n", []string{"field vlan not found"}},
+		{"fingerprint", strings.Replace(good, "AA:BB", "ZZ:BB", 1), []string{"fingerprint: must be the SHA-256"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}

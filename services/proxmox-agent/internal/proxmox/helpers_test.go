@@ -1,0 +1,159 @@
+package proxmox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/proxmox-agent/internal/config"
+	"proxyfleet/services/proxmox-agent/internal/proxmox"
+	"proxyfleet/services/proxmox-agent/internal/pve"
+	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
+)
+
+const (
+	entry    = "pve-home"
+	node     = "pve1"
+	template = 9000
+)
+
+// env is one fake cluster, one NATS server and the config of an agent.
+type env struct {
+	t     *testing.T
+	fake  *pvetest.Server
+	conn  *bus.Conn
+	kv    jetstream.KeyValue
+	cfg   *config.Config
+	token string
+}
+
+func newEnv(t *testing.T, opts pvetest.Options) *env {
+	t.Helper()
+	fake := pvetest.Start(t, opts)
+	fake.AddTemplate(node, template, "debian-13-tmpl")
+	conn := bustest.Start(t)
+	kv, err := conn.JS.KeyValue(context.Background(), bus.BucketVMIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(fake.Token()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]byte(`
+entry: ` + entry + `
+apiURL: ` + fake.URL + `
+tokenFile: ` + tokenFile + `
+fingerprint: "` + pve.FormatFingerprint(fake.Fingerprint()) + `"
+nodes: [` + node + `]
+templates: {debian-13: 9000}
+seedsStorage: proxy-seeds
+bridge: vmbr0
+vlanTag: 4
+profiles: {small: {cores: 2, memoryMiB: 768}}
+taskPollInterval: 2ms
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, fake: fake, conn: conn, kv: kv, cfg: cfg, token: tokenFile}
+}
+
+// driver returns a new driver (as a fresh agent process would build one).
+func (e *env) driver() *proxmox.Driver {
+	e.t.Helper()
+	c, err := pve.New(pve.Config{URL: e.cfg.APIURL, TokenFile: e.cfg.TokenFile, Fingerprint: e.cfg.Fingerprint,
+		TaskPollInterval: e.cfg.TaskPoll()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	d, err := proxmox.New(proxmox.Options{Config: e.cfg, Node: node, Client: c, VMIDs: e.kv, PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+func spec(proxy string) agent.Spec {
+	return agent.Spec{ProxyID: proxy, Pool: "web", Entry: entry, Target: node, Name: events.InstanceName(proxy),
+		Attempt: 1, Image: "debian-13", Profile: "small", Port: 3128, Auth: &events.ProxyAuth{Username: "u", Password: "secret-pw"}}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitRunning polls Get until the instance runs with an address.
+func waitRunning(t *testing.T, ctx context.Context, d *proxmox.Driver, ref agent.Ref) agent.Instance {
+	t.Helper()
+	for {
+		inst, err := d.Get(ctx, ref)
+		if err != nil && agent.Classify(err) != agent.ClassTransient {
+			t.Fatalf("Get %s: %v", ref.ProxyID, err)
+		}
+		if err == nil && inst.State == agent.StateRunning && inst.Address != "" {
+			return inst
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never reached running: last %+v %v", ref.ProxyID, inst, err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// reservations returns every live key of the fleet-vmids bucket.
+func (e *env) reservations() []string {
+	e.t.Helper()
+	lister, err := e.kv.ListKeys(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// vmsOf returns the fake's VMs whose description names proxy.
+func (e *env) vmsOf(proxy string) []pvetest.VMInfo {
+	var out []pvetest.VMInfo
+	for _, v := range e.fake.VMs() {
+		if containsLine(v.Conf["description"], "proxyfleet.proxy: "+proxy) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func containsLine(s, line string) bool {
+	for _, l := range splitLines(s) {
+		if l == line {
+			return true
+		}
+	}
+	return false
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}

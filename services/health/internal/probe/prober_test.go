@@ -1,0 +1,326 @@
+package probe_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/health/internal/echo"
+	"proxyfleet/services/health/internal/probe"
+	"proxyfleet/services/health/internal/projection"
+)
+
+func TestMain(m *testing.M) {
+	// bus.EventStore.Load returns once it has the aggregate's last event and
+	// leaves its pull request to expire on the server; that fetch goroutine
+	// is the event store's, not ours.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*pullConsumer).fetch.func1"))
+}
+
+const unhealthyAfter = 3
+
+// syncBuf is a log sink safe for concurrent writers.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fleet is one test's NATS, projection, echo endpoint and prober.
+type fleet struct {
+	t     *testing.T
+	ctx   context.Context
+	conn  *bus.Conn
+	store *bus.EventStore
+	logs  *syncBuf
+}
+
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	echoSrv := httptest.NewServer(echo.Handler())
+	t.Cleanup(echoSrv.Close)
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs}
+
+	pr, err := probe.New(c, probe.Config{
+		EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
+		Concurrency: 4, UnhealthyAfter: unhealthyAfter,
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = projection.New(c, log).Run(rctx) }()
+	go func() {
+		defer wg.Done()
+		if err := pr.Run(rctx); err != nil {
+			t.Errorf("prober: %v", err)
+		}
+	}()
+	t.Cleanup(func() { stop(); wg.Wait() })
+	return f
+}
+
+func (f *fleet) append(agg, id, kind string, data any) {
+	f.t.Helper()
+	if _, err := f.store.Append(f.ctx, agg, id, kind, id+"."+kind+".t", data, nil); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// runningProxy records a proxy of pool as requested and running at addr.
+func (f *fleet) runningProxy(id, pool, user, addr string) {
+	f.t.Helper()
+	f.append(events.AggregateProxy, id, events.ProxyRequested, events.ProxyRequestedData{
+		Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: user})
+	f.append(events.AggregateProxy, id, events.ProxyRunning, events.ProxyRunningData{Address: addr, Attempt: 1})
+}
+
+func (f *fleet) eventually(what string, cond func() bool) {
+	f.t.Helper()
+	for !cond() {
+		select {
+		case <-f.ctx.Done():
+			f.t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (f *fleet) get(bucket, key string, out any) bool {
+	f.t.Helper()
+	kv, err := f.conn.JS.KeyValue(f.ctx, bucket)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	e, err := kv.Get(f.ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := json.Unmarshal(e.Value(), out); err != nil {
+		f.t.Fatal(err)
+	}
+	return true
+}
+
+func (f *fleet) state(id string) string {
+	var v projection.Proxy
+	f.get(bus.BucketProxies, id, &v)
+	return v.State
+}
+
+func (f *fleet) record(id string) probe.Record {
+	var r probe.Record
+	f.get(bus.BucketProbes, id, &r)
+	return r
+}
+
+func (f *fleet) waitState(id, want string) {
+	f.t.Helper()
+	f.eventually(id+" "+want, func() bool { return f.state(id) == want })
+}
+
+// waitProbes waits until n more probes of id were recorded.
+func (f *fleet) waitProbes(id string, n int) {
+	f.t.Helper()
+	seen := map[time.Time]bool{f.record(id).CheckedAt: true}
+	f.eventually("more probes of "+id, func() bool {
+		seen[f.record(id).CheckedAt] = true
+		return len(seen) > n
+	})
+}
+
+// kinds returns the events of one proxy, by kind.
+func (f *fleet) kinds(id string) map[string][]bus.Event {
+	f.t.Helper()
+	evs, err := f.store.Load(f.ctx, events.AggregateProxy, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string][]bus.Event{}
+	for _, e := range evs {
+		out[e.Kind] = append(out[e.Kind], e)
+	}
+	return out
+}
+
+func TestTransitionsOnlyOnChange(t *testing.T) {
+	f := startFleet(t)
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy("demo-a", "demo", "", fp.addr)
+
+	f.waitState("demo-a", events.ProxyReady)
+	f.waitProbes("demo-a", 3)
+	k := f.kinds("demo-a")
+	if len(k[events.ProxyReady]) != 1 {
+		t.Fatalf("ready events: got %d, want 1", len(k[events.ProxyReady]))
+	}
+	var ready events.ProxyReadyData
+	if err := k[events.ProxyReady][0].DecodeData(&ready); err != nil {
+		t.Fatal(err)
+	}
+	if ready.EgressIP != "127.0.0.1" || ready.Address != fp.addr {
+		t.Fatalf("ready: got %+v, want egress 127.0.0.1 at %s", ready, fp.addr)
+	}
+	if fp.served.Load() == 0 {
+		t.Fatal("the forward proxy served nothing: the probe did not go through it")
+	}
+
+	fp.stop()
+	f.waitState("demo-a", events.ProxyUnhealthy)
+	f.eventually("failure streak past the threshold", func() bool { return f.record("demo-a").Streak >= unhealthyAfter+2 })
+	k = f.kinds("demo-a")
+	if len(k[events.ProxyUnhealthy]) != 1 {
+		t.Fatalf("unhealthy events: got %d, want 1", len(k[events.ProxyUnhealthy]))
+	}
+	var bad events.ProxyUnhealthyData
+	if err := k[events.ProxyUnhealthy][0].DecodeData(&bad); err != nil {
+		t.Fatal(err)
+	}
+	if bad.Streak != unhealthyAfter || bad.Reason == "" {
+		t.Fatalf("unhealthy: got %+v, want streak %d and a reason", bad, unhealthyAfter)
+	}
+	if rec := f.record("demo-a"); rec.OK || rec.LastError == "" || rec.LastOKAt == nil {
+		t.Fatalf("probe record while down: %+v", rec)
+	}
+
+	fp.start() // same port
+	f.waitState("demo-a", events.ProxyReady)
+	f.waitProbes("demo-a", 3)
+	k = f.kinds("demo-a")
+	if len(k[events.ProxyReady]) != 2 || len(k[events.ProxyUnhealthy]) != 1 {
+		t.Fatalf("after recovery: %d ready and %d unhealthy events, want 2 and 1", len(k[events.ProxyReady]), len(k[events.ProxyUnhealthy]))
+	}
+	if rec := f.record("demo-a"); !rec.OK || !rec.HTTPOK || !rec.ConnectOK || rec.Streak != 0 || rec.EgressIP != "127.0.0.1" {
+		t.Fatalf("probe record after recovery: %+v", rec)
+	}
+}
+
+func TestProbesWithPoolPassword(t *testing.T) {
+	f := startFleet(t)
+	const password = "s3cret-Pa55"
+	spec := events.PoolSpec{Name: "authed", Provider: "local", Size: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}}
+	f.append(events.AggregatePool, "authed", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	secrets, err := f.conn.JS.KeyValue(f.ctx, bus.BucketSecrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(events.PoolSecrets{Revision: 1, Password: password})
+	if _, err := secrets.Put(f.ctx, "authed", raw); err != nil {
+		t.Fatal(err)
+	}
+	good := newFwdProxy(t, "127.0.0.1", "crawler", password)
+	f.runningProxy("authed-a", "authed", "crawler", good.addr)
+
+	// A pool whose password is not in fleet-secrets: its proxy refuses the
+	// probe, which proves the password is what made the first one pass.
+	noSecret := newFwdProxy(t, "127.0.0.1", "crawler", "other")
+	f.runningProxy("nosecret-a", "nosecret", "crawler", noSecret.addr)
+
+	f.waitState("authed-a", events.ProxyReady)
+	f.waitState("nosecret-a", events.ProxyUnhealthy)
+	if rec := f.record("nosecret-a"); !strings.Contains(rec.LastError, "407") {
+		t.Fatalf("proxy without a known password: last error %q, want a 407", rec.LastError)
+	}
+	if good.rejected.Load() != 0 {
+		t.Fatalf("the authenticated proxy rejected %d requests", good.rejected.Load())
+	}
+	if strings.Contains(f.logs.String(), password) {
+		t.Fatal("the password appears in the logs")
+	}
+	for _, id := range []string{"authed-a", "nosecret-a"} {
+		b, _ := json.Marshal(f.record(id))
+		if bytes.Contains(b, []byte(password)) {
+			t.Fatalf("the password appears in the probe record of %s", id)
+		}
+	}
+}
+
+func TestSharedEgressIsFlagged(t *testing.T) {
+	f := startFleet(t)
+	a := newFwdProxy(t, "127.0.0.1", "", "")
+	b := newFwdProxy(t, "127.0.0.1", "", "")
+	c := newFwdProxy(t, "127.0.0.2", "", "") // another loopback address
+	f.runningProxy("p-a", "demo", "", a.addr)
+	f.runningProxy("p-b", "demo", "", b.addr)
+	f.runningProxy("p-c", "demo", "", c.addr)
+
+	f.eventually("shared egress flags", func() bool {
+		return reflect.DeepEqual(f.record("p-a").SharedEgress, []string{"p-b"}) &&
+			reflect.DeepEqual(f.record("p-b").SharedEgress, []string{"p-a"}) &&
+			f.record("p-c").EgressIP == "127.0.0.2"
+	})
+	if rc := f.record("p-c"); len(rc.SharedEgress) != 0 {
+		t.Fatalf("p-c egresses alone but is flagged with %v", rc.SharedEgress)
+	}
+	if ra := f.record("p-a"); ra.EgressIP != "127.0.0.1" {
+		t.Fatalf("p-a egress: got %q, want 127.0.0.1", ra.EgressIP)
+	}
+
+	// A retiring proxy is no longer probed: stopping it emits nothing.
+	f.waitState("p-c", events.ProxyReady)
+	f.append(events.AggregateProxy, "p-c", events.ProxyRetiring, events.ProxyRetiringData{Reason: "test"})
+	f.waitState("p-c", events.ProxyRetiring)
+	c.stop()
+	f.waitProbes("p-a", unhealthyAfter+3)
+	if n := len(f.kinds("p-c")[events.ProxyUnhealthy]); n != 0 {
+		t.Fatalf("retiring proxy got %d unhealthy events, want 0", n)
+	}
+	if f.state("p-c") != events.ProxyRetiring {
+		t.Fatalf("p-c state: got %q, want retiring", f.state("p-c"))
+	}
+}
+
+func TestParseEcho(t *testing.T) {
+	for _, tc := range []struct {
+		body, want string
+		ok         bool
+	}{
+		{`{"ip":"203.0.113.9"}`, "203.0.113.9", true},
+		{"{\"ip\":\"2001:db8::1\",\"country\":\"NL\"}\n", "2001:db8::1", true},
+		{"198.51.100.4\n", "198.51.100.4", true},
+		{"::ffff:192.0.2.1", "192.0.2.1", true},
+		{`{"ip":""}`, "", false},
+		{"<html>blocked</html>", "", false},
+		{`{"ip":`, "", false},
+	} {
+		got, err := probe.ParseEcho([]byte(tc.body))
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseEcho(%q) = %q, %v; want %q, ok=%v", tc.body, got, err, tc.want, tc.ok)
+		}
+	}
+}

@@ -62,7 +62,7 @@ func (t *traced) span(ctx context.Context, rpc string, attrs []any, xml string, 
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "libvirt call failed")
-		args = append(args, "err", err.Error(), "class", agent.Classify(err))
+		args = append(args, "err", err.Error(), "class", agent.Classify(Classify(err)))
 		var le *Error
 		if errors.As(err, &le) {
 			args = append(args, "libvirtCode", le.Code, "libvirtError", CodeName(le.Code))

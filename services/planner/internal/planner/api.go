@@ -300,9 +300,9 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 		if _, err := p.secrets.Put(ctx, spec.Name, raw); err != nil {
 			return nil, internal("could not store the pool's secrets; nothing was applied, retry")
 		}
+		data := events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}
 		seq, err := p.store.Append(ctx, events.AggregatePool, spec.Name, events.PoolApplied,
-			events.ProxyEventID(spec.Name, events.PoolApplied, uint64(rev)),
-			events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}, &bus.Expect{Seq: cur.LastSeq})
+			decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, &bus.Expect{Seq: cur.LastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, spec.Name); err != nil {
 				return nil, internal("could not re-read the pool after a concurrent change; retry")
@@ -452,7 +452,7 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 		}
 		rev := cur.Revision + 1
 		seq, err := p.store.Append(ctx, events.AggregatePool, req.Name, events.PoolDeleted,
-			events.ProxyEventID(req.Name, events.PoolDeleted, uint64(rev)), events.PoolDeletedData{Revision: rev}, &bus.Expect{Seq: cur.LastSeq})
+			decisionID(req.Name, events.PoolDeleted, uint64(rev), events.PoolDeletedData{Revision: rev}), events.PoolDeletedData{Revision: rev}, &bus.Expect{Seq: cur.LastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, req.Name); err != nil {
 				return nil, internal("could not re-read the pool after a concurrent change; retry")
@@ -560,6 +560,11 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		}
 		var seq uint64
 		var err error
+		abandon := func(after uint64) (uint64, error) {
+			d := events.ProxyAbandonedData{Reason: reason}
+			return p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
+				decisionID(x.ID, events.ProxyAbandoned, after, d), d, &bus.Expect{Seq: after})
+		}
 		switch {
 		case events.IsTerminal(x.State):
 			return x, nil
@@ -567,14 +572,13 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 			return x, nil
 		case x.State == events.ProxyRetiring:
 			// Already being deleted; the operator now wants it abandoned.
-			seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
-				events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: reason}, &bus.Expect{Seq: x.LastSeq})
+			seq, err = abandon(x.LastSeq)
 		default:
+			d := events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}
 			seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyRetiring,
-				events.ProxyEventID(x.ID, events.ProxyRetiring, 1), events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}, &bus.Expect{Seq: x.LastSeq})
+				decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d, &bus.Expect{Seq: x.LastSeq})
 			if err == nil && skipCleanup {
-				seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
-					events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: reason}, &bus.Expect{Seq: seq})
+				seq, err = abandon(seq)
 			}
 		}
 		if errors.Is(err, bus.ErrConflict) {

@@ -109,6 +109,7 @@ type Planner struct {
 
 	caughtUp atomic.Bool
 	leader   atomic.Bool
+	rounds   atomic.Int64 // completed reconcile rounds
 	kick     chan struct{}
 
 	// reconciler-only state (one goroutine).

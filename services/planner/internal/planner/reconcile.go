@@ -161,6 +161,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 		}
 		p.reconcilePool(ctx, r, ps)
 	}
+	p.rounds.Add(1)
 }
 
 func (p *Planner) flushOutbox(ctx context.Context, r *round) {
@@ -200,7 +201,8 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 			p.retire(pctx, r, x, "failed: "+x.FailClass)
 		case events.ProxyRetiring:
 			if x.SkipCleanup {
-				p.decide(ctx, x, events.ProxyAbandoned, events.ProxyEventID(x.ID, events.ProxyAbandoned, 1), events.ProxyAbandonedData{Reason: x.Reason})
+				ab := events.ProxyAbandonedData{Reason: x.Reason}
+				p.decide(ctx, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab)
 			} else if age >= p.cfg.RetireTimeout {
 				p.reissueDelete(pctx, x)
 			}
@@ -212,9 +214,10 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 		case events.ProxyProvisioning:
 			active = append(active, x)
 			if age >= p.cfg.ProvisionTimeout {
-				p.decide(pctx, x, events.ProxyFailed, events.ProxyEventID(x.ID, events.ProxyFailed, x.LastSeq), events.ProxyFailedData{
+				f := events.ProxyFailedData{
 					Class: events.ClassTimeout, Reason: fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout), Attempt: x.Attempt,
-				})
+				}
+				p.decide(pctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
 			}
 		default:
 			if isActive(x.State) {
@@ -422,7 +425,8 @@ func (p *Planner) retire(pctx context.Context, r *round, x Proxy, reason string)
 	ctx, span := p.tracer.Start(pctx, "planner.retire", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason)))
 	defer span.End()
-	if _, ok := p.decide(ctx, x, events.ProxyRetiring, events.ProxyEventID(x.ID, events.ProxyRetiring, 1), events.ProxyRetiringData{Reason: reason}); !ok {
+	d := events.ProxyRetiringData{Reason: reason}
+	if _, ok := p.decide(ctx, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d); !ok {
 		return
 	}
 	if isActive(x.State) {
@@ -438,8 +442,8 @@ func (p *Planner) reissueDelete(pctx context.Context, x Proxy) {
 	ctx, span := p.tracer.Start(pctx, "planner.redelete", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
 	defer span.End()
-	if _, ok := p.decide(ctx, x, events.ProxyRetiring, events.ProxyEventID(x.ID, events.ProxyRetiring, uint64(attempt)),
-		events.ProxyRetiringData{Reason: x.Reason}); !ok {
+	d := events.ProxyRetiringData{Reason: x.Reason}
+	if _, ok := p.decide(ctx, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d); !ok {
 		return
 	}
 	cmd := deleteCommand(x, attempt)
@@ -458,9 +462,10 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 		}
 	}
 	if !live {
-		p.decide(ctx, x, events.ProxyFailed, events.ProxyEventID(x.ID, events.ProxyFailed, x.LastSeq), events.ProxyFailedData{
+		f := events.ProxyFailedData{
 			Class: events.ClassTimeout, Reason: fmt.Sprintf("no agent took the create within %s and target %s/%s is not alive", p.cfg.CreateTimeout, x.Entry, x.Target), Attempt: x.Attempt,
-		})
+		}
+		p.decide(ctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
 		return
 	}
 	sec, ok := p.poolSecrets(ctx, r, pool)

@@ -1,6 +1,9 @@
 package planner
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"log/slog"
 	"sort"
 	"strconv"
@@ -114,17 +117,31 @@ func (s *state) pool(name string) *Pool {
 	return p
 }
 
-// attemptOf reads n from an event id "<proxy>.<type>.<n>".
-func attemptOf(id string) int {
-	i := strings.LastIndexByte(id, '.')
-	if i < 0 {
+// attemptOf reads n from an event id "<proxy>.<type>.<n>[.<suffix>]".
+func attemptOf(id, proxyID, typ string) int {
+	rest, ok := strings.CutPrefix(id, proxyID+"."+typ+".")
+	if !ok {
 		return 1
 	}
-	n, err := strconv.Atoi(id[i+1:])
+	if i := strings.IndexByte(rest, '.'); i >= 0 {
+		rest = rest[:i]
+	}
+	n, err := strconv.Atoi(rest)
 	if err != nil || n < 1 {
 		return 1
 	}
 	return n
+}
+
+// decisionID is the Msg-Id of a planner decision: "<id>.<type>.<n>.<hash>",
+// where n is what the decision follows (a revision or the aggregate's last
+// sequence) and hash is a short digest of its data. A retry of one decision
+// keeps its id (so the store recognises its own earlier success), while two
+// different decisions taken from the same state never share one.
+func decisionID(id, typ string, n uint64, data any) string {
+	b, _ := json.Marshal(data)
+	sum := sha256.Sum256(b)
+	return events.ProxyEventID(id, typ, n) + "." + hex.EncodeToString(sum[:4])
 }
 
 // apply folds one event into the state. It reports whether the event can
@@ -228,13 +245,13 @@ func (s *state) applyProxy(ev bus.Event) bool {
 			}
 			s.proxies[ev.ID] = x
 			s.noteTarget(d.Entry, d.Target)
-			x.Attempt = attemptOf(ev.Envelope.ID)
+			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
 			s.setState(x, events.ProxyRequested)
 			return true
 		}
 		// A re-issued create: a later attempt of the same decision.
 		if x.State == events.ProxyRequested {
-			x.Attempt = attemptOf(ev.Envelope.ID)
+			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
 		}
 		return false
 	case events.ProxyProvisioning:
@@ -247,6 +264,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 				x.Attempt = d.Attempt
 			}
 		}
+	case events.ProxyReady, events.ProxyUnhealthy:
 	case events.ProxyRunning:
 		var d events.ProxyRunningData
 		if ev.DecodeData(&d) == nil {
@@ -275,7 +293,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		}
 		x.Reason = d.Reason
 		x.SkipCleanup = x.SkipCleanup || d.SkipCleanup
-		x.DeleteAttempt = attemptOf(ev.Envelope.ID)
+		x.DeleteAttempt++
 		s.setState(x, events.ProxyRetiring)
 		return true
 	case events.ProxyDeleted, events.ProxyAbandoned:

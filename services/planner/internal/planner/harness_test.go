@@ -1,0 +1,357 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// waitTimeout bounds every wait for a condition.
+const waitTimeout = 30 * time.Second
+
+// harness is one embedded NATS server with the topology, the fake agents'
+// heartbeats and the readers a test asserts with.
+type harness struct {
+	t      *testing.T
+	c      *bus.Conn
+	store  *bus.EventStore
+	agents jetstream.KeyValue
+	secret jetstream.KeyValue
+
+	mu  sync.Mutex
+	hbs map[string]agent.Info
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	c := bustest.Start(t)
+	ctx := context.Background()
+	h := &harness{t: t, c: c, store: bus.NewEventStore(c, "test", nil), hbs: map[string]agent.Info{}}
+	var err error
+	if h.agents, err = c.JS.KeyValue(ctx, bus.BucketAgents); err != nil {
+		t.Fatal(err)
+	}
+	if h.secret, err = c.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
+		t.Fatal(err)
+	}
+	// Refresh the fake heartbeats so they outlive the bucket TTL.
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(2 * time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-hctx.Done():
+				return
+			case <-tk.C:
+				h.mu.Lock()
+				infos := make([]agent.Info, 0, len(h.hbs))
+				for _, i := range h.hbs {
+					infos = append(infos, i)
+				}
+				h.mu.Unlock()
+				for _, i := range infos {
+					h.putHeartbeat(hctx, i)
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return h
+}
+
+// agent announces a live target the way pkg/agent's runtime does.
+func (h *harness) agent(info agent.Info) {
+	h.t.Helper()
+	if info.Type == "" {
+		info.Type = "local"
+	}
+	h.mu.Lock()
+	h.hbs[agent.HeartbeatKey(info.Entry, info.Target)] = info
+	h.mu.Unlock()
+	if err := h.putHeartbeat(context.Background(), info); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) putHeartbeat(ctx context.Context, info agent.Info) error {
+	now := time.Now().UTC()
+	b, _ := json.Marshal(agent.Heartbeat{Info: info, StartedAt: now, At: now})
+	_, err := h.agents.Put(ctx, agent.HeartbeatKey(info.Entry, info.Target), b)
+	return err
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("PLANNER_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// running is one planner replica started by a test.
+type running struct {
+	*Planner
+	stop func()
+}
+
+func (h *harness) startPlanner(id string, tracer trace.Tracer) *running {
+	h.t.Helper()
+	conn := bustest.Dial(h.t, h.c)
+	p, err := New(conn, Config{ID: id, ReconcileInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second}, testLogger(), tracer)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	r := &running{Planner: p, stop: func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				h.t.Errorf("planner %s: Run returned %v", id, err)
+			}
+		})
+	}}
+	h.t.Cleanup(r.stop)
+	h.waitFor("planner "+id+" ready", p.Ready)
+	return r
+}
+
+// leader starts one planner and waits until it leads.
+func (h *harness) leader() *running {
+	h.t.Helper()
+	r := h.startPlanner("p1", nil)
+	h.waitFor("leader", r.IsLeader)
+	return r
+}
+
+// settle waits until r has completed n more reconcile rounds after now.
+func (h *harness) settle(r *running, n int64) {
+	h.t.Helper()
+	from := r.rounds.Load()
+	h.waitFor("reconcile rounds", func() bool { return r.rounds.Load() >= from+n })
+}
+
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// reply is an API answer.
+type reply struct {
+	Code  string // micro error code, "" on success
+	Body  []byte
+	Error *APIError
+}
+
+func (h *harness) request(subject, body string, hdr nats.Header) reply {
+	h.t.Helper()
+	msg := nats.NewMsg(subject)
+	msg.Data = []byte(body)
+	if hdr != nil {
+		msg.Header = hdr
+	}
+	resp, err := h.c.NC.RequestMsg(msg, 20*time.Second)
+	if err != nil {
+		h.t.Fatalf("request %s %s: %v", subject, body, err)
+	}
+	r := reply{Code: resp.Header.Get("Nats-Service-Error-Code"), Body: resp.Data}
+	if r.Code != "" {
+		var wrap struct {
+			Error *APIError `json:"error"`
+		}
+		if err := json.Unmarshal(resp.Data, &wrap); err != nil || wrap.Error == nil {
+			h.t.Fatalf("error reply %s without a JSON error body: %q", r.Code, resp.Data)
+		}
+		r.Error = wrap.Error
+	}
+	return r
+}
+
+// ok sends a request that must succeed and decodes its reply into out.
+func (h *harness) ok(subject, body string, out any) {
+	h.t.Helper()
+	r := h.request(subject, body, nil)
+	if r.Code != "" {
+		h.t.Fatalf("%s %s: got error %s %+v, want success", subject, body, r.Code, r.Error)
+	}
+	if out != nil {
+		if err := json.Unmarshal(r.Body, out); err != nil {
+			h.t.Fatalf("%s reply %q: %v", subject, r.Body, err)
+		}
+	}
+}
+
+func (h *harness) lastSeq(stream string) uint64 {
+	h.t.Helper()
+	s, err := h.c.JS.Stream(context.Background(), stream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// events returns every event in FLEET_EVENTS, read by sequence (no
+// consumer, so polling it is cheap).
+func (h *harness) events() []bus.Event {
+	h.t.Helper()
+	ctx := context.Background()
+	s, err := h.c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []bus.Event
+	last := h.lastSeq(bus.EventsStream)
+	for seq := uint64(1); seq <= last; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			h.t.Fatalf("event %d: %v", seq, err)
+		}
+		agg, id, kind, ok := events.ParseEventSubject(m.Subject)
+		if !ok {
+			h.t.Fatalf("event %d: subject %q", seq, m.Subject)
+		}
+		env, err := events.DecodeEnvelope(m.Data)
+		if err != nil {
+			h.t.Fatalf("event %d: %v", seq, err)
+		}
+		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, Header: m.Header})
+	}
+	return out
+}
+
+// eventsOf returns the events of one type, in order.
+func (h *harness) eventsOf(aggregate, kind string) []bus.Event {
+	var out []bus.Event
+	for _, e := range h.events() {
+		if e.Aggregate == aggregate && e.Kind == kind {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// command is one message of FLEET_CMDS.
+type command struct {
+	Subject string
+	Verb    string
+	Header  nats.Header
+	Create  events.CreateCommand
+	Delete  events.DeleteCommand
+}
+
+// commands reads FLEET_CMDS by sequence, without consuming: no agent runs
+// in these tests, so every command the planner sent is still there.
+func (h *harness) commands() []command {
+	h.t.Helper()
+	ctx := context.Background()
+	s, err := h.c.JS.Stream(ctx, bus.CommandsStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []command
+	last := h.lastSeq(bus.CommandsStream)
+	for seq := uint64(1); seq <= last; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		env, err := events.DecodeEnvelope(m.Data)
+		if err != nil {
+			h.t.Fatalf("command %d: %v", seq, err)
+		}
+		c := command{Subject: m.Subject, Verb: m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], Header: m.Header}
+		switch c.Verb {
+		case events.VerbCreate:
+			err = env.DecodeData(&c.Create)
+		case events.VerbDelete:
+			err = env.DecodeData(&c.Delete)
+		}
+		if err != nil {
+			h.t.Fatalf("command %d (%s): %v", seq, m.Subject, err)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (h *harness) commandsOf(verb string) []command {
+	var out []command
+	for _, c := range h.commands() {
+		if c.Verb == verb {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// observe appends a fact about a proxy as an agent or the health service
+// would: Msg-Id only, no expectation.
+func (h *harness) observe(id, kind string, n uint64, data any) {
+	h.t.Helper()
+	if _, err := h.store.Append(context.Background(), events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, nil); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// requested waits until n proxies were requested and returns their data by
+// proxy id, in order of request.
+func (h *harness) requested(n int) ([]string, map[string]events.ProxyRequestedData) {
+	h.t.Helper()
+	var evs []bus.Event
+	h.waitFor("requested events", func() bool {
+		evs = h.eventsOf(events.AggregateProxy, events.ProxyRequested)
+		return len(evs) >= n
+	})
+	if len(evs) != n {
+		h.t.Fatalf("got %d requested events, want %d", len(evs), n)
+	}
+	ids := make([]string, 0, n)
+	out := map[string]events.ProxyRequestedData{}
+	for _, e := range evs {
+		var d events.ProxyRequestedData
+		if err := e.DecodeData(&d); err != nil {
+			h.t.Fatal(err)
+		}
+		ids = append(ids, e.ID)
+		out[e.ID] = d
+	}
+	return ids, out
+}

@@ -38,19 +38,32 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	for _, svc := range []string{"planner", "health", "local-agent"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n", svc, err)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-	}
 	code := m.Run()
 	killBinaryProcesses(filepath.Join(dir, "local-agent"))
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// needBinaries builds the service binaries once for the package.
+func needBinaries(t *testing.T) {
+	t.Helper()
+	buildOnce.Do(func() {
+		for _, svc := range []string{"planner", "health", "local-agent"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", svc, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
 }
 
 // fleet is one running system: a JetStream server in the test process and
@@ -69,6 +82,7 @@ type fleet struct {
 
 func newFleet(t *testing.T, agentArgs ...string) *fleet {
 	t.Helper()
+	needBinaries(t)
 	f := &fleet{
 		t:        t,
 		conn:     bustest.Start(t),

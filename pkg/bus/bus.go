@@ -30,6 +30,9 @@ type Config struct {
 	URL string
 	// CredsFile is a NATS credentials file used with URL.
 	CredsFile string
+	// User and Password authenticate with URL when set (deploy/nats uses
+	// one user per service).
+	User, Password string
 	// Name is the client connection name, shown by `nats server report connections`.
 	Name string
 
@@ -98,6 +101,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	} else {
 		if cfg.CredsFile != "" {
 			opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+		}
+		if cfg.User != "" {
+			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 		}
 		if c.replicas == 0 {
 			c.replicas = 3

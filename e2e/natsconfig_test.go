@@ -1,0 +1,147 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// TestDeployNATSConfigLeastPrivilege starts a server from
+// deploy/nats/nats-server.conf and checks that the planner user can set up
+// the topology and command an agent, that the agent user can run the agent
+// runtime end to end, and that the agent user cannot act as the planner.
+func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
+	for k, v := range map[string]string{
+		"SERVER_NAME": "pf-test", "PLANNER_PASSWORD": "pp", "HEALTH_PASSWORD": "hp",
+		"AGENT_LOCAL_T1_PASSWORD": "ap", "OPERATOR_PASSWORD": "op",
+	} {
+		t.Setenv(k, v)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join("..", "deploy", "nats", "nats-server.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats/nats-server.conf does not parse: %v", err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server did not start")
+	}
+	t.Cleanup(srv.Shutdown)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	connect := func(user, pass string) *bus.Conn {
+		t.Helper()
+		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: user, Replicas: 1, User: user, Password: pass}, nil)
+		if err != nil {
+			t.Fatalf("connect as %s: %v", user, err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	planner := connect("planner", "pp")
+	if err := bus.EnsureTopology(ctx, planner); err != nil {
+		t.Fatalf("planner cannot create the topology: %v", err)
+	}
+	agentConn := connect("agent-local-t1", "ap")
+
+	drv := &onceDriver{}
+	rt, err := agent.New(agentConn, drv, agent.Config{Info: agent.Info{Entry: "local", Target: "t1", Type: "test"}, HeartbeatInterval: 100 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	defer func() { rcancel(); <-done }()
+
+	id := "perm-1"
+	cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
+	if _, err := bus.PublishCreate(ctx, planner, "test", cmd, 0); err != nil {
+		t.Fatalf("planner cannot publish a command: %v", err)
+	}
+	store := bus.NewEventStore(planner, "test", nil)
+	waitFor(t, 20*time.Second, "the agent's running event", func() bool {
+		last, err := store.Last(ctx, events.AggregateProxy, id)
+		return err == nil && last != nil && last.Kind == events.ProxyRunning
+	})
+
+	// The agent may not decide (requested) nor command.
+	agentStore := bus.NewEventStore(agentConn, "agent", nil)
+	short, scancel := context.WithTimeout(ctx, 2*time.Second)
+	defer scancel()
+	if _, err := agentStore.Append(short, events.AggregateProxy, "perm-2", events.ProxyRequested, "perm-2.requested.1", map[string]string{}, nil); err == nil {
+		t.Fatal("the agent user could append a planner decision")
+	}
+	if _, err := bus.PublishCreate(short, agentConn, "agent", events.CreateCommand{ProxyID: "perm-3", Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName("perm-3"), Attempt: 1, Port: 1}, 0); err == nil {
+		t.Fatal("the agent user could publish a command")
+	}
+	var perr error
+	sub, err := agentConn.NC.SubscribeSync("fleet.api.>")
+	if err == nil {
+		_ = agentConn.NC.Flush()
+		perr = agentConn.NC.LastError()
+		_ = sub.Unsubscribe()
+	}
+	if err == nil && (perr == nil || !errors.Is(perr, nats.ErrPermissionViolation)) {
+		t.Fatalf("the agent user could subscribe to the operator API (err %v)", perr)
+	}
+}
+
+// onceDriver creates instances that run at once.
+type onceDriver struct {
+	mu sync.Mutex
+	m  map[string]agent.Instance
+}
+
+func (d *onceDriver) Create(_ context.Context, s agent.Spec) (agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[string]agent.Instance{}
+	}
+	i := agent.Instance{Name: s.Name, Marker: s.Marker(), State: agent.StateRunning, Address: "127.0.0.1:1"}
+	d.m[s.Name] = i
+	return i, nil
+}
+func (d *onceDriver) Get(_ context.Context, r agent.Ref) (agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if i, ok := d.m[r.Name]; ok {
+		return i, nil
+	}
+	return agent.Instance{}, agent.ErrNotFound
+}
+func (d *onceDriver) Delete(_ context.Context, r agent.Ref) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.m, r.Name)
+	return nil
+}
+func (d *onceDriver) List(context.Context) ([]agent.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []agent.Instance
+	for _, i := range d.m {
+		out = append(out, i)
+	}
+	return out, nil
+}
+func (d *onceDriver) Check(context.Context) []agent.Verdict { return nil }

@@ -459,4 +459,3 @@ func parseJSON(t *testing.T, b []byte, v any) {
 		t.Fatalf("reply is not the expected JSON: %v: %s", err, b)
 	}
 }
-

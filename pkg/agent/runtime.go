@@ -11,8 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -81,6 +83,30 @@ type Runtime struct {
 	sem    chan struct{}
 	queue  *keyedQueue
 	start  time.Time
+	m      metrics
+}
+
+// metrics are the runtime's OTel instruments (no-ops without a meter
+// provider).
+type metrics struct {
+	commands metric.Int64Counter
+	duration metric.Float64Histogram
+}
+
+func newMetrics() metrics {
+	m := otel.Meter("proxyfleet/agent")
+	c, _ := m.Int64Counter("proxyfleet_agent_commands_total",
+		metric.WithDescription("Commands handled by the agent, by verb and outcome (done, failed, retried, dropped)."))
+	d, _ := m.Float64Histogram("proxyfleet_agent_command_duration_seconds",
+		metric.WithDescription("Time from taking a command to its outcome."), metric.WithUnit("s"))
+	return metrics{commands: c, duration: d}
+}
+
+func (r *Runtime) record(ctx context.Context, verb, outcome string, started time.Time) {
+	attrs := metric.WithAttributes(attribute.String("verb", verb), attribute.String("outcome", outcome),
+		attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target))
+	r.m.commands.Add(ctx, 1, attrs)
+	r.m.duration.Record(ctx, time.Since(started).Seconds(), attrs)
 }
 
 // New returns a runtime for drv. tracer may be nil (no tracing).
@@ -109,6 +135,7 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 		sem:    make(chan struct{}, cfg.Concurrency),
 		queue:  newKeyedQueue(),
 		start:  time.Now().UTC(),
+		m:      newMetrics(),
 	}, nil
 }
 
@@ -290,7 +317,12 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
-		r.queue.Submit(cmd.ProxyID, func() { r.withSlot(func() { r.handleCreate(ctx, msg, cmd) }) })
+		r.queue.Submit(cmd.ProxyID, func() {
+			r.withSlot(func() {
+				started := time.Now()
+				r.record(ctx, verb, r.handleCreate(ctx, msg, cmd), started)
+			})
+		})
 	case events.VerbDelete:
 		var cmd events.DeleteCommand
 		if err := env.DecodeData(&cmd); err != nil {
@@ -298,7 +330,12 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
-		r.queue.Submit(cmd.ProxyID, func() { r.withSlot(func() { r.handleDelete(ctx, msg, cmd) }) })
+		r.queue.Submit(cmd.ProxyID, func() {
+			r.withSlot(func() {
+				started := time.Now()
+				r.record(ctx, verb, r.handleDelete(ctx, msg, cmd), started)
+			})
+		})
 	default:
 		r.log.Error("dropping command with unknown verb", "subject", msg.Subject())
 		_ = msg.Term()
@@ -332,7 +369,7 @@ func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd events.CreateCommand) {
+func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd events.CreateCommand) string {
 	ctx = telemetry.Extract(ctx, msg.Headers())
 	ctx, span := r.tracer.Start(ctx, "agent.create", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
@@ -343,8 +380,7 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 
 	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
 	if err != nil {
-		r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
-		return
+		return r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
 	}
 	var providerID string
 	if last != nil {
@@ -352,17 +388,17 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 		case events.ProxyRetiring, events.ProxyDeleted, events.ProxyAbandoned:
 			log.Info("dropping create: proxy is " + last.Kind)
 			r.ack(ctx, msg, log)
-			return
+			return "dropped"
 		case events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
 			log.Info("create already done: proxy is " + last.Kind)
 			r.ack(ctx, msg, log)
-			return
+			return "dropped"
 		case events.ProxyFailed:
 			var f events.ProxyFailedData
 			if last.DecodeData(&f) == nil && f.Attempt >= cmd.Attempt {
 				log.Info("dropping create: this attempt already failed")
 				r.ack(ctx, msg, log)
-				return
+				return "dropped"
 			}
 		case events.ProxyProvisioning:
 			var p events.ProxyProvisioningData
@@ -381,8 +417,7 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	if p, ok := r.drv.(Preparer); ok {
 		id, err := p.Prepare(cctx, spec)
 		if err != nil {
-			r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("prepare: %w", err))
-			return
+			return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("prepare: %w", err))
 		}
 		spec.ProviderID = id
 	}
@@ -393,29 +428,26 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 			id += "." + spec.ProviderID
 		}
 		if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyProvisioning, id, prov, nil); err != nil {
-			r.retry(ctx, msg, log, fmt.Errorf("publish provisioning: %w", err))
-			return
+			return r.retry(ctx, msg, log, fmt.Errorf("publish provisioning: %w", err))
 		}
 	}
 	inst, err := r.drv.Create(cctx, spec)
 	if err != nil {
 		span.RecordError(err)
-		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("create %s: %w", cmd.Instance, err))
-		return
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("create %s: %w", cmd.Instance, err))
 	}
 	ref := Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: firstNonEmpty(inst.ProviderID, spec.ProviderID)}
 	inst, err = r.waitRunning(cctx, ref, inst)
 	if err != nil {
 		span.RecordError(err)
-		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
-		return
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
 	if err := r.appendRunning(ctx, cmd.ProxyID, cmd.Attempt, inst); err != nil {
-		r.retry(ctx, msg, log, fmt.Errorf("publish running: %w", err))
-		return
+		return r.retry(ctx, msg, log, fmt.Errorf("publish running: %w", err))
 	}
 	log.Info("proxy running", "instance", inst.Name, "address", inst.Address)
 	r.ack(ctx, msg, log)
+	return "done"
 }
 
 func (r *Runtime) appendRunning(ctx context.Context, proxyID string, attempt int, inst Instance) error {
@@ -457,7 +489,7 @@ func (r *Runtime) waitRunning(ctx context.Context, ref Ref, inst Instance) (Inst
 	}
 }
 
-func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd events.DeleteCommand) {
+func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd events.DeleteCommand) string {
 	ctx = telemetry.Extract(ctx, msg.Headers())
 	ctx, span := r.tracer.Start(ctx, "agent.delete", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
@@ -468,13 +500,12 @@ func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd event
 
 	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
 	if err != nil {
-		r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
-		return
+		return r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
 	}
 	if last != nil && events.IsTerminal(last.Kind) {
 		log.Info("delete already done: proxy is " + last.Kind)
 		r.ack(ctx, msg, log)
-		return
+		return "dropped"
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
@@ -482,27 +513,26 @@ func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd event
 	if err != nil && Classify(err) != ClassNotFound {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "delete failed")
-		r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("delete %s: %w", cmd.Instance, err))
-		return
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("delete %s: %w", cmd.Instance, err))
 	}
 	if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyDeleted,
 		events.ProxyEventID(cmd.ProxyID, events.ProxyDeleted, uint64(cmd.Attempt)), events.ProxyDeletedData{Attempt: cmd.Attempt}, nil); err != nil {
-		r.retry(ctx, msg, log, fmt.Errorf("publish deleted: %w", err))
-		return
+		return r.retry(ctx, msg, log, fmt.Errorf("publish deleted: %w", err))
 	}
 	log.Info("proxy deleted", "instance", cmd.Instance)
 	r.ack(ctx, msg, log)
+	return "done"
 }
 
 // fail handles a driver error by class: transient errors are retried with
 // backoff (until the last delivery, which records a failure); quota and
 // permanent errors record a failed event and acknowledge the command.
-func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger, proxyID string, attempt int, err error) {
+func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger, proxyID string, attempt int, err error) string {
 	class := Classify(err)
 	if ctx.Err() != nil {
 		// Shutting down: leave the command for redelivery.
 		log.Info("command interrupted by shutdown", "err", err)
-		return
+		return "interrupted"
 	}
 	evClass := events.ClassPermanent
 	switch class {
@@ -511,8 +541,7 @@ func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	case ClassTransient, ClassNotFound:
 		md, merr := msg.Metadata()
 		if merr != nil || md.NumDelivered < bus.AgentMaxDeliver {
-			r.retry(ctx, msg, log, err)
-			return
+			return r.retry(ctx, msg, log, err)
 		}
 		evClass = events.ClassDeadLetter
 	}
@@ -520,17 +549,17 @@ func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	data := events.ProxyFailedData{Class: evClass, Reason: err.Error(), Attempt: attempt}
 	if _, aerr := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyFailed,
 		events.ProxyEventID(proxyID, events.ProxyFailed, uint64(attempt)), data, nil); aerr != nil {
-		r.retry(ctx, msg, log, fmt.Errorf("publish failed: %w", aerr))
-		return
+		return r.retry(ctx, msg, log, fmt.Errorf("publish failed: %w", aerr))
 	}
 	r.ack(ctx, msg, log)
+	return "failed"
 }
 
 // retry asks JetStream to redeliver msg after a backoff that grows with
 // each delivery.
-func (r *Runtime) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger, err error) {
+func (r *Runtime) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger, err error) string {
 	if ctx.Err() != nil {
-		return
+		return "interrupted"
 	}
 	delay := time.Second
 	if md, merr := msg.Metadata(); merr == nil {
@@ -538,6 +567,7 @@ func (r *Runtime) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger
 	}
 	log.Warn("command will be retried", "in", delay.String(), "err", err)
 	_ = msg.NakWithDelay(delay)
+	return "retried"
 }
 
 func backoff(delivered uint64) time.Duration {

@@ -310,11 +310,6 @@ func retired(state string) bool {
 	return state == events.ProxyRetiring || state == events.ProxyFailed
 }
 
-// poolApplied is [events.PoolAppliedData] without its Validate method: the
-// recorded spec is the public one (no password), which PoolSpec.Validate
-// would reject for a pool with auth.
-type poolApplied events.PoolAppliedData
-
 func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string, env events.Envelope) error {
 	kv, err := p.bucket(ctx, &p.pools, bus.BucketPools)
 	if err != nil {
@@ -336,13 +331,9 @@ func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string
 				return err
 			}
 		}
-		var d poolApplied
+		var d events.PoolAppliedData
 		if err := env.DecodeData(&d); err != nil {
 			log.Error("invalid event data; skipped", "err", err)
-			return nil
-		}
-		if d.Revision < 1 {
-			log.Error("invalid event data; skipped", "err", "revision must be 1 or more")
 			return nil
 		}
 		v := Pool{

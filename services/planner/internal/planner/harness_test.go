@@ -119,8 +119,20 @@ type running struct {
 
 func (h *harness) startPlanner(id string, tracer trace.Tracer) *running {
 	h.t.Helper()
+	return h.startPlannerWith(Config{ID: id}, tracer)
+}
+
+func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer) *running {
+	h.t.Helper()
+	id := cfg.ID
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 100 * time.Millisecond
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 3 * time.Second
+	}
 	conn := bustest.Dial(h.t, h.c)
-	p, err := New(conn, Config{ID: id, ReconcileInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second}, testLogger(), tracer)
+	p, err := New(conn, cfg, testLogger(), tracer)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -677,3 +677,86 @@ func (h *harness) feed(p *Planner) {
 		h.t.Fatal(err)
 	}
 }
+
+// TestStuckDecisionsAreReissued shortens the timeouts: a create nobody
+// acted on is issued again with the next attempt, a proxy stuck
+// provisioning fails (timeout) and is replaced, and a delete nobody acted
+// on is issued again.
+func TestStuckDecisionsAreReissued(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	const short = 300 * time.Millisecond
+	r := h.startPlannerWith(Config{ID: "stuck", CreateTimeout: short, ProvisionTimeout: short, RetireTimeout: short}, nil)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	ids, _ := h.requested(1)
+	id := ids[0]
+
+	h.waitFor("create attempt 2", func() bool {
+		for _, c := range h.commandsOf(events.VerbCreate) {
+			if c.Create.ProxyID == id && c.Create.Attempt == 2 &&
+				c.Header.Get(jetstream.MsgIDHeader) == events.CommandID(id, events.VerbCreate, 2) {
+				return true
+			}
+		}
+		return false
+	})
+	var x Proxy
+	h.ok(proxyGet, `{"id":"`+id+`"}`, &x)
+	if x.State != events.ProxyRequested || x.Attempt < 2 {
+		t.Fatalf("after re-issue: got %+v, want requested with attempt 2 or more", x)
+	}
+
+	// The agent starts it, then nothing more happens.
+	h.observe(id, events.ProxyProvisioning, uint64(x.Attempt), events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: x.Attempt})
+	h.waitFor("timeout failure", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyFailed) {
+			var f events.ProxyFailedData
+			if e.ID == id && e.DecodeData(&f) == nil && f.Class == events.ClassTimeout {
+				return true
+			}
+		}
+		return false
+	})
+	// Replaced, and its delete re-issued while no agent answers.
+	h.waitFor("replacement", func() bool { return len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)) >= 2 })
+	h.waitFor("delete attempt 2", func() bool {
+		for _, c := range h.commandsOf(events.VerbDelete) {
+			if c.Delete.ProxyID == id && c.Delete.Attempt == 2 {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// TestCreateForDeadTargetFails: a proxy requested on a target whose agent
+// went away fails (timeout) instead of waiting forever, and is placed
+// elsewhere.
+func TestCreateForDeadTargetFails(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r := h.startPlannerWith(Config{ID: "dead", CreateTimeout: 300 * time.Millisecond}, nil)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	ids, _ := h.requested(1)
+	// t1's agent goes away; t2's arrives.
+	h.mu.Lock()
+	delete(h.hbs, agent.HeartbeatKey("local", "t1"))
+	h.mu.Unlock()
+	if err := h.agents.Delete(context.Background(), agent.HeartbeatKey("local", "t1")); err != nil {
+		t.Fatal(err)
+	}
+	h.agent(agent.Info{Entry: "local", Target: "t2"})
+	h.waitFor("failed", func() bool {
+		var x Proxy
+		h.ok(proxyGet, `{"id":"`+ids[0]+`"}`, &x)
+		return x.State == events.ProxyRetiring && x.FailClass == events.ClassTimeout
+	})
+	_, req := h.requested(2)
+	for id, d := range req {
+		if id != ids[0] && d.Target != "t2" {
+			t.Errorf("replacement on %s, want t2", d.Target)
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/proxmox-agent/internal/pve"
+	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
+)
+
+// The test binary runs main when this variable is set, so the tests start
+// the agent as a real process.
+const runMainEnv = "PROXMOX_AGENT_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Args = append([]string{name}, strings.Fields(os.Getenv("PROXMOX_AGENT_TEST_ARGS"))...)
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func agentCmd(t *testing.T, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "PROXMOX_AGENT_TEST_ARGS="+strings.Join(args, " "))
+	return cmd
+}
+
+func writeConfig(t *testing.T, fake *pvetest.Server, extra string) string {
+	t.Helper()
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte(fake.Token()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "proxmox-agent.yaml")
+	doc := `entry: pve-home
+apiURL: ` + fake.URL + `
+tokenFile: ` + token + `
+fingerprint: "` + pve.FormatFingerprint(fake.Fingerprint()) + `"
+nodes: [pve1, pve2]
+templates: {debian-13: 9000}
+seedsStorage: proxy-seeds
+vlanTag: 4
+` + extra
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestCheckConfigNamesTheKey(t *testing.T) {
+	fake := pvetest.Start(t, pvetest.Options{})
+	path := writeConfig(t, fake, "clone: fast\n")
+	var stderr bytes.Buffer
+	cmd := agentCmd(t, "--config", path, "--check-config")
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("exit = %v, want 2", err)
+	}
+	if !strings.Contains(stderr.String(), `clone: must be "linked" or "full"`) {
+		t.Errorf("stderr = %q", stderr.String())
+	}
+}
+
+// TestOneProcessServesEveryNode starts the agent as a process against the
+// fake and an external NATS server: each node announces itself and answers
+// its own check requests; SIGTERM stops it cleanly.
+func TestOneProcessServesEveryNode(t *testing.T) {
+	fake := pvetest.Start(t, pvetest.Options{Nodes: []string{"pve1", "pve2"}})
+	fake.AddTemplate("pve1", 9000, "debian-13")
+	conn := bustest.Start(t)
+	path := writeConfig(t, fake, "")
+	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"pve1", "pve2"} {
+		for {
+			e, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", n))
+			if err == nil {
+				var hb agent.Heartbeat
+				if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Type != "proxmox" || hb.Target != n {
+					t.Fatalf("heartbeat of %s = %s", n, e.Value())
+				}
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("no heartbeat from node %s; agent stderr:\n%s", n, stderr.String())
+			case err := <-exited:
+				t.Fatalf("agent exited: %v\n%s", err, stderr.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var verdicts []agent.Verdict
+	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
+		t.Fatalf("check answer %s: %v", msg.Data, err)
+	}
+	found := false
+	for _, v := range verdicts {
+		if v.Check == "node pve2" {
+			found = v.OK
+		}
+	}
+	if !found {
+		t.Errorf("check of pve2 = %+v, want node pve2 online", verdicts)
+	}
+	if strings.Contains(stderr.String(), fake.Token()) {
+		t.Error("the agent logged its API token")
+	}
+
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("agent exit after SIGTERM: %v\n%s", err, stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("agent did not stop on SIGTERM")
+	}
+}

@@ -67,15 +67,13 @@ func newHarness(t *testing.T) *harness {
 			case <-hctx.Done():
 				return
 			case <-tk.C:
+				// Under the lock, so a target the test removes is not
+				// announced again behind its back.
 				h.mu.Lock()
-				infos := make([]agent.Info, 0, len(h.hbs))
 				for _, i := range h.hbs {
-					infos = append(infos, i)
+					_ = h.putHeartbeat(hctx, i)
 				}
 				h.mu.Unlock()
-				for _, i := range infos {
-					h.putHeartbeat(hctx, i)
-				}
 			}
 		}
 	}()
@@ -93,6 +91,17 @@ func (h *harness) agent(info agent.Info) {
 	h.hbs[agent.HeartbeatKey(info.Entry, info.Target)] = info
 	h.mu.Unlock()
 	if err := h.putHeartbeat(context.Background(), info); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// goneAgent removes a target's heartbeat, as a stopping agent does.
+func (h *harness) goneAgent(entry, target string) {
+	h.t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.hbs, agent.HeartbeatKey(entry, target))
+	if err := h.agents.Delete(context.Background(), agent.HeartbeatKey(entry, target)); err != nil {
 		h.t.Fatal(err)
 	}
 }

@@ -741,12 +741,7 @@ func TestCreateForDeadTargetFails(t *testing.T) {
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
 	ids, _ := h.requested(1)
 	// t1's agent goes away; t2's arrives.
-	h.mu.Lock()
-	delete(h.hbs, agent.HeartbeatKey("local", "t1"))
-	h.mu.Unlock()
-	if err := h.agents.Delete(context.Background(), agent.HeartbeatKey("local", "t1")); err != nil {
-		t.Fatal(err)
-	}
+	h.goneAgent("local", "t1")
 	h.agent(agent.Info{Entry: "local", Target: "t2"})
 	h.waitFor("failed", func() bool {
 		var x Proxy
@@ -758,5 +753,73 @@ func TestCreateForDeadTargetFails(t *testing.T) {
 		if id != ids[0] && d.Target != "t2" {
 			t.Errorf("replacement on %s, want t2", d.Target)
 		}
+	}
+}
+
+// TestLeaderRecoversUnsentCommands: a leader that crashed between
+// appending a decision and publishing its command left a proxy requested
+// and one retiring with no command. The next leader publishes both, with
+// attempt 1, and decides nothing else.
+func TestLeaderRecoversUnsentCommands(t *testing.T) {
+	h := newHarness(t)
+	first := h.leader()
+	// The entry is known (seen since start) but has no live target.
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.waitFor("agent seen", func() bool {
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		return len(first.agents) == 1
+	})
+	h.goneAgent("local", "t1")
+	h.waitFor("agent gone", func() bool {
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		return len(first.agents) == 0
+	})
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	h.settle(first, 2)
+	first.stop()
+	// No agent was live, so nothing was requested. Now the "crashed
+	// leader's" decisions:
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	ctx := context.Background()
+	decide := func(id, kind string, n uint64, data any, expect uint64) uint64 {
+		seq, err := h.store.Append(ctx, events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, &bus.Expect{Seq: expect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	x, y := events.NewProxyID("demo"), events.NewProxyID("demo")
+	req := func(id string) events.ProxyRequestedData {
+		return events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}
+	}
+	decide(x, events.ProxyRequested, 1, req(x), 0)
+	seq := decide(y, events.ProxyRequested, 1, req(y), 0)
+	decide(y, events.ProxyRetiring, 1, events.ProxyRetiringData{Reason: "scaled down"}, seq)
+	evSeq := h.lastSeq(bus.EventsStream)
+
+	second := h.startPlanner("p2", nil)
+	h.waitFor("leader", second.IsLeader)
+	h.waitFor("recovered commands", func() bool { return len(h.commands()) >= 2 })
+	h.settle(second, 3)
+	cmds := h.commands()
+	if len(cmds) != 2 {
+		t.Fatalf("commands: got %d, want 2", len(cmds))
+	}
+	for _, c := range cmds {
+		switch c.Verb {
+		case events.VerbCreate:
+			if c.Create.ProxyID != x || c.Create.Attempt != 1 {
+				t.Errorf("create: got %+v, want %s attempt 1", c.Create, x)
+			}
+		case events.VerbDelete:
+			if c.Delete.ProxyID != y || c.Delete.Attempt != 1 {
+				t.Errorf("delete: got %+v, want %s attempt 1", c.Delete, y)
+			}
+		}
+	}
+	if got := h.lastSeq(bus.EventsStream); got != evSeq {
+		t.Errorf("events appended by the new leader: last seq %d, want %d", got, evSeq)
 	}
 }

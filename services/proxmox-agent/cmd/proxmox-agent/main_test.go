@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -86,18 +87,17 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	conn := bustest.Start(t)
 	path := writeConfig(t, fake, "")
 	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1")
-	var stderr bytes.Buffer
+	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		_ = cmd.Process.Kill() // an error here means it already exited
+		<-exited
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -119,8 +119,8 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				t.Fatalf("no heartbeat from node %s; agent stderr:\n%s", n, stderr.String())
-			case err := <-exited:
-				t.Fatalf("agent exited: %v\n%s", err, stderr.String())
+			case <-exited:
+				t.Fatalf("agent exited: %v\n%s", waitErr, stderr.String())
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
@@ -142,17 +142,34 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	if !found {
 		t.Errorf("check of pve2 = %+v, want node pve2 online", verdicts)
 	}
-	if strings.Contains(stderr.String(), fake.Token()) {
-		t.Error("the agent logged its API token")
-	}
-
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("agent exit after SIGTERM: %v\n%s", err, stderr.String())
+	case <-exited:
+		if waitErr != nil {
+			t.Errorf("agent exit after SIGTERM: %v\n%s", waitErr, stderr.String())
 		}
 	case <-ctx.Done():
 		t.Fatal("agent did not stop on SIGTERM")
 	}
+	if strings.Contains(stderr.String(), fake.Token()) {
+		t.Error("the agent logged its API token")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,0 +1,159 @@
+// Command local-agent is the proxyfleet agent of the local backend: it runs
+// each proxy as its own process on this machine (the built-in forward proxy,
+// or Squid with --squid) and executes the planner's commands for its entry
+// and target. "local-agent proxy" runs one built-in proxy in the foreground;
+// the agent starts it that way.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/service"
+	"proxyfleet/services/local-agent/internal/local"
+)
+
+const name = "local-agent"
+
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "proxy" {
+		return runProxy(args[1:], stderr)
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var common service.Flags
+	common.Register(fs, name)
+	entry := fs.String("entry", "local", "provider entry this agent serves; commands arrive on fleet.cmd.<entry>.<target>.*")
+	target := fs.String("target", defaultTarget(), "target name of this machine; the default is the hostname made a valid identifier")
+	ports := fs.String("ports", "20000-20999", "port range FIRST-LAST that proxies listen on, one port per proxy")
+	bind := fs.String("bind", "127.0.0.1", "address proxies listen on; it is also the host of each proxy's published address")
+	sources := fs.String("source-addrs", "", "comma-separated source addresses for outgoing connections; each proxy gets one, the least used first (empty: the system's choice)")
+	stateDir := fs.String("state-dir", "", "state directory: one <instance>.json per proxy, the marker that finds proxies again after a restart (default <data-dir>/proxies)")
+	squid := fs.String("squid", "", "path of the squid binary (e.g. /usr/sbin/squid) to run each proxy as Squid; empty runs the built-in proxy")
+	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `Usage: %s [flags]
+       %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
+
+Runs the proxyfleet agent of the local backend: every proxy is a process on
+this machine, started in its own session so it outlives the agent, and found
+again from the state directory when the agent restarts.
+
+Flags:
+`, name, name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", name, fs.Arg(0))
+		return 2
+	}
+	cfg := local.Config{Entry: *entry, Target: *target, Bind: *bind, StateDir: *stateDir, Squid: *squid, Capacity: *capacity}
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(common.DataDir, "proxies")
+	}
+	for _, a := range strings.Split(*sources, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.SourceAddrs = append(cfg.SourceAddrs, a)
+		}
+	}
+	var problems []error
+	if fe := events.CheckIdentifier("entry", *entry); fe != nil {
+		problems = append(problems, fmt.Errorf("--entry: %w", fe))
+	}
+	if fe := events.CheckIdentifier("target", *target); fe != nil {
+		problems = append(problems, fmt.Errorf("--target: %w", fe))
+	}
+	pr, err := local.ParsePortRange(*ports)
+	if err != nil {
+		problems = append(problems, fmt.Errorf("--ports: %w", err))
+		pr = local.PortRange{First: 1, Last: 1} // reported; let the other checks run
+	}
+	cfg.Ports = pr
+	exe, err := os.Executable()
+	if err != nil {
+		problems = append(problems, fmt.Errorf("cannot find my own executable: %w", err))
+	}
+	cfg.Executable = exe
+	problems = append(problems, cfg.Problems()...)
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "%s: %v\n", name, p)
+		}
+		fmt.Fprintf(stderr, "%s: see --help\n", name)
+		return 2
+	}
+	return serve(common, cfg)
+}
+
+func serve(common service.Flags, cfg local.Config) int {
+	ctx, stop := service.SignalContext()
+	defer stop()
+	base, err := service.Start(ctx, name, common)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	defer base.Close()
+	drv, err := local.New(cfg, base.Log.With("component", "local"))
+	if err != nil {
+		base.Log.Error("local driver", "err", err)
+		return 1
+	}
+	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
+	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info}, base.Log, base.Tel.Tracer)
+	if err != nil {
+		base.Log.Error("agent runtime", "err", err)
+		return 1
+	}
+	base.Log.Info("local backend", "state_dir", cfg.StateDir, "ports", cfg.Ports.String(), "bind", cfg.Bind, "squid", cfg.Squid)
+	if err := rt.Run(ctx); err != nil {
+		base.Log.Error("agent stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// defaultTarget is the hostname made a valid identifier, or "local".
+func defaultTarget() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "local"
+	}
+	return sanitize(h)
+}
+
+// sanitize lowercases s, turns every character outside [a-z0-9-] into '-',
+// and trims it to the identifier rule; it returns "local" when nothing
+// usable is left.
+func sanitize(s string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			b[i] = '-'
+		}
+	}
+	out := string(b)
+	if len(out) > 63 {
+		out = out[:63]
+	}
+	out = strings.Trim(out, "-")
+	if !events.IsIdentifier(out) {
+		return "local"
+	}
+	return out
+}

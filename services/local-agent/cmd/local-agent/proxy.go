@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"proxyfleet/pkg/service"
+	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/local-agent/internal/forwardproxy"
+)
+
+// runProxy is "local-agent proxy": one built-in forward proxy in the
+// foreground until SIGTERM or SIGINT.
+func runProxy(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(name+" proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "", "HOST:PORT to listen on (required)")
+	authFile := fs.String("auth-file", "", "file with one line username:password, mode 0600; clients must send these credentials (Proxy-Authorization: Basic)")
+	source := fs.String("source-addr", "", "source IP address of outgoing connections (empty: the system's choice)")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, `Usage: %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
+
+Runs one forward HTTP proxy (absolute-URI requests and CONNECT tunnels) in
+the foreground. The password is read from a file, never from the command
+line, which every user can see.
+
+Flags:
+`, name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var problems []string
+	if _, _, err := net.SplitHostPort(*listen); err != nil {
+		problems = append(problems, fmt.Sprintf("--listen %q: want HOST:PORT", *listen))
+	}
+	cfg := forwardproxy.Config{}
+	if *source != "" {
+		if cfg.SourceAddr = net.ParseIP(*source); cfg.SourceAddr == nil {
+			problems = append(problems, fmt.Sprintf("--source-addr %q: want an IP address", *source))
+		}
+	}
+	if *authFile != "" {
+		creds, err := forwardproxy.ReadAuthFile(*authFile)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("--auth-file: %v", err))
+		}
+		cfg.Auth = creds
+	}
+	level, err := telemetry.ParseLevel(*logLevel)
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("--log-level %q: want debug, info, warn or error", *logLevel))
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintf(stderr, "%s proxy: %s\n", name, p)
+		}
+		return 2
+	}
+	log := telemetry.NewLogger(stderr, level, name+"-proxy")
+	cfg.Log = log
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Error("listen", "err", err)
+		return 1
+	}
+	srv := forwardproxy.Server(forwardproxy.New(cfg))
+	ctx, stop := service.SignalContext()
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	log.Info("proxy listening", "addr", ln.Addr().String(), "auth", cfg.Auth != nil, "source_addr", *source)
+	select {
+	case err := <-done:
+		log.Error("serve", "err", err)
+		return 1
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		_ = srv.Close()
+	}
+	log.Info("proxy stopped")
+	return 0
+}
+

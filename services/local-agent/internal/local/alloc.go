@@ -1,0 +1,131 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"proxyfleet/pkg/agent"
+)
+
+// allocate picks a free port and the least-used source address for a new
+// instance and writes its state (without a pid) before anything starts.
+func (d *Driver) allocate(spec agent.Spec) (*state, error) {
+	d.allocMu.Lock()
+	defer d.allocMu.Unlock()
+	states, err := d.states.list()
+	if err != nil {
+		return nil, err
+	}
+	if len(states) >= d.cfg.EffectiveCapacity() {
+		return nil, agent.Wrapf(agent.ErrQuotaExceeded, "capacity of %d proxies reached on %s", d.cfg.EffectiveCapacity(), d.cfg.Target)
+	}
+	port, err := d.freePort(states)
+	if err != nil {
+		return nil, err
+	}
+	mode := modeBuiltin
+	if d.cfg.Squid != "" {
+		mode = modeSquid
+	}
+	s := &state{
+		Kind: stateKind, Name: spec.Name, Marker: spec.Marker(),
+		Bind: d.cfg.bind(), Port: port, SourceAddr: d.sourceAddr(states), Mode: mode,
+	}
+	if err := d.states.write(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// reallocate moves s, whose process is not running, to a free port.
+func (d *Driver) reallocate(s *state) (*state, error) {
+	d.allocMu.Lock()
+	defer d.allocMu.Unlock()
+	states, err := d.states.list()
+	if err != nil {
+		return nil, err
+	}
+	port, err := d.freePort(states)
+	if err != nil {
+		return nil, err
+	}
+	moved := *s
+	moved.Port, moved.PID, moved.StartTime = port, 0, 0
+	if err := d.states.write(&moved); err != nil {
+		return nil, err
+	}
+	d.log.Warn("port taken by another program; proxy moved", "instance", s.Name, "from", s.Port, "to", port)
+	return &moved, nil
+}
+
+// freePort returns the lowest port of the range that no state records and
+// that can be bound now.
+func (d *Driver) freePort(states []*state) (int, error) {
+	used := make(map[int]bool, len(states))
+	for _, s := range states {
+		used[s.Port] = true
+	}
+	for p := d.cfg.Ports.First; p <= d.cfg.Ports.Last; p++ {
+		if !used[p] && bindable(joinHostPort(d.cfg.bind(), p)) {
+			return p, nil
+		}
+	}
+	return 0, agent.Wrapf(agent.ErrQuotaExceeded, "no free port in %s on %s", d.cfg.Ports, d.cfg.bind())
+}
+
+// sourceAddr returns the configured source address used by the fewest
+// instances (the first listed on a tie), or "" when none is configured.
+func (d *Driver) sourceAddr(states []*state) string {
+	if len(d.cfg.SourceAddrs) == 0 {
+		return ""
+	}
+	count := map[string]int{}
+	for _, s := range states {
+		count[s.SourceAddr]++
+	}
+	best := d.cfg.SourceAddrs[0]
+	for _, a := range d.cfg.SourceAddrs[1:] {
+		if count[a] < count[best] {
+			best = a
+		}
+	}
+	return best
+}
+
+// Check reports whether the state directory is writable, how many ports
+// are left, and whether the proxy binary is present.
+func (d *Driver) Check(ctx context.Context) []agent.Verdict {
+	var out []agent.Verdict
+	v := agent.Verdict{Check: "state-dir", OK: true, Detail: d.cfg.StateDir + " is writable"}
+	if f, err := os.CreateTemp(d.cfg.StateDir, ".check-*"); err != nil {
+		v.OK, v.Detail = false, err.Error()
+	} else {
+		f.Close()
+		os.Remove(f.Name())
+	}
+	out = append(out, v)
+
+	states, err := d.states.list()
+	v = agent.Verdict{Check: "ports", OK: true}
+	if err != nil {
+		v.OK, v.Detail = false, err.Error()
+	} else {
+		free := d.cfg.Ports.Size() - len(states)
+		room := min(free, d.cfg.EffectiveCapacity()-len(states))
+		v.OK = room > 0
+		v.Detail = fmt.Sprintf("%d proxies, room for %d more (ports %s, capacity %d)", len(states), max(room, 0), d.cfg.Ports, d.cfg.EffectiveCapacity())
+	}
+	out = append(out, v)
+
+	bin, name := d.cfg.Executable, "proxy-binary"
+	if d.cfg.Squid != "" {
+		bin, name = d.cfg.Squid, "squid"
+	}
+	v = agent.Verdict{Check: name, OK: true, Detail: bin}
+	if err := executable(bin); err != nil {
+		v.OK, v.Detail = false, bin+": "+err.Error()
+	}
+	out = append(out, v)
+	return out
+}

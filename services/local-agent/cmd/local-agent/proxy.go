@@ -96,4 +96,3 @@ Flags:
 	log.Info("proxy stopped")
 	return 0
 }
-

@@ -282,7 +282,6 @@ func TestAuthAndSourceAddresses(t *testing.T) {
 	}
 }
 
-
 func TestCheck(t *testing.T) {
 	d := newDriver(t, Config{Capacity: 2})
 	ctx := ctxT(t)

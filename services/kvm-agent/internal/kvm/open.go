@@ -28,6 +28,9 @@ type Options struct {
 	HTTP *http.Client
 	// ProgressEvery is the interval of progress messages (default 1s).
 	ProgressEvery time.Duration
+	// Dialer replaces the dialer the config describes (tests wrap it to
+	// break connections).
+	Dialer func(configured libvirt.Dialer) libvirt.Dialer
 }
 
 // Stack is a driver with what it was built on.
@@ -56,6 +59,9 @@ func Open(cfg *config.Config, o Options) *Stack {
 			addr = net.JoinHostPort(addr, "22")
 		}
 		d = libvirt.SSHDialer{Addr: addr, User: s.User, KeyFile: s.KeyFile, KnownHostsFile: s.KnownHostsFile, Socket: s.Socket}
+	}
+	if o.Dialer != nil {
+		d = o.Dialer(d)
 	}
 	transfer := time.Duration(cfg.Libvirt.TransferTimeout)
 	host := libvirt.NewHost(d, libvirt.Options{URI: cfg.Libvirt.URI, RPCTimeout: time.Duration(cfg.Libvirt.RPCTimeout), TransferTimeout: transfer}, log.With("component", "libvirt"))

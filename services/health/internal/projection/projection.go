@@ -46,7 +46,7 @@ func EnsureConsumer(ctx context.Context, c *bus.Conn) (jetstream.Consumer, error
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ackWait,
 		MaxAckPending: 1,
-		Replicas:      c.Replicas(),
+		// Replicas 0: the consumer follows the stream's replica count.
 	})
 }
 
@@ -92,21 +92,60 @@ func New(c *bus.Conn, log *slog.Logger) *Projector {
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
 // rebuild, or a NATS outage) is recreated after a short pause.
 func (p *Projector) Run(ctx context.Context) error {
+	return p.run(ctx, 0)
+}
+
+// Replay drops the views and the consumer (see [Rebuild]) and projects the
+// whole log into them again, returning once every event stored when it
+// started has been applied.
+func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
+	if err := Rebuild(ctx, c); err != nil {
+		return err
+	}
+	st, err := c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.State.LastSeq == 0 {
+		return nil
+	}
+	return New(c, log).run(ctx, info.State.LastSeq)
+}
+
+// errReached ends a consume loop that was asked to stop at a sequence.
+var errReached = errors.New("reached the requested sequence")
+
+// run consumes until ctx ends or, with until > 0, until the event at
+// sequence until is applied.
+func (p *Projector) run(ctx context.Context, until uint64) error {
 	for {
-		err := p.consume(ctx)
+		err := p.consume(ctx, until)
+		if errors.Is(err, errReached) {
+			return nil
+		}
 		if ctx.Err() != nil {
+			if until > 0 {
+				return ctx.Err()
+			}
 			return nil
 		}
 		p.log.Warn("projection consumer stopped; restarting it", "err", err)
 		select {
 		case <-ctx.Done():
+			if until > 0 {
+				return ctx.Err()
+			}
 			return nil
 		case <-time.After(time.Second):
 		}
 	}
 }
 
-func (p *Projector) consume(ctx context.Context) error {
+func (p *Projector) consume(ctx context.Context, until uint64) error {
 	p.proxies, p.pools, p.stream = nil, nil, nil
 	cons, err := EnsureConsumer(ctx, p.conn)
 	if err != nil {
@@ -128,12 +167,20 @@ func (p *Projector) consume(ctx context.Context) error {
 			_ = msg.Term()
 			continue
 		}
-		if err := p.applyRetrying(ctx, msg, md.Sequence.Stream); err != nil {
+		seq := md.Sequence.Stream
+		if err := p.applyRetrying(ctx, msg, seq); err != nil {
 			return err
+		}
+		if until > 0 && seq >= until {
+			// Confirmed, so the caller may exit right away.
+			if err := msg.DoubleAck(ctx); err != nil {
+				return err
+			}
+			return errReached
 		}
 		if err := msg.Ack(); err != nil {
 			// The event comes back after ackWait and is skipped by its sequence.
-			p.log.Warn("ack failed", "seq", md.Sequence.Stream, "err", err)
+			p.log.Warn("ack failed", "seq", seq, "err", err)
 		}
 	}
 }

@@ -470,6 +470,13 @@ func TestRebuildGivesIdenticalViews(t *testing.T) {
 	if _, err := e.conn.JS.Consumer(e.ctx, bus.EventsStream, projection.ConsumerName); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("consumer after rebuild: got %v, want ErrConsumerNotFound", err)
 	}
+	// Replay drops again and projects the whole log, returning when done.
+	if err := projection.Replay(e.ctx, e.conn, nil); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	diffDumps(t, e.dump(), before)
+
+	// A projector started afterwards resumes at the end: nothing changes.
 	e.run()
 	e.caughtUp()
 	diffDumps(t, e.dump(), before)

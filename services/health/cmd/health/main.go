@@ -1,0 +1,177 @@
+// Command health is proxyfleet's health service: it projects FLEET_EVENTS
+// into the fleet-proxies and fleet-pools views, probes every proxy through
+// itself against an echo endpoint (which it also serves), appends ready and
+// unhealthy events on transitions, and polls agents' checks into
+// fleet-targets.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"proxyfleet/pkg/service"
+	"proxyfleet/services/health/internal/echo"
+	"proxyfleet/services/health/internal/probe"
+	"proxyfleet/services/health/internal/projection"
+	"proxyfleet/services/health/internal/targets"
+)
+
+const usage = `health projects the proxyfleet event log into KV views, probes every proxy
+through itself and reports ready/unhealthy transitions.
+
+  fleet-proxies  one key per proxy: pool, state, address, …   (rebuildable)
+  fleet-pools    one key per pool: spec and revision          (rebuildable)
+  fleet-probes   probe counters: latency, failure streak, egress IP, shared egress
+  fleet-targets  each live agent's check verdicts
+
+Usage:
+  health [flags]
+  health --nats-url nats://127.0.0.1:4222 --data-dir .run/health
+  health --rebuild-views    drop the two views and the projection consumer, replay
+                            the whole log into them, and exit (stop the running
+                            health service first; start it again afterwards)
+
+Flags:
+`
+
+type flags struct {
+	base           service.Flags
+	probeInterval  time.Duration
+	probeTimeout   time.Duration
+	probeConc      int
+	unhealthyAfter int
+	echoAddr       string
+	echoURL        string
+	checkInterval  time.Duration
+	checkTimeout   time.Duration
+	rebuild        bool
+}
+
+func parse(args []string) (*flags, error) {
+	var f flags
+	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	f.base.Register(fs, "health")
+	fs.DurationVar(&f.probeInterval, "probe-interval", 5*time.Second, "time between two probes of one proxy (jittered by ±20%)")
+	fs.DurationVar(&f.probeTimeout, "probe-timeout", 3*time.Second, "bound of each check of a probe (plain HTTP, CONNECT)")
+	fs.IntVar(&f.probeConc, "probe-concurrency", 32, "probes in flight at most")
+	fs.IntVar(&f.unhealthyAfter, "unhealthy-after", 3, "consecutive failed probes that make a proxy unhealthy")
+	fs.StringVar(&f.echoAddr, "echo-addr", "127.0.0.1:8480", "serve the egress echo endpoint (GET / → {\"ip\":…}) here; empty disables it")
+	fs.StringVar(&f.echoURL, "echo-url", "", "echo URL the probes fetch through each proxy; answers JSON with \"ip\" or a plain-text IP (default: http://<echo-addr>/)")
+	fs.DurationVar(&f.checkInterval, "check-interval", 30*time.Second, "time between two rounds of agent checks")
+	fs.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Second, "how long one agent may take to answer its check")
+	fs.BoolVar(&f.rebuild, "rebuild-views", false, "drop fleet-proxies, fleet-pools and the projection consumer, replay FLEET_EVENTS into them, and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if f.echoAddr == "" && f.echoURL == "" {
+		return nil, errors.New("--echo-url is required when --echo-addr is empty")
+	}
+	return &f, nil
+}
+
+func main() {
+	f, err := parse(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "health:", err)
+		os.Exit(2)
+	}
+	if err := run(f); err != nil {
+		fmt.Fprintln(os.Stderr, "health:", err)
+		os.Exit(1)
+	}
+}
+
+func run(f *flags) error {
+	ctx, stop := service.SignalContext()
+	defer stop()
+	base, err := service.Start(ctx, "health", f.base)
+	if err != nil {
+		return err
+	}
+	defer base.Close()
+	log := base.Log
+
+	if f.rebuild {
+		log.Info("dropping the views and replaying the event log into them")
+		if err := projection.Replay(ctx, base.Conn, log); err != nil {
+			return fmt.Errorf("rebuild views: %w", err)
+		}
+		log.Info("views rebuilt")
+		return nil
+	}
+
+	echoURL := f.echoURL
+	var echoSrv *http.Server
+	if f.echoAddr != "" {
+		ln, err := net.Listen("tcp", f.echoAddr)
+		if err != nil {
+			return fmt.Errorf("echo endpoint: %w", err)
+		}
+		if echoURL == "" {
+			echoURL = echo.URL(ln.Addr().String())
+		}
+		echoSrv = &http.Server{Handler: echo.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = echoSrv.Serve(ln) }()
+		log.Info("echo endpoint serving", "addr", ln.Addr().String())
+	}
+
+	prober, err := probe.New(base.Conn, probe.Config{
+		EchoURL: echoURL, Interval: f.probeInterval, Timeout: f.probeTimeout,
+		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter,
+	}, log)
+	if err != nil {
+		return err
+	}
+	checker := targets.New(base.Conn, targets.Config{Interval: f.checkInterval, Timeout: f.checkTimeout}, log)
+	projector := projection.New(base.Conn, log)
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
+	for name, fn := range map[string]func(context.Context) error{
+		"projection": projector.Run, "probe": prober.Run, "targets": checker.Run,
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(rctx); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	log.Info("health started", "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", base.Conn.ClientURL())
+	<-rctx.Done()
+	log.Info("health stopping")
+	wg.Wait()
+	if echoSrv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		_ = echoSrv.Shutdown(sctx)
+	}
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	log.Info("health stopped")
+	return nil
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/health/internal/projection"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParseFlags(t *testing.T) {
+	f, err := parse([]string{"--nats-url", "nats://127.0.0.1:4222", "--data-dir", "d", "--probe-interval", "2s", "--unhealthy-after", "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.base.NATSURL != "nats://127.0.0.1:4222" || f.base.DataDir != "d" || f.probeInterval != 2*time.Second ||
+		f.unhealthyAfter != 5 || f.probeTimeout != 3*time.Second || f.probeConc != 32 || f.echoAddr != "127.0.0.1:8480" || f.checkInterval != 30*time.Second {
+		t.Fatalf("parsed %+v", f)
+	}
+	if _, err := parse([]string{"--echo-addr", ""}); err == nil {
+		t.Fatal("no echo at all: want an error")
+	}
+	if _, err := parse([]string{"stray"}); err == nil {
+		t.Fatal("stray argument: want an error")
+	}
+}
+
+// syncBuf collects a process's output.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestBinaryProjectsRebuildsAndStops runs the real binary against a NATS
+// server: it projects the log and probes, stops cleanly on SIGTERM, and
+// `health --rebuild-views` replays the log into identical views and exits.
+func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "health")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	c := bustest.Start(t)
+	store := bus.NewEventStore(c, "test", nil)
+	appendEv := func(agg, id, kind string, data any) {
+		t.Helper()
+		if _, err := store.Append(ctx, agg, id, kind, id+"."+kind, data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendEv(events.AggregatePool, "demo", events.PoolApplied, events.PoolAppliedData{
+		Spec: events.PoolSpec{Name: "demo", Provider: "local", Size: 2, Port: 3128}, Revision: 1})
+	for _, id := range []string{"demo-a", "demo-b"} {
+		appendEv(events.AggregateProxy, id, events.ProxyRequested, events.ProxyRequestedData{
+			Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128})
+	}
+	// Nothing listens here: the proxy is probed and found unhealthy.
+	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+
+	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--replicas", "1", "--data-dir", t.TempDir(),
+		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s")
+	out := &syncBuf{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("timed out waiting for %s\n%s", what, out)
+			case <-exited:
+				t.Fatalf("health exited (%v) while waiting for %s\n%s", waitErr, what, out)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	proxies, err := c.JS.KeyValue(ctx, bus.BucketProxies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func(id string) string {
+		e, err := proxies.Get(ctx, id)
+		if err != nil {
+			return ""
+		}
+		var v projection.Proxy
+		_ = json.Unmarshal(e.Value(), &v)
+		return v.State
+	}
+
+	eventually("demo-a unhealthy", func() bool { return state("demo-a") == events.ProxyUnhealthy })
+	eventually("demo-b requested", func() bool { return state("demo-b") == events.ProxyRequested })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("health exited with %v\n%s", waitErr, out)
+		}
+	case <-ctx.Done():
+		t.Fatalf("health did not stop on SIGTERM\n%s", out)
+	}
+	if !strings.Contains(out.String(), "health stopped") {
+		t.Fatalf("no clean stop in the log:\n%s", out)
+	}
+	before := dump(t, ctx, c)
+	if len(before) != 3 {
+		t.Fatalf("views: got %d keys, want 3 (2 proxies, 1 pool)", len(before))
+	}
+
+	// One-shot rebuild: drops the views, replays, exits 0.
+	rb := exec.CommandContext(ctx, bin, "--nats-url", c.ClientURL(), "--replicas", "1", "--data-dir", t.TempDir(), "--rebuild-views")
+	outRB, err := rb.CombinedOutput()
+	if err != nil {
+		t.Fatalf("health --rebuild-views: %v\n%s", err, outRB)
+	}
+	if !strings.Contains(string(outRB), "views rebuilt") {
+		t.Fatalf("--rebuild-views did not report a rebuild:\n%s", outRB)
+	}
+	after := dump(t, ctx, c)
+	for k := range mergeKeys(before, after) {
+		if !bytes.Equal(after[k], before[k]) {
+			t.Errorf("%s after rebuild:\n got  %s\n want %s", k, after[k], before[k])
+		}
+	}
+}
+
+func mergeKeys(a, b map[string][]byte) map[string]bool {
+	out := map[string]bool{}
+	for k := range a {
+		out[k] = true
+	}
+	for k := range b {
+		out[k] = true
+	}
+	return out
+}
+
+func dump(t *testing.T, ctx context.Context, c *bus.Conn) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, b := range []string{bus.BucketProxies, bus.BucketPools} {
+		kv, err := c.JS.KeyValue(ctx, b)
+		if err != nil {
+			continue // being recreated
+		}
+		keys, err := kv.Keys(ctx)
+		if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+			continue
+		}
+		for _, k := range keys {
+			if e, err := kv.Get(ctx, k); err == nil {
+				out[b+"/"+k] = e.Value()
+			}
+		}
+	}
+	return out
+}

@@ -68,9 +68,9 @@ Flags:
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	client, err := pve.New(pve.Config{URL: cfg.APIURL, TokenFile: cfg.TokenFile, CAFile: cfg.CAFile,
-		Fingerprint: cfg.Fingerprint, TaskPollInterval: cfg.TaskPoll(), RequestTimeout: cfg.Timeout()})
-	if err != nil {
+	clientCfg := pve.Config{URL: cfg.APIURL, TokenFile: cfg.TokenFile, CAFile: cfg.CAFile,
+		Fingerprint: cfg.Fingerprint, TaskPollInterval: cfg.TaskPoll(), RequestTimeout: cfg.Timeout()}
+	if _, err := pve.New(clientCfg); err != nil {
 		fmt.Fprintf(stderr, "%s: %s: %v\n", name, *cfgPath, err)
 		return 2
 	}
@@ -87,6 +87,12 @@ Flags:
 		return 1
 	}
 	defer base.Close()
+	clientCfg.Log, clientCfg.Tracer = base.Log.With("component", "pve"), base.Tel.Tracer
+	client, err := pve.New(clientCfg)
+	if err != nil {
+		base.Log.Error("Proxmox VE client", "err", err)
+		return 1
+	}
 	kv, err := base.Conn.JS.KeyValue(ctx, bus.BucketVMIDs)
 	if err != nil {
 		base.Log.Error("VMID bucket", "bucket", bus.BucketVMIDs, "err", err)

@@ -86,7 +86,7 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	fake.AddTemplate("pve1", 9000, "debian-13")
 	conn := bustest.Start(t)
 	path := writeConfig(t, fake, "")
-	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1")
+	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1", "--log-level", "debug")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -151,7 +151,12 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("agent did not stop on SIGTERM")
 	}
-	if strings.Contains(stderr.String(), fake.Token()) {
+	logs := stderr.String()
+	if !strings.Contains(logs, `"route":"/cluster/resources"`) {
+		t.Errorf("no debug line per API call in the log:\n%s", logs)
+	}
+	_, secret, _ := strings.Cut(fake.Token(), "=")
+	if strings.Contains(logs, secret) {
 		t.Error("the agent logged its API token")
 	}
 }

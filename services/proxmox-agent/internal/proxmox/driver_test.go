@@ -416,3 +416,60 @@ func TestCheck(t *testing.T) {
 		t.Errorf("offline node: %+v / %+v, want both failing", v["node pve1"], v["storage proxy-seeds"])
 	}
 }
+
+func TestImmediateLockTimeoutOnCloneIsRetried(t *testing.T) {
+	e := newEnv(t, pvetest.Options{})
+	d := e.driver()
+	ctx := ctxT(t, 30*time.Second)
+	s := spec("web-locktimeou")
+	id, err := d.Prepare(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProviderID = id
+	e.fake.FailNext("POST", "/nodes/{node}/qemu/{vmid}/clone", 500, "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout")
+	var ae *pve.APIError
+	if _, err := d.Create(ctx, s); !errors.As(err, &ae) || agent.Classify(err) != agent.ClassTransient {
+		t.Fatalf("Create with a lock timeout: %v, want a transient API error", err)
+	}
+	if _, err := d.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, ctx, d, agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: id})
+	if e.fake.Clones() != 1 || len(e.vmsOf(s.ProxyID)) != 1 {
+		t.Errorf("clones = %d, VMs of the proxy = %d; want 1 and 1", e.fake.Clones(), len(e.vmsOf(s.ProxyID)))
+	}
+}
+
+func TestDeleteDuringCloneWaitsThenDestroys(t *testing.T) {
+	e := newEnv(t, pvetest.Options{TaskTicks: 30})
+	ctx := ctxT(t, 30*time.Second)
+	s := spec("web-delclone00")
+	first := e.driver()
+	id, err := first.Prepare(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProviderID = id
+	crashCtx, crash := context.WithCancel(ctx)
+	go func() {
+		for e.fake.Clones() == 0 && crashCtx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		crash()
+	}()
+	_, _ = first.Create(crashCtx, s)
+	crash()
+	if vms := e.fake.VMs(); len(vms) != 1 || vms[0].Conf["lock"] != "clone" {
+		t.Fatalf("VMs = %+v, want one being cloned", vms)
+	}
+	if err := e.driver().Delete(ctx, agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if vms := e.fake.VMs(); len(vms) != 0 {
+		t.Errorf("VMs after delete = %+v", vms)
+	}
+	if keys := e.reservations(); len(keys) != 0 {
+		t.Errorf("reservations after delete = %v", keys)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -23,6 +24,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"proxyfleet/pkg/agent"
 )
@@ -43,15 +49,22 @@ type Config struct {
 	TaskPollInterval time.Duration
 	// RequestTimeout bounds one HTTP request (default 60s; uploads included).
 	RequestTimeout time.Duration
+	// Log gets one debug line per API call (route, status, duration; never
+	// parameter values or bodies). Nil discards.
+	Log *slog.Logger
+	// Tracer makes one client span per API call. Nil means no tracing.
+	Tracer trace.Tracer
 }
 
 // Client talks to one Proxmox VE cluster. It is safe for concurrent use.
 type Client struct {
-	base  *url.URL
-	http  *http.Client
-	auth  string
-	poll  time.Duration
-	trace func(method, path string, params url.Values)
+	base   *url.URL
+	http   *http.Client
+	auth   string
+	poll   time.Duration
+	log    *slog.Logger
+	tracer trace.Tracer
+	trace  func(method, path string, params url.Values)
 }
 
 // New builds a client from cfg: it reads the token file and sets up TLS
@@ -85,11 +98,21 @@ func New(cfg Config) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tlsCfg
 	tr.MaxIdleConnsPerHost = 16
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	tracer := cfg.Tracer
+	if tracer == nil {
+		tracer = noop.NewTracerProvider().Tracer("")
+	}
 	return &Client{
-		base: base,
-		http: &http.Client{Transport: tr, Timeout: timeout},
-		auth: "PVEAPIToken=" + token,
-		poll: poll,
+		base:   base,
+		http:   &http.Client{Transport: tr, Timeout: timeout},
+		auth:   "PVEAPIToken=" + token,
+		poll:   poll,
+		log:    log,
+		tracer: tracer,
 	}, nil
 }
 
@@ -208,9 +231,32 @@ func (c *Client) url(p string) url.URL {
 }
 
 func (c *Client) send(req *http.Request, op string, params url.Values, out any) error {
+	path := strings.TrimPrefix(req.URL.EscapedPath(), "/api2/json")
 	if c.trace != nil {
-		c.trace(req.Method, strings.TrimPrefix(req.URL.EscapedPath(), "/api2/json"), params)
+		c.trace(req.Method, path, params)
 	}
+	route := Route(path)
+	ctx, span := c.tracer.Start(req.Context(), "pve "+req.Method+" "+route, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("http.request.method", req.Method), attribute.String("url.path", path)))
+	defer span.End()
+	req = req.WithContext(ctx)
+	start := time.Now()
+	status := 0
+	var err error
+	defer func() {
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "pve call failed")
+		}
+		c.log.Debug("pve call", "method", req.Method, "route", route, "path", path, "status", status,
+			"duration_ms", time.Since(start).Milliseconds(), "err", err)
+	}()
+	err = c.roundTrip(req, op, &status, out)
+	return err
+}
+
+func (c *Client) roundTrip(req *http.Request, op string, status *int, out any) error {
 	req.Header.Set("Authorization", c.auth)
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
@@ -221,6 +267,7 @@ func (c *Client) send(req *http.Request, op string, params url.Values, out any) 
 		return agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: %w", op, err))
 	}
 	defer resp.Body.Close()
+	*status = resp.StatusCode
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
 	if err != nil {
 		return agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: read answer: %w", op, err))
@@ -244,6 +291,23 @@ func (c *Client) send(req *http.Request, op string, params url.Values, out any) 
 		return agent.Wrap(agent.ErrPermanent, fmt.Errorf("%s: unexpected answer: %w", op, err))
 	}
 	return nil
+}
+
+// routeParams names the path segment that follows each fixed segment.
+var routeParams = map[string]string{"nodes": "{node}", "qemu": "{vmid}", "storage": "{storage}", "content": "{volume}", "tasks": "{upid}"}
+
+// Route returns the schema path of an API path, e.g.
+// "/nodes/{node}/qemu/{vmid}/config" for "/nodes/pve1/qemu/105/config":
+// a low-cardinality name for spans and logs.
+func Route(path string) string {
+	segs := strings.Split(path, "/")
+	for i := 1; i < len(segs); i++ {
+		if p, ok := routeParams[segs[i-1]]; ok && segs[i] != "" {
+			segs[i] = p
+			i++
+		}
+	}
+	return strings.Join(segs, "/")
 }
 
 // APIError is an HTTP error answer of the API.

@@ -263,3 +263,51 @@ func TestUPIDNode(t *testing.T) {
 		t.Error("UPIDNode(garbage) succeeded")
 	}
 }
+
+func TestSharedLockOnAStoppedCloneSource(t *testing.T) {
+	fake := pvetest.Start(t, pvetest.Options{TaskTicks: 50})
+	fake.AddTemplate("pve1", 9000, "debian-13")
+	c := newClient(t, fake)
+	ctx := ctxT(t)
+	u1, err := c.Clone(ctx, "pve1", 9000, 100, pve.CloneOptions{Name: "px-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second clone of the same stopped template runs beside the first.
+	u2, err := c.Clone(ctx, "pve1", 9000, 101, pve.CloneOptions{Name: "px-b"})
+	if err != nil {
+		t.Fatalf("second clone of a stopped template: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"change the template", func() error {
+			return c.SetConfig(ctx, "pve1", 9000, map[string][]string{"cores": {"2"}})
+		}, "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"},
+		{"change the clone", func() error {
+			return c.SetConfig(ctx, "pve1", 100, map[string][]string{"cores": {"2"}})
+		}, "VM is locked (clone)"},
+		{"start the clone", func() error { _, err := c.Start(ctx, "pve1", 100); return err }, "VM is locked (clone)"},
+		{"destroy the clone", func() error { _, err := c.DeleteVM(ctx, "pve1", 101); return err }, "VM is locked (clone)"},
+	} {
+		err := tc.call()
+		var ae *pve.APIError
+		if !errors.As(err, &ae) || ae.Message != tc.want || !errors.Is(err, agent.ErrTransient) {
+			t.Errorf("%s during the clones: %v, want transient %q", tc.name, err, tc.want)
+		}
+	}
+	if err := c.WaitTask(ctx, u1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitTask(ctx, u2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetConfig(ctx, "pve1", 9000, map[string][]string{"cores": {"2"}}); err != nil {
+		t.Errorf("changing the template after the clones: %v", err)
+	}
+	if _, err := c.DeleteVM(ctx, "pve1", 9000); err == nil || !strings.Contains(err.Error(), "linked clone") {
+		t.Errorf("destroying a template with linked clones: %v, want refused", err)
+	}
+}

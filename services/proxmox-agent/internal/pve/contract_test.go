@@ -102,6 +102,9 @@ func TestContractClientCalls(t *testing.T) {
 			continue
 		}
 		seen[s.method+" "+route] = true
+		if got := pve.Route(s.path); got != route {
+			t.Errorf("Route(%q) = %q, want %q", s.path, got, route)
+		}
 		if err := schema.Check(s.method, route, s.params); err != nil {
 			t.Error(err)
 		}

@@ -42,8 +42,8 @@ type Config struct {
 	// port -1 or 0 picks a free port).
 	Listen string
 
-	// Replicas for streams and buckets. 0 means 1 when embedded and 3 when
-	// connected to a cluster.
+	// Replicas for streams and buckets. 0 means 1 when embedded or connected
+	// to a single server, and 3 when connected to a cluster.
 	Replicas int
 }
 
@@ -115,6 +115,10 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	c.NC = nc
+	if cfg.URL != "" && cfg.Replicas == 0 && nc.ConnectedClusterName() == "" {
+		// A single server, not a cluster, cannot hold replicated streams.
+		c.replicas = 1
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		c.Close()

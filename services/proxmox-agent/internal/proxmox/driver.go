@@ -542,8 +542,8 @@ func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error)
 	return inst, nil
 }
 
-// guestIPv4 returns the first global IPv4 address of a non-loopback
-// interface.
+// guestIPv4 returns the first IPv4 address, not link-local, of an
+// interface other than the guest's loopback interface "lo".
 func guestIPv4(ifs []pve.Interface) string {
 	for _, i := range ifs {
 		if i.Name == "lo" {
@@ -551,7 +551,7 @@ func guestIPv4(ifs []pve.Interface) string {
 		}
 		for _, a := range i.IPAddresses {
 			ip := net.ParseIP(a.Address)
-			if a.Type != "ipv4" || ip == nil || ip.To4() == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			if a.Type != "ipv4" || ip == nil || ip.To4() == nil || ip.IsLinkLocalUnicast() || ip.IsUnspecified() {
 				continue
 			}
 			return ip.String()

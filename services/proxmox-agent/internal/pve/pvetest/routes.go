@@ -523,9 +523,11 @@ func (s *Server) current(p pathArgs, _ url.Values) (any, *apiError) {
 	return out, nil
 }
 
-// GuestAddress is the IPv4 address the fake guest agent reports for vmid.
+// GuestAddress is the IPv4 address the fake guest agent reports for vmid:
+// a loopback address, so a test that probes it sends nothing off the
+// machine.
 func GuestAddress(vmid int) string {
-	return fmt.Sprintf("10.4.%d.%d", vmid/250, vmid%250+2)
+	return fmt.Sprintf("127.77.%d.%d", vmid/250, vmid%250+2)
 }
 
 func (s *Server) agentIfaces(p pathArgs, _ url.Values) (any, *apiError) {

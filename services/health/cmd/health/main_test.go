@@ -86,7 +86,7 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	// Nothing listens here: the proxy is probed and found unhealthy.
 	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
 
-	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--replicas", "1", "--data-dir", t.TempDir(),
+	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
 		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s")
 	out := &syncBuf{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -152,7 +152,7 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	}
 
 	// One-shot rebuild: drops the views, replays, exits 0.
-	rb := exec.CommandContext(ctx, bin, "--nats-url", c.ClientURL(), "--replicas", "1", "--data-dir", t.TempDir(), "--rebuild-views")
+	rb := exec.CommandContext(ctx, bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(), "--rebuild-views")
 	outRB, err := rb.CombinedOutput()
 	if err != nil {
 		t.Fatalf("health --rebuild-views: %v\n%s", err, outRB)

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// The test binary doubles as the planner binary: with PF_PLANNER_EXEC set
+// it runs main's run() with the arguments after "--".
+func TestMain(m *testing.M) {
+	if os.Getenv("PF_PLANNER_EXEC") == "1" {
+		for i, a := range os.Args {
+			if a == "--" {
+				os.Args = append([]string{"planner"}, os.Args[i+1:]...)
+				break
+			}
+		}
+		os.Exit(run())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func plannerCmd(t *testing.T, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), "PF_PLANNER_EXEC=1")
+	return cmd
+}
+
+func TestHelpExplains(t *testing.T) {
+	out, err := plannerCmd(t, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"fleet-planner", "fleet.api.pool.apply", "--reconcile-interval", "--create-timeout", "--provision-timeout", "--nats-url", "--data-dir"} {
+		if !strings.Contains(string(out), strings.TrimPrefix(want, "-")) {
+			t.Errorf("--help does not mention %s", want)
+		}
+	}
+	if err := plannerCmd(t, "--no-such-flag").Run(); err == nil {
+		t.Error("an unknown flag: got exit 0, want an error")
+	}
+}
+
+// TestEmbeddedServeAndGracefulStop runs the real process: it embeds NATS,
+// answers the README's request, decides proxies, and stops cleanly on
+// SIGTERM.
+func TestEmbeddedServeAndGracefulStop(t *testing.T) {
+	cmd := plannerCmd(t, "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--reconcile-interval", "100ms")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	lines := make(chan string, 256)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+		close(lines)
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+		}
+	})
+	deadline := time.After(30 * time.Second)
+	var url string
+	for url == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("planner exited before NATS was ready")
+			}
+			var rec struct {
+				Msg string `json:"msg"`
+				URL string `json:"url"`
+			}
+			if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "embedded NATS ready" {
+				url = rec.URL
+			}
+		case <-deadline:
+			t.Fatal("no \"embedded NATS ready\" log line")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test", Replicas: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := json.Marshal(agent.Heartbeat{Info: agent.Info{Entry: "local", Target: "t1", Type: "local"}, At: time.Now()})
+	if _, err := kv.Put(ctx, agent.HeartbeatKey("local", "t1"), hb); err != nil {
+		t.Fatal(err)
+	}
+	var resp *nats.Msg
+	for {
+		// Until the planner has seen the heartbeat, "local" is unknown.
+		resp, err = c.NC.Request(events.APISubject("pool", "apply"), []byte(`{"name":"demo","provider":"local","size":3}`), 10*time.Second)
+		if err == nil && resp.Header.Get("Nats-Service-Error-Code") == "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("apply never accepted: %v %v", err, resp)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// Count by reading the stream by sequence: no consumer is left behind.
+	stream, err := c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		n := 0
+		info, err := stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+			if m, err := stream.GetMsg(ctx, seq); err == nil && strings.HasSuffix(m.Subject, "."+events.ProxyRequested) {
+				n++
+			}
+		}
+		if n == 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("requested events: %d, want 3", n)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	c.Close()
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	for l := range lines {
+		if strings.Contains(l, `"msg":"planner stopped"`) {
+			stopped = true
+		}
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("planner did not exit after SIGTERM")
+	}
+	if !stopped {
+		t.Error("no \"planner stopped\" log line")
+	}
+}

@@ -1,0 +1,194 @@
+package proxmox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testgate"
+	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
+)
+
+// lockedBuffer collects a process's output; safe to read while it runs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// buildServices builds (with the workspace's go, in one invocation) the
+// binaries of the named proxyfleet services into a temporary directory.
+func buildServices(t *testing.T, svcs ...string) string {
+	t.Helper()
+	goBin := testgate.NeedBinary(t, "go", "the end-to-end test builds the planner and health binaries")
+	dir := t.TempDir()
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, s := range svcs {
+		args = append(args, "proxyfleet/services/"+s+"/cmd/"+s)
+	}
+	if out, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("build %v: %v\n%s", svcs, err, out)
+	}
+	return dir
+}
+
+// startService starts the binary of svc from binDir connected to conn, and
+// stops it at the end of the test.
+func startService(t *testing.T, binDir string, conn *bus.Conn, svc string, args ...string) *lockedBuffer {
+	t.Helper()
+	bin := filepath.Join(binDir, svc)
+	args = append([]string{"--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1", "--log-level", "debug"}, args...)
+	cmd := exec.Command(bin, args...)
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", svc, logs.String())
+		}
+	})
+	return logs
+}
+
+// api sends one operator request to the planner and fails the test on an
+// error answer. An answer containing retryWhile is retried until ctx ends.
+func api(t *testing.T, ctx context.Context, conn *bus.Conn, noun, verb string, body any, retryWhile string) []byte {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	for {
+		msg, err := conn.NC.RequestWithContext(ctx, events.APISubject(noun, verb), b)
+		if err == nil {
+			code := msg.Header.Get("Nats-Service-Error-Code")
+			if code != "" && retryWhile != "" && strings.Contains(string(msg.Data), retryWhile) && ctx.Err() == nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			if code != "" {
+				t.Fatalf("%s.%s: error %s %s: %s", noun, verb, code, msg.Header.Get("Nats-Service-Error"), msg.Data)
+			}
+			return msg.Data
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s.%s: %v", noun, verb, err)
+		}
+		time.Sleep(50 * time.Millisecond) // the planner is not serving yet
+	}
+}
+
+// TestPoolThroughPlannerAndHealth: a pool of 3 applied to the planner
+// reaches running on the fake with the guest agent's addresses; deleting
+// the pool leaves no VM, no seed and no VMID reservation.
+func TestPoolThroughPlannerAndHealth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the planner and health services")
+	}
+	e := newEnv(t, pvetest.Options{})
+	ctx := ctxT(t, 4*time.Minute)
+	bins := buildServices(t, "planner", "health")
+	startService(t, bins, e.conn, "planner", "--reconcile-interval", "200ms")
+	startService(t, bins, e.conn, "health", "--echo-addr", "127.0.0.1:0", "--probe-interval", "1s",
+		"--probe-timeout", "500ms", "--check-interval", "1s", "--unhealthy-after", "1000")
+	e.runAgent(e.driver())
+
+	// The planner learns the target from the agent's heartbeat.
+	api(t, ctx, e.conn, "pool", "apply", events.PoolSpec{Name: "web", Provider: entry, Size: 3, Image: "debian-13", Profile: "small"},
+		"no agent announced it")
+
+	store := bus.NewEventStore(e.conn, "test", nil)
+	running := map[string]events.ProxyRunningData{}
+	for len(running) < 3 {
+		for _, v := range e.fake.VMs() {
+			proxy := markerProxy(v.Conf["description"])
+			if proxy == "" || !v.Running {
+				continue
+			}
+			evs, err := store.Load(ctx, events.AggregateProxy, proxy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range evs {
+				if ev.Kind == events.ProxyRunning {
+					var run events.ProxyRunningData
+					if err := ev.DecodeData(&run); err != nil {
+						t.Fatal(err)
+					}
+					if want := pvetest.GuestAddress(v.VMID) + ":3128"; run.Address != want || run.ProviderID != strconv.Itoa(v.VMID) {
+						t.Errorf("proxy %s running at %q on %q, want %q on %d", proxy, run.Address, run.ProviderID, want, v.VMID)
+					}
+					running[proxy] = run
+				}
+			}
+		}
+		if len(running) >= 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d of 3 proxies running; VMs: %+v", len(running), e.fake.VMs())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if n := len(e.fake.VMs()); n != 3 {
+		t.Errorf("%d VMs for a pool of 3", n)
+	}
+
+	api(t, ctx, e.conn, "pool", "delete", map[string]string{"name": "web"}, "")
+	for {
+		vms, seeds, keys := e.fake.VMs(), e.fake.Volumes(node, "proxy-seeds"), e.reservations()
+		if len(vms) == 0 && len(seeds) == 0 && len(keys) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("after the pool's deletion: VMs %+v, seeds %v, VMID reservations %v", vms, seeds, keys)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	for proxy := range running {
+		last, err := store.Last(ctx, events.AggregateProxy, proxy)
+		if err != nil || last == nil || last.Kind != events.ProxyDeleted {
+			t.Errorf("proxy %s: last event %v (%v), want deleted", proxy, last, err)
+		}
+	}
+}
+
+func markerProxy(desc string) string {
+	for _, l := range strings.Split(desc, "\n") {
+		if v, ok := strings.CutPrefix(l, "proxyfleet.proxy: "); ok {
+			return v
+		}
+	}
+	return ""
+}

@@ -473,21 +473,17 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 }
 
 // lookupProxy returns a copy of the proxy with id, or a 422.
-func (p *Planner) lookupProxy(id string) (Proxy, string, *APIError) {
+func (p *Planner) lookupProxy(id string) (Proxy, *APIError) {
 	if fe := events.CheckIdentifier("id", id); fe != nil {
-		return Proxy{}, "", invalid([]events.FieldError{*fe})
+		return Proxy{}, invalid([]events.FieldError{*fe})
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	x := p.st.proxies[id]
 	if x == nil {
-		return Proxy{}, "", notFound("id", "unknown proxy", id)
+		return Proxy{}, notFound("id", "unknown proxy", id)
 	}
-	tp := ""
-	if pl := p.st.pools[x.Pool]; pl != nil {
-		tp = pl.traceparent
-	}
-	return *x, tp, nil
+	return *x, nil
 }
 
 func (p *Planner) proxyGet(_ context.Context, body []byte) (any, *APIError) {
@@ -495,7 +491,7 @@ func (p *Planner) proxyGet(_ context.Context, body []byte) (any, *APIError) {
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
-	x, _, aerr := p.lookupProxy(req.ID)
+	x, aerr := p.lookupProxy(req.ID)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -554,7 +550,7 @@ func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError
 func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup bool) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	for range maxConflictRetries {
-		x, _, aerr := p.lookupProxy(id)
+		x, aerr := p.lookupProxy(id)
 		if aerr != nil {
 			return nil, aerr
 		}
@@ -604,7 +600,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("decision recorded but not yet visible; get the proxy again")
 		}
-		x, _, aerr = p.lookupProxy(id)
+		x, aerr = p.lookupProxy(id)
 		if aerr != nil {
 			return nil, aerr
 		}

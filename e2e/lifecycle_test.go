@@ -98,17 +98,19 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	f.stop("planner")
 	f.startPlanner()
 	// The restarted planner answers from state rebuilt by replay.
-	var list []struct {
-		ID string `json:"id"`
+	var list struct {
+		Proxies []struct {
+			ID string `json:"id"`
+		} `json:"proxies"`
 	}
 	waitFor(t, 30*time.Second, "the restarted planner to list 2 proxies", func() bool {
 		r := f.req("fleet.api.proxy.list", `{"pool":"steady"}`, nil)
 		if r.Code != "" {
 			return false
 		}
-		list = nil
+		list.Proxies = nil
 		parseJSON(t, r.Data, &list)
-		return len(list) == 2
+		return len(list.Proxies) == 2
 	})
 	// Give it several reconcile rounds (200ms each) to misbehave.
 	deadline := time.Now().Add(3 * time.Second)

@@ -173,7 +173,11 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(500*time.Millisecond))
+		wait := 500 * time.Millisecond
+		if !follow {
+			wait = 100 * time.Millisecond
+		}
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 				return ctx.Err()
@@ -195,6 +199,9 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 			}
 			if md.NumPending == 0 || md.Sequence.Stream >= end {
 				if !follow {
+					// Let the fetch finish so no goroutine outlives the read.
+					for range batch.Messages() {
+					}
 					return nil
 				}
 				signal()

@@ -211,7 +211,8 @@ func (d *Driver) instance(s *state, st agent.State, detail string) agent.Instanc
 
 // Get reports the instance's state: running when its process lives and its
 // port accepts, provisioning when it lives but does not accept yet,
-// terminated when no process runs.
+// terminated when no process runs. It records the pid of a live process the
+// state file lacks.
 func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error) {
 	if err := checkName(ref.Name); err != nil {
 		return agent.Instance{}, err
@@ -224,7 +225,22 @@ func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error)
 		return agent.Instance{}, err
 	}
 	if !alive(s.PID, s.StartTime) {
-		if leaders, _ := markedProcesses(d.states.path(s.Name)); len(leaders) == 0 {
+		// A process whose pid never reached the state file (a crash between
+		// start and record) is recorded now.
+		unlock := d.lock(ref.Name)
+		s, err = d.states.read(ref.Name)
+		var found bool
+		if err == nil {
+			found, err = d.adopt(s)
+		}
+		unlock()
+		if errors.Is(err, errNoState) {
+			return agent.Instance{}, agent.Wrapf(agent.ErrNotFound, "instance %s has no state in %s", ref.Name, d.cfg.StateDir)
+		}
+		if err != nil {
+			return agent.Instance{}, err
+		}
+		if !found {
 			return d.instance(s, agent.StateTerminated, "proxy process is not running"), nil
 		}
 	}

@@ -165,6 +165,9 @@ func TestCreateAdoptsProcessWhosePidWasNotRecorded(t *testing.T) {
 	if err != nil || got.State == agent.StateTerminated {
 		t.Fatalf("Get = %+v, %v; want the unrecorded process found", got, err)
 	}
+	if recorded := readState(t, d, sp.Name).PID; recorded != pid {
+		t.Fatalf("state pid after Get = %d, want the found %d", recorded, pid)
+	}
 	if _, err := d2.Create(ctx, sp); err != nil {
 		t.Fatalf("Create: %v", err)
 	}

@@ -1,0 +1,157 @@
+package local
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+)
+
+// startAgentProcess runs the built local-agent binary against conn's server
+// and returns the running command; its output goes to a file in the test's
+// temp dir.
+func startAgentProcess(t *testing.T, conn *bus.Conn, dataDir string, ports PortRange, logName string) *exec.Cmd {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(dataDir, logName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logf.Close() })
+	cmd := exec.Command(agentBin,
+		"--nats-url", conn.ClientURL(),
+		"--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// TestAgentKilledWhileCreating kills the agent process with SIGKILL in the
+// middle of a create (as soon as it reports provisioning, or as soon as the
+// proxy's state file appears), starts it again, and expects exactly one
+// proxy process for the proxy, reported running, and nothing else.
+func TestAgentKilledWhileCreating(t *testing.T) {
+	cases := []struct {
+		name string
+		// killWhen holds once the agent is far enough into the create.
+		killWhen func(store *bus.EventStore, stateFile string) bool
+	}{
+		{"at provisioning", func(store *bus.EventStore, _ string) bool {
+			last, err := store.Last(context.Background(), events.AggregateProxy, "demo-crash")
+			return err == nil && last != nil
+		}},
+		{"at state file", func(_ *bus.EventStore, stateFile string) bool {
+			_, err := os.Stat(stateFile)
+			return err == nil
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { testKilledWhileCreating(t, tc.killWhen) })
+	}
+}
+
+func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string) bool) {
+	conn := bustest.Start(t)
+	o := origin(t)
+	dataDir := t.TempDir()
+	ports := testPorts()
+	store := bus.NewEventStore(conn, "test", nil)
+	ctx := ctxT(t)
+	stateDir := filepath.Join(dataDir, "proxies")
+	t.Cleanup(func() {
+		d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil)
+		if err == nil {
+			cleanupAll(t, d)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpLogs(t, dataDir)
+		}
+	})
+
+	first := startAgentProcess(t, conn, dataDir, ports, "agent-1.log")
+	cmd := createCommand("demo-crash", nil)
+	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
+		t.Fatal(err)
+	}
+	stateFile := filepath.Join(stateDir, cmd.Instance+".json")
+	eventually(t, "the agent to reach the kill point", func() bool { return killWhen(store, stateFile) })
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+
+	startAgentProcess(t, conn, dataDir, ports, "agent-2.log")
+	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	wantServes(t, addr, o)
+
+	d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := d.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != cmd.Instance || list[0].Address != addr {
+		t.Fatalf("state after the crash: %+v, %v; want exactly %s at %s", list, err, cmd.Instance, addr)
+	}
+	s := readState(t, d, cmd.Instance)
+	leaders, all := markedProcesses(d.states.path(cmd.Instance))
+	if len(leaders) != 1 || len(all) != 1 || leaders[0] != s.PID || !alive(s.PID, s.StartTime) {
+		t.Fatalf("proxy processes %v (all %v), state pid %d; want exactly the recorded one", leaders, all, s.PID)
+	}
+	got, err := d.Get(ctx, agent.Ref{Name: cmd.Instance})
+	if err != nil || got.State != agent.StateRunning {
+		t.Fatalf("Get = %+v, %v; want running", got, err)
+	}
+	if n := countMarked(t, stateDir); n != 1 {
+		t.Fatalf("%d proxy processes carry this state directory's marker, want 1", n)
+	}
+	evs, _ := store.Load(ctx, events.AggregateProxy, cmd.ProxyID)
+	running := 0
+	for _, ev := range evs {
+		if ev.Kind == events.ProxyRunning {
+			running++
+		}
+	}
+	if running != 1 {
+		t.Fatalf("%d running events, want 1", running)
+	}
+}
+
+// countMarked counts live session leaders whose marker points into dir.
+func countMarked(t *testing.T, dir string) int {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if filepath.Ext(e.Name()) == ".json" {
+			leaders, _ := markedProcesses(filepath.Join(dir, e.Name()))
+			n += len(leaders)
+		}
+	}
+	return n
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	for _, n := range []string{"agent-1.log", "agent-2.log"} {
+		b, _ := os.ReadFile(filepath.Join(dir, n))
+		t.Logf("%s:\n%s", n, b)
+	}
+}

@@ -40,7 +40,7 @@ func boolean(v string) string {
 
 func dnsName(v string) string {
 	if !dnsNameRE.MatchString(v) {
-		return fmt.Sprintf("value does not match the regex pattern")
+		return "value does not match the regex pattern"
 	}
 	return ""
 }

@@ -1,0 +1,439 @@
+// Package kube is the cloud-agent's Kubernetes backend: an [agent.Driver]
+// that runs one Squid Pod per proxy in one namespace, with the proxyfleet
+// marker as labels, the Squid configuration and the hashed proxy password
+// in a Secret owned by the Pod, and provider IDs "<namespace>/<pod>".
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/cloud-agent/internal/config"
+)
+
+// Marker labels.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "proxyfleet"
+	LabelProxy     = "proxyfleet.io/proxy"
+	LabelPool      = "proxyfleet.io/pool"
+	LabelEntry     = "proxyfleet.io/entry"
+	containerName  = "squid"
+	listPageSize   = 500
+)
+
+// RESTConfig returns the client configuration: the kubeconfig file (and
+// context) when one is named, else the in-cluster service account.
+func RESTConfig(kubeconfig, kubeContext string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config: %w; set kubernetes.kubeconfig when running outside a cluster", err)
+		}
+		return c, nil
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	return c, nil
+}
+
+// Options configure a [Driver].
+type Options struct {
+	Entry string
+	// Namespace is this driver's target.
+	Namespace string
+	// Namespaces are all targets of the entry. The driver of Namespaces[0]
+	// also reports marked Pods in namespaces that are no target (left from
+	// an earlier config), so garbage collection still reaches them.
+	Namespaces []string
+	Config     config.Kubernetes
+	Log        *slog.Logger
+}
+
+// Driver is the Kubernetes [agent.Driver] for one namespace.
+type Driver struct {
+	cs  kubernetes.Interface
+	o   Options
+	log *slog.Logger
+}
+
+var _ agent.Driver = (*Driver)(nil)
+
+// New returns a driver using cs.
+func New(cs kubernetes.Interface, o Options) *Driver {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if len(o.Namespaces) == 0 {
+		o.Namespaces = []string{o.Namespace}
+	}
+	if o.Config.Image == "" {
+		o.Config.Image = config.DefaultSquidImage
+	}
+	if o.Config.AuthHelper == "" {
+		o.Config.AuthHelper = config.DefaultAuthHelper
+	}
+	return &Driver{cs: cs, o: o, log: o.Log.With("namespace", o.Namespace)}
+}
+
+// ProviderID returns "<namespace>/<pod>".
+func ProviderID(namespace, pod string) string { return namespace + "/" + pod }
+
+func (d *Driver) locate(ref agent.Ref) (namespace, name string, err error) {
+	if ref.ProviderID == "" {
+		if ref.Name == "" {
+			return "", "", agent.Wrapf(agent.ErrPermanent, "reference to proxy %s has neither a provider ID nor a name", ref.ProxyID)
+		}
+		return d.o.Namespace, ref.Name, nil
+	}
+	ns, name, ok := strings.Cut(ref.ProviderID, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", agent.Wrapf(agent.ErrPermanent, "provider ID %q is not <namespace>/<pod>", ref.ProviderID)
+	}
+	return ns, name, nil
+}
+
+func markerLabels(m agent.Marker) map[string]string {
+	return map[string]string{LabelManagedBy: ManagedBy, LabelProxy: m.ProxyID, LabelPool: m.Pool, LabelEntry: m.Entry}
+}
+
+func markerOf(labels map[string]string) agent.Marker {
+	return agent.Marker{ProxyID: labels[LabelProxy], Pool: labels[LabelPool], Entry: labels[LabelEntry]}
+}
+
+// Create makes the Pod and its Secret. A Pod of the same name carrying this
+// proxy's marker is an earlier attempt's and is adopted; any other is left
+// alone and the create fails permanently.
+func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, error) {
+	for field, v := range map[string]string{"proxy": spec.ProxyID, "pool": spec.Pool, "entry": spec.Entry} {
+		if !events.IsIdentifier(v) {
+			return agent.Instance{}, agent.Wrapf(agent.ErrPermanent, "%s %q cannot be a label value", field, v)
+		}
+	}
+	if spec.Auth != nil && spec.Auth.Password == "" {
+		return agent.Instance{}, agent.Wrapf(agent.ErrPermanent, "pool %s asks for basic auth without a password", spec.Pool)
+	}
+	pod, err := d.podFor(spec)
+	if err != nil {
+		return agent.Instance{}, err
+	}
+	if len(spec.UserData) > 0 {
+		d.log.Debug("the pool's cloud-init user-data does not apply to Pods and is ignored", "proxy", spec.ProxyID)
+	}
+	pods := d.cs.CoreV1().Pods(d.o.Namespace)
+	got, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		got, err = pods.Get(ctx, spec.Name, metav1.GetOptions{})
+		if err != nil {
+			return agent.Instance{}, fmt.Errorf("pod %s exists but cannot be read: %w", spec.Name, classify(err))
+		}
+		if m := markerOf(got.Labels); m != spec.Marker() {
+			return agent.Instance{}, agent.Wrapf(agent.ErrPermanent,
+				"pod %s/%s exists without the marker of proxy %s (labels say %+v); it is left alone", d.o.Namespace, spec.Name, spec.ProxyID, m)
+		}
+	} else if err != nil {
+		return agent.Instance{}, fmt.Errorf("create pod %s/%s: %w", d.o.Namespace, spec.Name, classify(err))
+	}
+	if err := d.ensureSecret(ctx, spec, got); err != nil {
+		return agent.Instance{}, err
+	}
+	return d.toInstance(got), nil
+}
+
+func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
+	c := d.o.Config
+	image := c.Image
+	if spec.Image != "" {
+		var ok bool
+		if image, ok = c.Images[spec.Image]; !ok {
+			return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", spec.Image, d.o.Entry, strings.Join(sortedKeys(c.Images), ", "))
+		}
+	}
+	var res corev1.ResourceRequirements
+	if spec.Profile != "" {
+		p, ok := c.Profiles[spec.Profile]
+		if !ok {
+			return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", spec.Profile, d.o.Entry, strings.Join(sortedKeys(c.Profiles), ", "))
+		}
+		var err error
+		if res, err = resources(p); err != nil {
+			return nil, agent.Wrapf(agent.ErrPermanent, "profile %s of entry %s: %w", spec.Profile, d.o.Entry, err)
+		}
+	}
+	port := int32(spec.Port)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: d.o.Namespace, Labels: markerLabels(spec.Marker())},
+		Spec: corev1.PodSpec{
+			RestartPolicy:      corev1.RestartPolicyAlways,
+			ServiceAccountName: c.ServiceAccountName,
+			NodeSelector:       c.NodeSelector,
+			// The proxy needs no API access.
+			AutomountServiceAccountToken: new(false),
+			Containers: []corev1.Container{{
+				Name:    containerName,
+				Image:   image,
+				Command: []string{"squid", "-N", "-f", configDir + "/" + squidConfKey},
+				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)},
+				}, PeriodSeconds: 5},
+				Resources:    res,
+				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}},
+			}},
+			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: spec.Name, DefaultMode: new(int32(0o444))},
+			}}},
+		},
+	}
+	for _, s := range c.ImagePullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	return pod, nil
+}
+
+func resources(p config.Resources) (corev1.ResourceRequirements, error) {
+	var r corev1.ResourceRequirements
+	set := func(list *corev1.ResourceList, name corev1.ResourceName, v string) error {
+		if v == "" {
+			return nil
+		}
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", name, v, err)
+		}
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[name] = q
+		return nil
+	}
+	return r, errors.Join(
+		set(&r.Requests, corev1.ResourceCPU, p.CPU), set(&r.Requests, corev1.ResourceMemory, p.Memory),
+		set(&r.Limits, corev1.ResourceCPU, p.CPULimit), set(&r.Limits, corev1.ResourceMemory, p.MemoryLimit))
+}
+
+// ensureSecret writes the Pod's Squid configuration and htpasswd into a
+// Secret of the Pod's name, owned by the Pod so it goes with it.
+func (d *Driver) ensureSecret(ctx context.Context, spec agent.Spec, pod *corev1.Pod) error {
+	data := map[string][]byte{squidConfKey: []byte(squidConf(spec.Port, spec.Auth, d.o.Config.AuthHelper))}
+	if spec.Auth != nil {
+		data[htpasswdKey] = []byte(htpasswdLine(spec.Auth))
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: spec.Name, Namespace: pod.Namespace, Labels: markerLabels(spec.Marker()),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: data,
+	}
+	secrets := d.cs.CoreV1().Secrets(pod.Namespace)
+	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		old, gerr := secrets.Get(ctx, spec.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return fmt.Errorf("read secret %s/%s: %w", pod.Namespace, spec.Name, classify(gerr))
+		}
+		if m := markerOf(old.Labels); m != spec.Marker() {
+			return agent.Wrapf(agent.ErrPermanent, "secret %s/%s exists without the marker of proxy %s; it is left alone", pod.Namespace, spec.Name, spec.ProxyID)
+		}
+		old.Data, old.OwnerReferences = sec.Data, sec.OwnerReferences
+		_, err = secrets.Update(ctx, old, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("write secret %s/%s: %w", pod.Namespace, spec.Name, classify(err))
+	}
+	return nil
+}
+
+// Get reads one Pod.
+func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error) {
+	ns, name, err := d.locate(ref)
+	if err != nil {
+		return agent.Instance{}, err
+	}
+	pod, err := d.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return agent.Instance{}, fmt.Errorf("get pod %s/%s: %w", ns, name, classify(err))
+	}
+	return d.toInstance(pod), nil
+}
+
+// Delete removes the Pod (and its Secret) after checking it carries the
+// marker of ref's proxy and this entry. A Pod already terminating is left
+// to finish; a Pod already gone is [agent.ErrNotFound].
+func (d *Driver) Delete(ctx context.Context, ref agent.Ref) error {
+	ns, name, err := d.locate(ref)
+	if err != nil {
+		return err
+	}
+	pods := d.cs.CoreV1().Pods(ns)
+	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		d.deleteSecret(ctx, ns, name, ref.ProxyID)
+	}
+	if err != nil {
+		return fmt.Errorf("get pod %s/%s before delete: %w", ns, name, classify(err))
+	}
+	m := markerOf(pod.Labels)
+	if m.Entry != d.o.Entry || (ref.ProxyID != "" && m.ProxyID != ref.ProxyID) {
+		return agent.Wrapf(agent.ErrPermanent, "pod %s/%s does not carry the marker of proxy %s in entry %s (labels say %+v); it is left alone", ns, name, ref.ProxyID, d.o.Entry, m)
+	}
+	if pod.DeletionTimestamp == nil {
+		uid := pod.UID
+		err = pods.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s/%s: %w", ns, name, classify(err))
+		}
+	}
+	d.deleteSecret(ctx, ns, name, m.ProxyID)
+	d.log.Info("pod deleted", "pod", name, "proxy", m.ProxyID)
+	return nil
+}
+
+// deleteSecret removes the Pod's Secret when it carries proxyID's marker.
+// The owner reference removes it too; this only makes it prompt.
+func (d *Driver) deleteSecret(ctx context.Context, ns, name, proxyID string) {
+	secrets := d.cs.CoreV1().Secrets(ns)
+	sec, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	if m := markerOf(sec.Labels); m.Entry != d.o.Entry || (proxyID != "" && m.ProxyID != proxyID) {
+		return
+	}
+	uid := sec.UID
+	if err := secrets.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+		d.log.Warn("delete secret; the owner reference will remove it with the pod", "secret", name, "err", err)
+	}
+}
+
+func (d *Driver) selector() string {
+	return LabelEntry + "=" + d.o.Entry + "," + LabelProxy
+}
+
+// List returns the marked Pods of this entry in this namespace (and, for
+// the entry's first namespace, in namespaces that are no target), listing
+// every namespace by label selector, all pages.
+func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
+	var out []agent.Instance
+	opts := metav1.ListOptions{LabelSelector: d.selector(), Limit: listPageSize}
+	for {
+		list, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list pods by label %s: %w", opts.LabelSelector, classify(err))
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			if d.owns(p.Namespace) {
+				out = append(out, d.toInstance(p))
+			}
+		}
+		if list.Continue == "" {
+			break
+		}
+		opts.Continue = list.Continue
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ProviderID < out[j].ProviderID })
+	return out, nil
+}
+
+func (d *Driver) owns(ns string) bool {
+	return ns == d.o.Namespace || (d.o.Namespace == d.o.Namespaces[0] && !slices.Contains(d.o.Namespaces, ns))
+}
+
+// Check lists at most one marked Pod cluster-wide (the call inventory
+// relies on) and asks the API server whether this agent may create and
+// delete Pods and Secrets in its namespace.
+func (d *Driver) Check(ctx context.Context) []agent.Verdict {
+	_, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: d.selector(), Limit: 1})
+	api := agent.Verdict{Check: "kubernetes-api", OK: err == nil, Detail: "pods listed cluster-wide by label"}
+	if err != nil {
+		api.Detail = classify(err).Error()
+	}
+	perm := agent.Verdict{Check: "permissions", OK: true, Detail: "may create and delete pods and secrets in " + d.o.Namespace}
+	var missing []string
+	for _, a := range []struct{ verb, resource string }{{"create", "pods"}, {"delete", "pods"}, {"create", "secrets"}, {"delete", "secrets"}} {
+		r, err := d.cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{
+			Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
+				Namespace: d.o.Namespace, Verb: a.verb, Resource: a.resource,
+			}},
+		}, metav1.CreateOptions{})
+		switch {
+		case err != nil:
+			missing = append(missing, a.verb+" "+a.resource+" (review failed: "+classify(err).Error()+")")
+		case !r.Status.Allowed:
+			missing = append(missing, a.verb+" "+a.resource)
+		}
+	}
+	if len(missing) > 0 {
+		perm.OK, perm.Detail = false, "not allowed in "+d.o.Namespace+": "+strings.Join(missing, ", ")
+	}
+	return []agent.Verdict{api, perm}
+}
+
+// toInstance maps a Pod to the agent's view of it: Running with a Pod IP is
+// running; Pending, or Running without an IP, is provisioning; Succeeded,
+// Failed, Unknown and a Pod being deleted are terminated.
+func (d *Driver) toInstance(p *corev1.Pod) agent.Instance {
+	out := agent.Instance{Name: p.Name, ProviderID: ProviderID(p.Namespace, p.Name), Marker: markerOf(p.Labels), Detail: string(p.Status.Phase)}
+	switch {
+	case p.DeletionTimestamp != nil:
+		out.State, out.Detail = agent.StateTerminated, "terminating"
+	case p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "":
+		out.State = agent.StateRunning
+		out.Address = net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(proxyPort(p))))
+	case p.Status.Phase == corev1.PodRunning:
+		out.State, out.Detail = agent.StateProvisioning, "Running without a Pod IP yet"
+	case p.Status.Phase == corev1.PodSucceeded, p.Status.Phase == corev1.PodFailed, p.Status.Phase == corev1.PodUnknown:
+		out.State = agent.StateTerminated
+		if p.Status.Reason != "" || p.Status.Message != "" {
+			out.Detail += ": " + strings.TrimSpace(p.Status.Reason+" "+p.Status.Message)
+		}
+	default:
+		out.State = agent.StateProvisioning
+	}
+	return out
+}
+
+func proxyPort(p *corev1.Pod) int32 {
+	for _, c := range p.Spec.Containers {
+		for _, port := range c.Ports {
+			if port.Name == "proxy" {
+				return port.ContainerPort
+			}
+		}
+	}
+	return events.DefaultProxyPort
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

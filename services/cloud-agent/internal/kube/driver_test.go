@@ -1,0 +1,132 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/cloud-agent/internal/config"
+)
+
+func TestStateMapping(t *testing.T) {
+	d := New(nil, Options{Entry: "k8s", Namespace: "ns1"})
+	now := metav1.Now()
+	pod := func(phase corev1.PodPhase, ip string, deleting bool) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "px-a", Namespace: "ns1"},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: 8080}}}}},
+			Status:     corev1.PodStatus{Phase: phase, PodIP: ip},
+		}
+		if deleting {
+			p.DeletionTimestamp = &now
+		}
+		return p
+	}
+	cases := []struct {
+		name string
+		pod  *corev1.Pod
+		want agent.State
+		addr string
+	}{
+		{"pending", pod(corev1.PodPending, "", false), agent.StateProvisioning, ""},
+		{"no phase yet", pod("", "", false), agent.StateProvisioning, ""},
+		{"running without ip", pod(corev1.PodRunning, "", false), agent.StateProvisioning, ""},
+		{"running", pod(corev1.PodRunning, "10.1.2.3", false), agent.StateRunning, "10.1.2.3:8080"},
+		{"running ipv6", pod(corev1.PodRunning, "fd00::5", false), agent.StateRunning, "[fd00::5]:8080"},
+		{"succeeded", pod(corev1.PodSucceeded, "10.1.2.3", false), agent.StateTerminated, ""},
+		{"failed", pod(corev1.PodFailed, "", false), agent.StateTerminated, ""},
+		{"unknown", pod(corev1.PodUnknown, "", false), agent.StateTerminated, ""},
+		{"terminating", pod(corev1.PodRunning, "10.1.2.3", true), agent.StateTerminated, ""},
+	}
+	for _, c := range cases {
+		got := d.toInstance(c.pod)
+		if got.State != c.want || got.Address != c.addr || got.ProviderID != "ns1/px-a" {
+			t.Errorf("%s: %+v, want state %s address %q provider ns1/px-a", c.name, got, c.want, c.addr)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	gr := schema.GroupResource{Resource: "pods"}
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"not found", apierrors.NewNotFound(gr, "px-a"), agent.ErrNotFound},
+		{"quota", apierrors.NewForbidden(gr, "px-a", errors.New("exceeded quota: pods, requested: pods=1, used: pods=10, limited: pods=10")), agent.ErrQuotaExceeded},
+		{"forbidden", apierrors.NewForbidden(gr, "px-a", errors.New("User cannot create resource")), agent.ErrPermanent},
+		{"invalid", apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "px-a", nil), agent.ErrPermanent},
+		{"bad request", apierrors.NewBadRequest("bad"), agent.ErrPermanent},
+		{"too many requests", apierrors.NewTooManyRequests("slow down", 1), agent.ErrTransient},
+		{"server timeout", apierrors.NewServerTimeout(gr, "create", 1), agent.ErrTransient},
+		{"internal", apierrors.NewInternalError(errors.New("etcd")), agent.ErrTransient},
+		{"unavailable", apierrors.NewServiceUnavailable("down"), agent.ErrTransient},
+		{"conflict", apierrors.NewConflict(gr, "px-a", errors.New("uid precondition")), agent.ErrTransient},
+		{"deadline", context.DeadlineExceeded, agent.ErrTransient},
+		{"network", errors.New("dial tcp 10.0.0.1:6443: connect: connection refused"), agent.ErrTransient},
+	}
+	for _, c := range cases {
+		if got := classify(c.err); !errors.Is(got, c.want) {
+			t.Errorf("%s: classify = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestPodSpec(t *testing.T) {
+	d := New(nil, Options{Entry: "k8s", Namespace: "ns1", Config: config.Kubernetes{
+		Image: "ubuntu/squid:latest", Images: map[string]string{"squid6": "ubuntu/squid:6.10"},
+		Profiles: map[string]config.Resources{"small": {CPU: "100m", Memory: "64Mi", MemoryLimit: "128Mi"}, "bad": {CPU: "lots"}},
+	}})
+	s := agent.Spec{ProxyID: "pool-a-x", Pool: "pool-a", Entry: "k8s", Name: events.InstanceName("pool-a-x"), Port: 8080, Image: "squid6", Profile: "small",
+		Auth: &events.ProxyAuth{Username: "u", Password: "pw-canary"}, UserData: []byte("#cloud-config")}
+	pod, err := d.podFor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	if c.Image != "ubuntu/squid:6.10" || c.Ports[0].ContainerPort != 8080 || c.Resources.Limits.Memory().String() != "128Mi" {
+		t.Fatalf("container = %+v", c)
+	}
+	if pod.Labels[LabelProxy] != "pool-a-x" || pod.Labels[LabelEntry] != "k8s" || pod.Labels[LabelPool] != "pool-a" {
+		t.Fatalf("labels = %v", pod.Labels)
+	}
+	if got := fmt.Sprintf("%+v", pod); strings.Contains(got, "pw-canary") || len(pod.Annotations) != 0 {
+		t.Fatal("the pod spec carries the password or annotations")
+	}
+	for _, bad := range []agent.Spec{{Image: "nope"}, {Profile: "nope"}, {Profile: "bad"}} {
+		if _, err := d.podFor(bad); !errors.Is(err, agent.ErrPermanent) {
+			t.Errorf("podFor(%+v) = %v, want ErrPermanent", bad, err)
+		}
+	}
+}
+
+func TestProviderID(t *testing.T) {
+	d := New(nil, Options{Entry: "k8s", Namespace: "ns1"})
+	cases := []struct {
+		ref      agent.Ref
+		ns, name string
+		err      error
+	}{
+		{agent.Ref{ProviderID: "ns2/px-a"}, "ns2", "px-a", nil},
+		{agent.Ref{Name: "px-b"}, "ns1", "px-b", nil},
+		{agent.Ref{ProviderID: "px-a"}, "", "", agent.ErrPermanent},
+		{agent.Ref{ProviderID: "a/b/c"}, "", "", agent.ErrPermanent},
+		{agent.Ref{}, "", "", agent.ErrPermanent},
+	}
+	for _, c := range cases {
+		ns, name, err := d.locate(c.ref)
+		if ns != c.ns || name != c.name || !errors.Is(err, c.err) && (err != nil || c.err != nil) {
+			t.Errorf("locate(%+v) = %q %q %v, want %q %q %v", c.ref, ns, name, err, c.ns, c.name, c.err)
+		}
+	}
+}

@@ -351,7 +351,7 @@ func (p *Prober) probe(ctx context.Context, b buckets, id string, view projectio
 	case res.OK() && (cur.State == events.ProxyRunning || cur.State == events.ProxyUnhealthy):
 		kind = events.ProxyReady
 		data = events.ProxyReadyData{Address: cur.Address, LatencyMS: res.HTTPLatency.Milliseconds(), EgressIP: res.EgressIP}
-	case !res.OK() && t.streak >= p.cfg.UnhealthyAfter && (cur.State == events.ProxyRunning):
+	case !res.OK() && t.streak >= p.cfg.UnhealthyAfter && (cur.State == events.ProxyRunning || cur.State == events.ProxyReady):
 		kind = events.ProxyUnhealthy
 		data = events.ProxyUnhealthyData{Reason: res.Err().Error(), Streak: t.streak}
 	}
@@ -369,6 +369,7 @@ func (p *Prober) probe(ctx context.Context, b buckets, id string, view projectio
 	if err := res.Err(); err != nil {
 		rec.LastError = err.Error()
 	}
+	p.log.Debug("probed", "proxy", id, "address", cur.Address, "state", cur.State, "ok", rec.OK, "streak", rec.Streak, "err", rec.LastError)
 	if !t.lastOK.IsZero() {
 		at := t.lastOK
 		rec.LastOKAt = &at

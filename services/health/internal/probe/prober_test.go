@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -112,7 +113,9 @@ func (f *fleet) eventually(what string, cond func() bool) {
 	for !cond() {
 		select {
 		case <-f.ctx.Done():
-			f.t.Fatalf("timed out waiting for %s", what)
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			f.t.Fatalf("timed out waiting for %s; log tail:\n%s\nstacks:\n%s", what, tail(f.logs.String(), 4000), buf[:n])
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -125,8 +128,8 @@ func (f *fleet) get(bucket, key string, out any) bool {
 		f.t.Fatal(err)
 	}
 	e, err := kv.Get(f.ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return false
+	if errors.Is(err, jetstream.ErrKeyNotFound) || f.ctx.Err() != nil {
+		return false // a timeout is reported by eventually, with what it waited for
 	}
 	if err != nil {
 		f.t.Fatal(err)
@@ -135,6 +138,13 @@ func (f *fleet) get(bucket, key string, out any) bool {
 		f.t.Fatal(err)
 	}
 	return true
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 func (f *fleet) state(id string) string {

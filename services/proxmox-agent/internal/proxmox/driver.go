@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -412,26 +413,52 @@ func (d *Driver) clone(ctx context.Context, spec agent.Spec, vmid, tmpl int) (*v
 	return vm, nil
 }
 
-// netConfig is the net0 value: virtio on the bridge, tagged when a VLAN is
-// configured. A MAC already assigned by the clone is kept.
+// netConfig is the net0 value: the clone's NIC (model and MAC, and options
+// such as firewall or mtu kept) on the configured bridge, tagged when a VLAN
+// is configured.
 func (d *Driver) netConfig(current string) string {
+	parts := strings.Split(current, ",")
 	model := "virtio"
-	if first, _, _ := strings.Cut(current, ","); strings.HasPrefix(first, "virtio=") {
-		model = first
+	if m := parts[0]; strings.Contains(m, "=") || m == "virtio" || m == "e1000" {
+		if k, _, _ := strings.Cut(m, "="); k != "bridge" && k != "tag" {
+			model = m
+			parts = parts[1:]
+		}
 	}
-	s := model + ",bridge=" + d.cfg.Bridge
+	out := []string{model, "bridge=" + d.cfg.Bridge}
+	for _, p := range parts {
+		k, _, _ := strings.Cut(p, "=")
+		if p == "" || k == "bridge" || k == "tag" {
+			continue
+		}
+		out = append(out, p)
+	}
 	if d.cfg.VLANTag > 0 {
-		s += ",tag=" + strconv.Itoa(d.cfg.VLANTag)
+		out = append(out, "tag="+strconv.Itoa(d.cfg.VLANTag))
 	}
-	return s
+	return strings.Join(out, ",")
 }
 
 func (d *Driver) ide2(name string) string { return d.seedVolume(name) + ",media=cdrom" }
 
 // configured reports whether an earlier attempt finished configuring cfg.
+// Proxmox VE appends the size to a CD-ROM drive ("…,media=cdrom,size=364K"),
+// so only the volume is compared.
 func (d *Driver) configured(cfg pve.VMConfig, spec agent.Spec) bool {
 	m, ok := parseTags(cfg.Tags)
-	return ok && m.ProxyID == spec.ProxyID && cfg.IDE2 == d.ide2(spec.Name) && cfg.Net0 == d.netConfig(cfg.Net0)
+	vol, _, _ := strings.Cut(cfg.IDE2, ",")
+	return ok && m.ProxyID == spec.ProxyID && vol == d.seedVolume(spec.Name) && sameNet(cfg.Net0, d.netConfig(cfg.Net0))
+}
+
+// sameNet compares two net0 values as sets of options.
+func sameNet(a, b string) bool {
+	as, bs := strings.Split(a, ","), strings.Split(b, ",")
+	if len(as) != len(bs) {
+		return false
+	}
+	slices.Sort(as)
+	slices.Sort(bs)
+	return slices.Equal(as, bs)
 }
 
 // configure (re)builds and uploads the seed and writes ide2, net0, size,

@@ -51,7 +51,6 @@ func TestLifecycle(t *testing.T) {
 	c := vms[0].Conf
 	for key, want := range map[string]string{
 		"name":   s.Name,
-		"ide2":   "proxy-seeds:iso/" + s.Name + ".iso,media=cdrom",
 		"cores":  "2",
 		"memory": "768",
 		"agent":  "1",
@@ -61,8 +60,11 @@ func TestLifecycle(t *testing.T) {
 			t.Errorf("config %s = %q, want %q", key, c[key], want)
 		}
 	}
-	if !strings.Contains(c["net0"], "bridge=vmbr0") || !strings.HasSuffix(c["net0"], ",tag=4") || !strings.HasPrefix(c["net0"], "virtio=") {
-		t.Errorf("net0 = %q, want the clone's virtio MAC on vmbr0 with tag 4", c["net0"])
+	if want := "proxy-seeds:iso/" + s.Name + ".iso,media=cdrom,size="; !strings.HasPrefix(c["ide2"], want) {
+		t.Errorf("ide2 = %q, want %q…", c["ide2"], want)
+	}
+	if want := "virtio=BC:24:11:00:00:01,bridge=vmbr0,firewall=1,tag=4"; c["net0"] != want {
+		t.Errorf("net0 = %q, want %q (the clone's NIC and options, on vmbr0 with tag 4)", c["net0"], want)
 	}
 	if !strings.Contains(c["description"], "proxyfleet.proxy: web-aaaaaaaaaa") || strings.Contains(c["description"], "secret-pw") {
 		t.Errorf("description = %q", c["description"])
@@ -79,8 +81,14 @@ func TestLifecycle(t *testing.T) {
 	if _, err := d.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if e.fake.Clones() != 1 {
-		t.Errorf("clones = %d after a repeated create, want 1", e.fake.Clones())
+	uploads := 0
+	for _, call := range e.fake.Calls() {
+		if call.Route == "/nodes/{node}/storage/{storage}/upload" {
+			uploads++
+		}
+	}
+	if e.fake.Clones() != 1 || uploads != 1 {
+		t.Errorf("after a repeated create: %d clones, %d seed uploads; want 1 and 1", e.fake.Clones(), uploads)
 	}
 
 	if err := d.Delete(ctx, ref); err != nil {

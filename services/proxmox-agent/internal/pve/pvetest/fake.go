@@ -172,7 +172,7 @@ func (s *Server) AddTemplate(node string, vmid int, name string) {
 	defer s.mu.Unlock()
 	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: map[string]string{
 		"name": name, "template": "1", "agent": "1", "cores": "1", "memory": "1024",
-		"scsi0": fmt.Sprintf("local-lvm:base-%d-disk-0,size=4G", vmid), "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0",
+		"scsi0": fmt.Sprintf("local-lvm:base-%d-disk-0,size=4G", vmid), "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0,firewall=1",
 	}}
 }
 

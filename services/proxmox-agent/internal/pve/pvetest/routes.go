@@ -382,6 +382,14 @@ func (s *Server) putConfig(p pathArgs, q url.Values) (any, *apiError) {
 			for _, d := range strings.Split(vals[0], ",") {
 				delete(v.conf, strings.TrimSpace(d))
 			}
+		case "ide2":
+			// Like Proxmox VE, record the size of an ISO attached as a CD-ROM.
+			val := vals[0]
+			vol, _, _ := strings.Cut(val, ",")
+			if m := isoVolRE.FindStringSubmatch(vol); m != nil {
+				val += fmt.Sprintf(",size=%dK", s.volumes[v.node+"/"+m[1]][vol]>>10)
+			}
+			v.conf[k] = val
 		default:
 			v.conf[k] = vals[0]
 		}

@@ -135,12 +135,12 @@ func run(f *flags) error {
 	prober, err := probe.New(base.Conn, probe.Config{
 		EchoURL: echoURL, Interval: f.probeInterval, Timeout: f.probeTimeout,
 		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter,
-	}, log)
+	}, log, base.Tel)
 	if err != nil {
 		return err
 	}
 	checker := targets.New(base.Conn, targets.Config{Interval: f.checkInterval, Timeout: f.checkTimeout}, log)
-	projector := projection.New(base.Conn, log)
+	projector := projection.New(base.Conn, log, base.Tel)
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

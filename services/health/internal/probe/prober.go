@@ -21,9 +21,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -89,6 +95,11 @@ type Prober struct {
 	echo  *url.URL
 	log   *slog.Logger
 
+	tracer      trace.Tracer
+	probes      metric.Int64Counter
+	latency     metric.Float64Histogram
+	transitions metric.Int64Counter
+
 	mu       sync.Mutex
 	proxies  map[string]*tracked // probeable proxies
 	egressOf map[string]string   // proxy id → last egress IP
@@ -105,8 +116,9 @@ type tracked struct {
 	emitted string // "<kind>@<seq>" of the last transition appended
 }
 
-// New returns a prober appending its observations through c.
-func New(c *bus.Conn, cfg Config, log *slog.Logger) (*Prober, error) {
+// New returns a prober appending its observations through c. log and tel
+// may be nil.
+func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*Prober, error) {
 	cfg.defaults()
 	u, err := url.Parse(cfg.EchoURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -116,16 +128,28 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger) (*Prober, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "probe")
-	return &Prober{
+	tracer, meter := trace.Tracer(tracenoop.NewTracerProvider().Tracer("")), metric.Meter(metricnoop.NewMeterProvider().Meter(""))
+	if tel != nil {
+		tracer, meter = tel.Tracer, tel.Meter
+	}
+	p := &Prober{
 		conn:     c,
 		store:    bus.NewEventStore(c, "proxyfleet/health", log),
 		cfg:      cfg,
 		echo:     u,
 		log:      log,
+		tracer:   tracer,
 		proxies:  map[string]*tracked{},
 		egressOf: map[string]string{},
 		byEgress: map[string]map[string]bool{},
-	}, nil
+	}
+	p.probes, _ = meter.Int64Counter("proxyfleet.health.probes",
+		metric.WithDescription("probes through proxies, by result (ok, fail)"))
+	p.latency, _ = meter.Float64Histogram("proxyfleet.health.probe.latency",
+		metric.WithDescription("latency of the plain HTTP check through a proxy"), metric.WithUnit("ms"))
+	p.transitions, _ = meter.Int64Counter("proxyfleet.health.transitions",
+		metric.WithDescription("ready and unhealthy events appended, by kind"))
+	return p, nil
 }
 
 // buckets are the KV handles a run uses.
@@ -317,13 +341,25 @@ func (p *Prober) dispatch(ctx context.Context, b buckets, sem chan struct{}, wg 
 
 // probe checks one proxy, records the result and appends a transition when
 // the proxy's state changes.
-func (p *Prober) probe(ctx context.Context, b buckets, id string, view projection.Proxy) {
+func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projection.Proxy) {
+	// One budget for the whole probe, KV calls included, so a stuck call
+	// cannot keep this proxy from ever being probed again.
+	ctx, cancel := context.WithTimeout(runCtx, 2*p.cfg.Timeout+10*time.Second)
+	defer cancel()
 	creds := p.credentials(ctx, b, view)
 	res := Check(ctx, view.Address, creds, p.echo, p.cfg.Timeout)
-	if ctx.Err() != nil {
+	if runCtx.Err() != nil {
 		return // shutting down: the result says nothing about the proxy
 	}
 	now := time.Now().UTC()
+	result := "ok"
+	if !res.OK() {
+		result = "fail"
+	}
+	p.probes.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result)))
+	if res.HTTP == nil {
+		p.latency.Record(ctx, float64(res.HTTPLatency.Microseconds())/1000)
+	}
 
 	p.mu.Lock()
 	t := p.proxies[id]
@@ -378,9 +414,17 @@ func (p *Prober) probe(ctx context.Context, b buckets, id string, view projectio
 
 	if kind != "" {
 		msgID := events.ProxyEventID(id, kind, cur.Seq)
-		if _, err := p.store.Append(ctx, events.AggregateProxy, id, kind, msgID, data, nil); err != nil {
+		sctx, span := p.tracer.Start(ctx, "health.transition", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind)))
+		_, err := p.store.Append(sctx, events.AggregateProxy, id, kind, msgID, data, nil)
+		if err != nil {
+			span.RecordError(err)
+		}
+		span.End()
+		if err != nil {
 			p.log.Warn("append transition; will retry on the next probe", "proxy", id, "event", kind, "err", err)
 		} else {
+			p.transitions.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
 			p.log.Info("proxy "+kind, "proxy", id, "pool", cur.Pool, "address", cur.Address, "streak", rec.Streak, "err", rec.LastError)
 			p.mu.Lock()
 			if t := p.proxies[id]; t != nil {

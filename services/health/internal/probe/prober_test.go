@@ -75,14 +75,14 @@ func startFleet(t *testing.T) *fleet {
 	pr, err := probe.New(c, probe.Config{
 		EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
 		Concurrency: 4, UnhealthyAfter: unhealthyAfter,
-	}, log)
+	}, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = projection.New(c, log).Run(rctx) }()
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(rctx) }()
 	go func() {
 		defer wg.Done()
 		if err := pr.Run(rctx); err != nil {

@@ -19,9 +19,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 )
 
 // ConsumerName is the durable consumer the projection reads FLEET_EVENTS with.
@@ -74,19 +80,27 @@ func Rebuild(ctx context.Context, c *bus.Conn) error {
 // A Projector is not safe for concurrent use: events must be applied one at
 // a time, in order.
 type Projector struct {
-	conn *bus.Conn
-	log  *slog.Logger
+	conn    *bus.Conn
+	log     *slog.Logger
+	tracer  trace.Tracer
+	applied metric.Int64Counter
 
 	proxies, pools jetstream.KeyValue // bound on first use
 	stream         jetstream.Stream
 }
 
-// New returns a projector writing through c. log may be nil.
-func New(c *bus.Conn, log *slog.Logger) *Projector {
+// New returns a projector writing through c. log and tel may be nil.
+func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Projector{conn: c, log: log.With("component", "projection")}
+	tracer, meter := trace.Tracer(tracenoop.NewTracerProvider().Tracer("")), metric.Meter(metricnoop.NewMeterProvider().Meter(""))
+	if tel != nil {
+		tracer, meter = tel.Tracer, tel.Meter
+	}
+	applied, _ := meter.Int64Counter("proxyfleet.health.projection.events",
+		metric.WithDescription("events read by the projection, by aggregate"))
+	return &Projector{conn: c, log: log.With("component", "projection"), tracer: tracer, applied: applied}
 }
 
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
@@ -113,7 +127,7 @@ func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	if info.State.LastSeq == 0 {
 		return nil
 	}
-	return New(c, log).run(ctx, info.State.LastSeq)
+	return New(c, log, nil).run(ctx, info.State.LastSeq)
 }
 
 // errReached ends a consume loop that was asked to stop at a sequence.
@@ -168,9 +182,17 @@ func (p *Projector) consume(ctx context.Context, until uint64) error {
 			continue
 		}
 		seq := md.Sequence.Stream
-		if err := p.applyRetrying(ctx, msg, seq); err != nil {
+		// The projection joins the trace of whoever appended the event.
+		sctx, span := p.tracer.Start(telemetry.Extract(ctx, msg.Headers()), "health.project",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.String("subject", msg.Subject()), attribute.Int64("seq", int64(seq))))
+		err = p.applyRetrying(sctx, msg, seq)
+		span.End()
+		if err != nil {
 			return err
 		}
+		agg, _, _, _ := events.ParseEventSubject(msg.Subject())
+		p.applied.Add(ctx, 1, metric.WithAttributes(attribute.String("aggregate", agg)))
 		if until > 0 && seq >= until {
 			// Confirmed, so the caller may exit right away.
 			if err := msg.DoubleAck(ctx); err != nil {
@@ -347,6 +369,12 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		return nil
 	}
 	v.State, v.UpdatedAt, v.Seq = kind, at, seq
+	if cur.State == events.ProxyRetiring && (kind == events.ProxyProvisioning || kind == events.ProxyRunning) {
+		// A create finishing after the planner decided to retire the proxy:
+		// record what the agent saw, but the proxy stays retiring until it
+		// is deleted (and is not probed meanwhile).
+		v.State, v.Reason = events.ProxyRetiring, cur.Reason
+	}
 	return put(ctx, kv, id, v)
 }
 

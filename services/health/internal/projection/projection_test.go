@@ -46,7 +46,7 @@ func start(t *testing.T) *env {
 func (e *env) run() {
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
-	go func() { done <- projection.New(e.conn, nil).Run(ctx) }()
+	go func() { done <- projection.New(e.conn, nil, nil).Run(ctx) }()
 	e.stop = func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -338,6 +338,20 @@ func keysOf(m map[string][]byte) []string {
 	return out
 }
 
+func TestRetiringStaysRetiringUntilDeleted(t *testing.T) {
+	e := start(t)
+	e.append("p1", events.ProxyRequested, requested("demo"))
+	e.append("p1", events.ProxyRetiring, events.ProxyRetiringData{Reason: "pool deleted"})
+	s := e.append("p1", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+	got := e.waitProxy("p1", s)
+	if got.State != events.ProxyRetiring || got.Reason != "pool deleted" || got.Address != "127.0.0.1:9" {
+		t.Fatalf("running after retiring: got state %q reason %q address %q; want retiring, pool deleted, 127.0.0.1:9", got.State, got.Reason, got.Address)
+	}
+	if got.Probeable() {
+		t.Fatal("a retiring proxy must not be probed")
+	}
+}
+
 func TestLateEventsDoNotResurrectDeletedProxy(t *testing.T) {
 	e := start(t)
 	e.append("p1", events.ProxyRequested, requested("demo"))
@@ -434,7 +448,7 @@ func TestRedeliveryChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := projection.New(e.conn, nil)
+	p := projection.New(e.conn, nil, nil)
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
 		raw, err := st.GetMsg(e.ctx, seq)
 		if err != nil {

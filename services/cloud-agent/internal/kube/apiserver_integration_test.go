@@ -1,0 +1,297 @@
+//go:build integration
+
+package kube
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"proxyfleet/pkg/testgate"
+)
+
+// KubeVersion is the kube-apiserver the tier builds (services/cloud-agent/tools/kube-apiserver).
+const KubeVersion = "v1.34.2"
+
+// cacheDir is where `make test-kube` keeps kube-apiserver and etcd, outside
+// the checkout so every clone on a machine reuses them.
+func cacheDir() string {
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "proxyfleet")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "proxyfleet")
+}
+
+// controlPlane is one etcd and one kube-apiserver for the test binary.
+type controlPlane struct {
+	dir   string
+	procs []*exec.Cmd
+	admin *rest.Config
+	err   error
+}
+
+var (
+	cpOnce sync.Once
+	cp     controlPlane
+)
+
+// TestMain stops the control plane after every test ran.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	cp.stop()
+	os.Exit(code)
+}
+
+// adminConfig returns a client config with full rights on the shared
+// control plane, starting it on first use. Missing binaries skip the test,
+// or fail it under PROXYFLEET_REQUIRE_INTEGRATION=1.
+func adminConfig(t *testing.T) *rest.Config {
+	t.Helper()
+	apiserver := envOr("KUBE_APISERVER", filepath.Join(cacheDir(), "kube-apiserver-"+KubeVersion))
+	etcd := envOr("ETCD", filepath.Join(cacheDir(), "etcd-root", "usr", "bin", "etcd"))
+	testgate.NeedFile(t, apiserver, "kube-apiserver "+KubeVersion+"; `make test-kube` builds it")
+	testgate.NeedFile(t, etcd, "etcd from Debian's etcd-server; `make test-kube` fetches it")
+	cpOnce.Do(func() { cp.err = cp.start(apiserver, etcd) })
+	if cp.err != nil {
+		t.Fatalf("control plane: %v", cp.err)
+	}
+	return rest.CopyConfig(cp.admin)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *controlPlane) start(apiserver, etcd string) error {
+	dir, err := os.MkdirTemp("", "proxyfleet-kube-")
+	if err != nil {
+		return err
+	}
+	c.dir = dir
+	clientPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	peerPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	if err := c.spawn("etcd", etcd,
+		"--name=default", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=default="+peerURL, "--unsafe-no-fsync=true", "--log-level=warn"); err != nil {
+		return err
+	}
+	if err := poll(60*time.Second, func() error {
+		resp, err := http.Get(etcdURL + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("etcd health %d", resp.StatusCode)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("etcd never became healthy: %w\n%s", err, c.logTail("etcd"))
+	}
+
+	caPEM, certPEM, keyPEM, err := servingCert()
+	if err != nil {
+		return err
+	}
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	token := "admin-" + randHex(16)
+	files := map[string][]byte{
+		"serving.crt": certPEM, "serving.key": keyPEM,
+		"sa.key":     pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
+		"tokens.csv": []byte(token + `,admin,admin-uid,"system:masters"` + "\n"),
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	if err := c.spawn("kube-apiserver", apiserver,
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		"--tls-cert-file="+filepath.Join(dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving.key"),
+		"--cert-dir="+filepath.Join(dir, "certs"),
+		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--enable-priority-and-fairness=false",
+		"--v=0"); err != nil {
+		return err
+	}
+	c.admin = &rest.Config{
+		Host:            fmt.Sprintf("https://127.0.0.1:%d", port),
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: caPEM},
+		QPS:             100, Burst: 200,
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	if err := poll(180*time.Second, func() error {
+		req, _ := http.NewRequest("GET", c.admin.Host+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("kube-apiserver never became ready: %w\n%s", err, c.logTail("kube-apiserver"))
+	}
+	return nil
+}
+
+func (c *controlPlane) spawn(name, bin string, args ...string) error {
+	logf, err := os.Create(filepath.Join(c.dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	c.procs = append(c.procs, cmd)
+	return nil
+}
+
+func (c *controlPlane) logTail(name string) string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, name+".log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return name + " log:\n" + string(b)
+}
+
+func (c *controlPlane) stop() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+	if c.dir != "" {
+		_ = os.RemoveAll(c.dir)
+	}
+}
+
+func poll(timeout time.Duration, fn func() error) error {
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = fn(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+// servingCert returns a throwaway CA and a serving certificate for
+// 127.0.0.1 signed by it.
+func servingCert() (caPEM, certPEM, keyPEM []byte, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "proxyfleet-test-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var buf bytes.Buffer
+	_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	caPEM = append([]byte(nil), buf.Bytes()...)
+	return caPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+

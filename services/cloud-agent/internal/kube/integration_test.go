@@ -1,0 +1,471 @@
+//go:build integration
+
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/cloud-agent/internal/config"
+)
+
+const rbacManifest = "../../../../deploy/kubernetes/rbac.yaml"
+
+// agentSubject is the service account rbac.yaml grants the agent's rights to.
+const agentSubject = "system:serviceaccount:proxyfleet:cloud-agent"
+
+type kubeEnv struct {
+	t     *testing.T
+	admin kubernetes.Interface
+	agent kubernetes.Interface // impersonates the agent's service account
+}
+
+func newKubeEnv(t *testing.T) *kubeEnv {
+	t.Helper()
+	cfg := adminConfig(t)
+	admin := kubernetes.NewForConfigOrDie(cfg)
+	applyRBAC(t, admin)
+	ac := rest.CopyConfig(cfg)
+	ac.Impersonate = rest.ImpersonationConfig{UserName: agentSubject,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:proxyfleet", "system:authenticated"}}
+	return &kubeEnv{t: t, admin: admin, agent: kubernetes.NewForConfigOrDie(ac)}
+}
+
+// applyRBAC creates the objects of deploy/kubernetes/rbac.yaml, so every
+// test runs with exactly the rights the shipped manifest grants.
+func applyRBAC(t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	f, err := os.Open(rbacManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := yamlutil.NewYAMLOrJSONDecoder(f, 4096)
+	ctx := context.Background()
+	for {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var meta metav1.TypeMeta
+		_ = json.Unmarshal(raw, &meta)
+		switch meta.Kind {
+		case "Namespace":
+			var o corev1.Namespace
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.CoreV1().Namespaces().Create(ctx, &o, metav1.CreateOptions{})
+		case "ServiceAccount":
+			var o corev1.ServiceAccount
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRole":
+			var o rbacv1.ClusterRole
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.RbacV1().ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRoleBinding":
+			var o rbacv1.ClusterRoleBinding
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("rbac.yaml: unexpected kind %q", meta.Kind)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("apply %s: %v", meta.Kind, err)
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// namespace creates a fresh namespace with the "default" service account
+// the ServiceAccount admission plugin expects (no controller manager runs).
+func (e *kubeEnv) namespace(prefix string) string {
+	e.t.Helper()
+	ctx := context.Background()
+	ns, err := e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
+	must(e.t, err)
+	_, err = e.admin.CoreV1().ServiceAccounts(ns.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	must(e.t, err)
+	return ns.Name
+}
+
+func (e *kubeEnv) driver(entry, ns string, all ...string) *Driver {
+	return New(e.agent, Options{Entry: entry, Namespace: ns, Namespaces: append([]string{ns}, all...), Config: config.Kubernetes{
+		Image: "ubuntu/squid:latest", Profiles: map[string]config.Resources{"small": {CPU: "50m", Memory: "64Mi"}},
+	}})
+}
+
+// setRunning plays the kubelet: the Pod runs, with ip when not empty.
+func (e *kubeEnv) setStatus(ns, name string, phase corev1.PodPhase, ip string) {
+	e.t.Helper()
+	ctx := context.Background()
+	pod, err := e.admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	must(e.t, err)
+	pod.Status.Phase = phase
+	pod.Status.PodIP = ip
+	pod.Status.PodIPs = nil
+	if ip != "" {
+		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	_, err = e.admin.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	must(e.t, err)
+}
+
+func kspec(id, entry, ns string, attempt int) agent.Spec {
+	return agent.Spec{ProxyID: id, Pool: "pool-k", Entry: entry, Target: ns, Name: events.InstanceName(id), Attempt: attempt,
+		Port: 3128, Profile: "small", Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-canary-9f8e7d"}}
+}
+
+func tctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
+	e := newKubeEnv(t)
+	ns1, ns2, old := e.namespace("life-a"), e.namespace("life-b"), e.namespace("life-old")
+	d1, d2 := e.driver("k8s", ns1, ns2), e.driver("k8s", ns2, ns1)
+	dOld := e.driver("k8s", old) // as configured before old was removed from the targets
+
+	s1, s2, s3 := kspec("pool-k-one", "k8s", ns1, 1), kspec("pool-k-two", "k8s", ns2, 1), kspec("pool-k-old", "k8s", old, 1)
+	inst, err := d1.Create(tctx(t), s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.State != agent.StateProvisioning || inst.ProviderID != ns1+"/"+s1.Name || inst.Marker != s1.Marker() {
+		t.Fatalf("created: %+v", inst)
+	}
+	if _, err := d2.Create(tctx(t), s2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dOld.Create(tctx(t), s3); err != nil {
+		t.Fatal(err)
+	}
+	// Unmarked Pods and Pods of another entry are never listed.
+	other := e.driver("other", ns1)
+	if _, err := other.Create(tctx(t), kspec("pool-k-foreign", "other", ns1, 1)); err != nil {
+		t.Fatal(err)
+	}
+
+	pod, err := e.admin.CoreV1().Pods(ns1).Get(tctx(t), s1.Name, metav1.GetOptions{})
+	must(t, err)
+	sec, err := e.admin.CoreV1().Secrets(ns1).Get(tctx(t), s1.Name, metav1.GetOptions{})
+	must(t, err)
+	if len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+		t.Fatalf("secret owner = %+v, want the pod %s", sec.OwnerReferences, pod.UID)
+	}
+	if !strings.HasPrefix(string(sec.Data[htpasswdKey]), "crawler:$apr1$") || !strings.Contains(string(sec.Data[squidConfKey]), "http_port 3128") {
+		t.Fatalf("secret data = %q", sec.Data)
+	}
+	podJSON, _ := json.Marshal(pod)
+	secJSON, _ := json.Marshal(sec)
+	if strings.Contains(string(podJSON), "pw-canary") || strings.Contains(string(secJSON), "pw-canary") {
+		t.Fatal("the proxy password is stored in the clear")
+	}
+
+	names := func(list []agent.Instance) string {
+		var out []string
+		for _, i := range list {
+			out = append(out, i.ProviderID)
+		}
+		return strings.Join(out, ",")
+	}
+	l1, err := d1.List(tctx(t))
+	must(t, err)
+	wantFirst := []string{ns1 + "/" + s1.Name, old + "/" + s3.Name}
+	if got := names(l1); !(got == strings.Join(wantFirst, ",") || got == wantFirst[1]+","+wantFirst[0]) {
+		t.Fatalf("first target's inventory = %s, want its own pod and the one in the old namespace", got)
+	}
+	l2, err := d2.List(tctx(t))
+	must(t, err)
+	if got := names(l2); got != ns2+"/"+s2.Name {
+		t.Fatalf("second target's inventory = %s, want %s/%s", got, ns2, s2.Name)
+	}
+
+	ref := agent.Ref{ProxyID: s1.ProxyID, Name: s1.Name, ProviderID: inst.ProviderID}
+	e.setStatus(ns1, s1.Name, corev1.PodRunning, "10.244.1.7")
+	got, err := d1.Get(tctx(t), ref)
+	must(t, err)
+	if got.State != agent.StateRunning || got.Address != "10.244.1.7:3128" {
+		t.Fatalf("running pod = %+v", got)
+	}
+	// The old namespace's pod is deleted through the first target's driver,
+	// by provider ID, as garbage collection would.
+	if err := d1.Delete(tctx(t), agent.Ref{ProxyID: s3.ProxyID, ProviderID: old + "/" + s3.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Delete(tctx(t), ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d1.Get(tctx(t), ref); !errors.Is(err, agent.ErrNotFound) {
+		t.Fatalf("get after delete: %v, want ErrNotFound", err)
+	}
+	if _, err := e.admin.CoreV1().Secrets(ns1).Get(tctx(t), s1.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("secret after delete: %v, want not found", err)
+	}
+	if err := d1.Delete(tctx(t), ref); !errors.Is(err, agent.ErrNotFound) {
+		t.Fatalf("second delete: %v, want ErrNotFound", err)
+	}
+	l1, err = d1.List(tctx(t))
+	must(t, err)
+	if len(l1) != 0 {
+		t.Fatalf("inventory after deletes = %s", names(l1))
+	}
+}
+
+func TestKubeAlreadyExists(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("exists")
+	d := e.driver("k8s", ns)
+	s := kspec("pool-k-again", "k8s", ns, 1)
+	first, err := d.Create(tctx(t), s)
+	must(t, err)
+	s.Attempt = 2
+	second, err := d.Create(tctx(t), s)
+	if err != nil {
+		t.Fatalf("create of an existing marked pod: %v, want idempotent success", err)
+	}
+	if first.ProviderID != second.ProviderID {
+		t.Fatalf("provider IDs %s and %s", first.ProviderID, second.ProviderID)
+	}
+	pods, err := e.admin.CoreV1().Pods(ns).List(tctx(t), metav1.ListOptions{})
+	must(t, err)
+	if len(pods.Items) != 1 {
+		t.Fatalf("%d pods, want 1", len(pods.Items))
+	}
+
+	// A Pod of the same name without our marker is never adopted or deleted.
+	foreign := kspec("pool-k-foreign", "k8s", ns, 1)
+	_, err = e.admin.CoreV1().Pods(ns).Create(tctx(t), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: foreign.Name, Labels: map[string]string{"app": "web"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}},
+	}, metav1.CreateOptions{})
+	must(t, err)
+	if _, err := d.Create(tctx(t), foreign); !errors.Is(err, agent.ErrPermanent) {
+		t.Fatalf("create over a foreign pod: %v, want ErrPermanent", err)
+	}
+	if err := d.Delete(tctx(t), agent.Ref{ProxyID: foreign.ProxyID, Name: foreign.Name}); !errors.Is(err, agent.ErrPermanent) {
+		t.Fatalf("delete of a foreign pod: %v, want ErrPermanent", err)
+	}
+	if _, err := e.admin.CoreV1().Pods(ns).Get(tctx(t), foreign.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("foreign pod: %v", err)
+	}
+}
+
+func TestKubePodWithoutIPStaysProvisioning(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("noip")
+	d := e.driver("k8s", ns)
+	s := kspec("pool-k-noip", "k8s", ns, 1)
+	inst, err := d.Create(tctx(t), s)
+	must(t, err)
+	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+	cases := []struct {
+		phase corev1.PodPhase
+		ip    string
+		want  agent.State
+	}{
+		{corev1.PodPending, "", agent.StateProvisioning},
+		{corev1.PodRunning, "", agent.StateProvisioning},
+		{corev1.PodFailed, "", agent.StateTerminated},
+	}
+	for _, c := range cases {
+		e.setStatus(ns, s.Name, c.phase, c.ip)
+		got, err := d.Get(tctx(t), ref)
+		must(t, err)
+		if got.State != c.want || got.Address != "" {
+			t.Fatalf("phase %s ip %q: %+v, want %s without address", c.phase, c.ip, got, c.want)
+		}
+	}
+}
+
+func TestKubeDeleteWhileTerminating(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("term")
+	d := e.driver("k8s", ns)
+	s := kspec("pool-k-term", "k8s", ns, 1)
+	inst, err := d.Create(tctx(t), s)
+	must(t, err)
+	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+	// A finalizer holds the Pod in Terminating, as a kubelet stopping its
+	// containers would.
+	const hold = "proxyfleet.test/hold"
+	pod, err := e.admin.CoreV1().Pods(ns).Get(tctx(t), s.Name, metav1.GetOptions{})
+	must(t, err)
+	pod.Finalizers = append(pod.Finalizers, hold)
+	_, err = e.admin.CoreV1().Pods(ns).Update(tctx(t), pod, metav1.UpdateOptions{})
+	must(t, err)
+
+	if err := d.Delete(tctx(t), ref); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.Get(tctx(t), ref)
+	must(t, err)
+	if got.State != agent.StateTerminated || got.Detail != "terminating" {
+		t.Fatalf("terminating pod = %+v", got)
+	}
+	if err := d.Delete(tctx(t), ref); err != nil {
+		t.Fatalf("delete while terminating: %v, want success", err)
+	}
+	pod, err = e.admin.CoreV1().Pods(ns).Get(tctx(t), s.Name, metav1.GetOptions{})
+	must(t, err)
+	pod.Finalizers = nil
+	_, err = e.admin.CoreV1().Pods(ns).Update(tctx(t), pod, metav1.UpdateOptions{})
+	must(t, err)
+	if err := poll(30*time.Second, func() error {
+		_, err := d.Get(tctx(t), ref)
+		if errors.Is(err, agent.ErrNotFound) {
+			return nil
+		}
+		return errors.New("pod still there")
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKubeQuotaIsQuota(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("quota")
+	q, err := e.admin.CoreV1().ResourceQuotas(ns).Create(tctx(t), &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-pods"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
+	}, metav1.CreateOptions{})
+	must(t, err)
+	// No controller manager runs: publish the quota's status as it would.
+	q.Status = corev1.ResourceQuotaStatus{Hard: q.Spec.Hard, Used: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}}
+	_, err = e.admin.CoreV1().ResourceQuotas(ns).UpdateStatus(tctx(t), q, metav1.UpdateOptions{})
+	must(t, err)
+	d := e.driver("k8s", ns)
+	if _, err := d.Create(tctx(t), kspec("pool-k-quota", "k8s", ns, 1)); !errors.Is(err, agent.ErrQuotaExceeded) {
+		t.Fatalf("create over quota: %v (class %s), want ErrQuotaExceeded", err, agent.Classify(err))
+	}
+}
+
+func TestKubeCheck(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("check")
+	v := e.driver("k8s", ns).Check(tctx(t))
+	if len(v) != 2 || !v[0].OK || !v[1].OK {
+		t.Fatalf("check with the shipped RBAC = %+v, want all ok", v)
+	}
+	cfg := adminConfig(t)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "nobody", Groups: []string{"system:authenticated"}}
+	d := New(kubernetes.NewForConfigOrDie(cfg), Options{Entry: "k8s", Namespace: ns})
+	v = d.Check(tctx(t))
+	if v[0].OK || v[1].OK || !strings.Contains(v[1].Detail, "create pods") {
+		t.Fatalf("check without rights = %+v, want both failing", v)
+	}
+}
+
+// TestKubeEndToEnd runs two proxies through NATS, the agent runtime and the
+// driver against the real API server; the test plays the kubelet by setting
+// each Pod's status.
+func TestKubeEndToEnd(t *testing.T) {
+	e := newKubeEnv(t)
+	ns := e.namespace("e2e")
+	d := e.driver("k8s", ns)
+	conn := bustest.Start(t)
+	rt, err := agent.New(bustest.Dial(t, conn), d, agent.Config{
+		Info:          agent.Info{Entry: "k8s", Target: ns, Type: "kubernetes"},
+		WatchInterval: 50 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
+	}, nil, nil)
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rt.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	store := bus.NewEventStore(conn, "test", nil)
+	ids := []string{"pool-k-e2e1", "pool-k-e2e2"}
+	for _, id := range ids {
+		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id),
+			Attempt: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-e2e"}}
+		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
+		must(t, err)
+	}
+	for i, id := range ids {
+		name := events.InstanceName(id)
+		must(t, poll(30*time.Second, func() error {
+			_, err := e.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+			return err
+		}))
+		waitKind(t, store, id, events.ProxyProvisioning)
+		e.setStatus(ns, name, corev1.PodRunning, "10.244.2."+string(rune('1'+i)))
+	}
+	for i, id := range ids {
+		evs := waitKind(t, store, id, events.ProxyRunning)
+		var run events.ProxyRunningData
+		must(t, evs[len(evs)-1].DecodeData(&run))
+		if want := "10.244.2." + string(rune('1'+i)) + ":3128"; run.Address != want || run.ProviderID != ns+"/"+events.InstanceName(id) {
+			t.Fatalf("%s running %+v, want address %s", id, run, want)
+		}
+		cmd := events.DeleteCommand{ProxyID: id, Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id),
+			ProviderID: run.ProviderID, Attempt: 1}
+		_, err := bus.PublishDelete(context.Background(), conn, "test", cmd, 0)
+		must(t, err)
+	}
+	for _, id := range ids {
+		waitKind(t, store, id, events.ProxyDeleted)
+	}
+	pods, err := e.admin.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	must(t, err)
+	secrets, err := e.admin.CoreV1().Secrets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: LabelProxy})
+	must(t, err)
+	if len(pods.Items) != 0 || len(secrets.Items) != 0 {
+		t.Fatalf("%d pods and %d secrets left after deleting the pool", len(pods.Items), len(secrets.Items))
+	}
+}
+
+func waitKind(t *testing.T, store *bus.EventStore, id, kind string) []bus.Event {
+	t.Helper()
+	var evs []bus.Event
+	err := poll(60*time.Second, func() error {
+		var err error
+		evs, err = store.Load(context.Background(), events.AggregateProxy, id)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Kind == events.ProxyFailed {
+				var fd events.ProxyFailedData
+				_ = ev.DecodeData(&fd)
+				t.Fatalf("proxy %s failed: %+v", id, fd)
+			}
+		}
+		if len(evs) > 0 && evs[len(evs)-1].Kind == kind {
+			return nil
+		}
+		return errors.New("not yet")
+	})
+	if err != nil {
+		t.Fatalf("proxy %s never reached %s", id, kind)
+	}
+	return evs
+}

@@ -294,4 +294,3 @@ func servingCert() (caPEM, certPEM, keyPEM []byte, err error) {
 	return caPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
-

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/user"
+	"strconv"
 
 	"proxyfleet/pkg/agent"
 )
@@ -127,5 +129,25 @@ func (d *Driver) Check(ctx context.Context) []agent.Verdict {
 		v.OK, v.Detail = false, bin+": "+err.Error()
 	}
 	out = append(out, v)
+	if d.cfg.Squid != "" && os.Geteuid() == 0 {
+		out = append(out, d.checkSquidAccess())
+	}
 	return out
+}
+
+// checkSquidAccess verifies that the user squid drops to can reach the
+// state directory.
+func (d *Driver) checkSquidAccess() agent.Verdict {
+	v := agent.Verdict{Check: "squid-access", OK: true, Detail: "user " + d.cfg.squidUser() + " can reach " + d.cfg.StateDir}
+	u, err := user.Lookup(d.cfg.squidUser())
+	if err != nil {
+		v.OK, v.Detail = false, err.Error()
+		return v
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := searchable(d.cfg.StateDir, uid, gid); err != nil {
+		v.OK, v.Detail = false, "user "+d.cfg.squidUser()+": "+err.Error()
+	}
+	return v
 }

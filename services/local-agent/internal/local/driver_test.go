@@ -357,3 +357,35 @@ func TestParsePortRange(t *testing.T) {
 		}
 	}
 }
+
+// When another program took the port of a dead proxy, the restart moves
+// the proxy to a free port instead of failing forever.
+func TestRestartMovesOffATakenPort(t *testing.T) {
+	o := origin(t)
+	d := newDriver(t, Config{})
+	ctx := ctxT(t)
+	sp := spec("demo-moved")
+	inst, err := d.Create(ctx, sp)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	old := readState(t, d, sp.Name).PID
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "killed proxy to exit", func() bool { return processGone(old) })
+	var squatter net.Listener
+	eventually(t, "the old port to be free", func() bool {
+		squatter, err = net.Listen("tcp", inst.Address)
+		return err == nil
+	})
+	defer squatter.Close()
+	again, err := d.Create(ctx, sp)
+	if err != nil {
+		t.Fatalf("Create with the port taken: %v", err)
+	}
+	if again.Address == inst.Address {
+		t.Fatalf("restarted on the taken address %s", again.Address)
+	}
+	wantServes(t, again.Address, o)
+}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
@@ -69,6 +70,9 @@ func (d *Driver) prepareSquid(s *state, auth *events.ProxyAuth, l launch) (launc
 		owner, _ = strconv.Atoi(u.Uid)
 		gid, _ = strconv.Atoi(u.Gid)
 		conf.User = d.cfg.squidUser()
+		if err := searchable(d.cfg.StateDir, owner, gid); err != nil {
+			return launch{}, agent.Wrapf(agent.ErrPermanent, "squid drops to user %s, which cannot reach the state directory: %w; make it searchable (chmod o+x) or choose another --state-dir", conf.User, err)
+		}
 	}
 	if auth != nil {
 		conf.Htpasswd = filepath.Join(l.dir, fileHtpasswd)
@@ -158,4 +162,33 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// searchable reports whether a process with uid and gid may traverse dir
+// and each of its ancestors (the execute bit that applies to it).
+func searchable(dir string, uid, gid int) error {
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		mode := fi.Mode().Perm()
+		switch {
+		case !ok:
+		case int(st.Uid) == uid:
+			if mode&0o100 == 0 {
+				return fmt.Errorf("%s is not searchable by its owner", p)
+			}
+		case int(st.Gid) == gid:
+			if mode&0o010 == 0 {
+				return fmt.Errorf("%s (mode %#o) is not searchable by its group", p, mode)
+			}
+		case mode&0o001 == 0:
+			return fmt.Errorf("%s (mode %#o) is not searchable by others", p, mode)
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
 }

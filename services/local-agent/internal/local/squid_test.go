@@ -1,6 +1,7 @@
 package local
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -88,6 +89,11 @@ func TestSquidAuthConnectAndSourceAddress(t *testing.T) {
 	pid := readState(t, d, sp.Name).PID
 	statePath := d.states.path(sp.Name)
 
+	for _, v := range d.Check(ctx) {
+		if !v.OK {
+			t.Errorf("check %s failed: %s", v.Check, v.Detail)
+		}
+	}
 	if err := d.Delete(ctx, agent.Ref{ProxyID: sp.ProxyID, Name: sp.Name}); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
@@ -144,5 +150,24 @@ func TestSquidThroughRuntime(t *testing.T) {
 	waitEvent(t, store, cmd.ProxyID, events.ProxyDeleted)
 	if !processGone(pid) {
 		t.Fatalf("squid %d still runs after the deleted event", pid)
+	}
+}
+
+func TestSquidUnreachableStateDirIsPermanent(t *testing.T) {
+	d := squidDriver(t, Config{})
+	if os.Geteuid() != 0 {
+		t.Skip("squid keeps the caller's user unless started as root")
+	}
+	if err := os.Chmod(filepath.Dir(d.cfg.StateDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.Create(ctxT(t), spec("demo-squid4"))
+	if !errors.Is(err, agent.ErrPermanent) {
+		t.Fatalf("Create with a state dir squid cannot reach: %v, want ErrPermanent", err)
+	}
+	for _, v := range d.Check(ctxT(t)) {
+		if v.Check == "squid-access" && v.OK {
+			t.Errorf("squid-access verdict %+v, want not ok", v)
+		}
 	}
 }

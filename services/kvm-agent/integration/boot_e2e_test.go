@@ -1,0 +1,127 @@
+//go:build e2e
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testgate"
+	"proxyfleet/services/kvm-agent/internal/config"
+	"proxyfleet/services/kvm-agent/internal/kvm"
+)
+
+// TestGuestBootsAndProxies boots the guest built by scripts/build-guest.sh
+// through the product's normal path (image cache upload, overlay, seed ISO,
+// domain XML, start) under TCG, waits for the agent to report its address
+// from the DHCP lease, and sends a real HTTP request through the forward
+// proxy the seed's user-data starts. It runs inside the tier's network
+// namespace, where the guests' network is.
+func TestGuestBootsAndProxies(t *testing.T) {
+	socket, pool, network := needLibvirt(t)
+	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
+	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
+	gateway := os.Getenv("KVM_TEST_GATEWAY")
+	testgate.Need(t, gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
+
+	// The image origin, and the site fetched through the guest's proxy.
+	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
+	il, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = imgSrv.Serve(il) }()
+	defer imgSrv.Close()
+	const greeting = "hello through the guest"
+	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
+	sl, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
+	if err != nil {
+		t.Fatalf("listen on the guest network's gateway: %v", err)
+	}
+	go func() { _ = site.Serve(sl) }()
+	defer site.Close()
+
+	entry := randomEntry(t)
+	proxy := "boot-e2e"
+	name := events.InstanceName(proxy)
+	cleanupEntry(t, pool, entry, name)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+entry: %s
+target: ci
+libvirt: {socket: %s}
+pool: %s
+network: %s
+domainType: qemu
+images:
+  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
+profiles:
+  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
+`, entry, socket, pool, network, il.Addr())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := bustest.Start(t)
+	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
+	defer stack.Close()
+	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info("e2e"), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rt.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
+	start := time.Now()
+	create := events.CreateCommand{ProxyID: proxy, Pool: "web", Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128, UserData: userData}
+	if _, err := bus.PublishCreate(ctx, conn, "e2e", create, 0); err != nil {
+		t.Fatal(err)
+	}
+	store := bus.NewEventStore(conn, "e2e", nil)
+	var running events.ProxyRunningData
+	eventually(t, "the running event with an address", 5*time.Minute, func() bool {
+		last, err := store.Last(ctx, events.AggregateProxy, proxy)
+		if err != nil || last == nil {
+			return false
+		}
+		if last.Kind == events.ProxyFailed {
+			t.Fatalf("proxy failed: %s", last.Data)
+		}
+		return last.Kind == events.ProxyRunning && last.DecodeData(&running) == nil
+	})
+	t.Logf("command to running (address %s): %s", running.Address, time.Since(start).Round(time.Millisecond))
+
+	proxyURL := &url.URL{Scheme: "http", Host: running.Address}
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}, Timeout: 10 * time.Second}
+	var body string
+	eventually(t, "an HTTP request through the guest's proxy", 2*time.Minute, func() bool {
+		resp, err := client.Get("http://" + sl.Addr().String() + "/")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == http.StatusOK
+	})
+	if body != greeting {
+		t.Fatalf("body through the proxy = %q, want %q", body, greeting)
+	}
+	fmt.Printf("kvm e2e: command to ready (HTTP through the guest's proxy) %s\n", time.Since(start).Round(time.Millisecond))
+
+	if err := stack.Driver.Delete(ctx, agent.Ref{ProxyID: proxy, Name: name}); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+}

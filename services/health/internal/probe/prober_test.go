@@ -61,7 +61,11 @@ type fleet struct {
 	logs  *syncBuf
 }
 
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T) *fleet { return startFleetN(t, 1) }
+
+// startFleetN starts n probers side by side, as a crashed prober and its
+// replacement, or two health replicas, would run.
+func startFleetN(t *testing.T, n int) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
@@ -72,23 +76,26 @@ func startFleet(t *testing.T) *fleet {
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs}
 
-	pr, err := probe.New(c, probe.Config{
-		EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
-		Concurrency: 4, UnhealthyAfter: unhealthyAfter,
-	}, log, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(rctx) }()
-	go func() {
-		defer wg.Done()
-		if err := pr.Run(rctx); err != nil {
-			t.Errorf("prober: %v", err)
+	for range n {
+		pr, err := probe.New(c, probe.Config{
+			EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
+			Concurrency: 4, UnhealthyAfter: unhealthyAfter,
+		}, log, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pr.Run(rctx); err != nil {
+				t.Errorf("prober: %v", err)
+			}
+		}()
+	}
 	t.Cleanup(func() { stop(); wg.Wait() })
 	return f
 }
@@ -237,6 +244,19 @@ func TestTransitionsOnlyOnChange(t *testing.T) {
 	}
 	if rec := f.record("demo-a"); !rec.OK || !rec.HTTPOK || !rec.ConnectOK || rec.Streak != 0 || rec.EgressIP != "127.0.0.1" {
 		t.Fatalf("probe record after recovery: %+v", rec)
+	}
+}
+
+// Two probers deciding on the same view append the same message id, so
+// NATS keeps one event: what makes a crash-retry of a transition harmless.
+func TestConcurrentProbersAppendOneTransition(t *testing.T) {
+	f := startFleetN(t, 2)
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy("demo-a", "demo", "", fp.addr)
+	f.waitState("demo-a", events.ProxyReady)
+	f.waitProbes("demo-a", 4)
+	if n := len(f.kinds("demo-a")[events.ProxyReady]); n != 1 {
+		t.Fatalf("ready events: got %d, want 1", n)
 	}
 }
 

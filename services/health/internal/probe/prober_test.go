@@ -333,6 +333,13 @@ func TestSharedEgressIsFlagged(t *testing.T) {
 	if f.state("p-c") != events.ProxyRetiring {
 		t.Fatalf("p-c state: got %q, want retiring", f.state("p-c"))
 	}
+
+	// Once the proxy is gone, so is its probe record.
+	f.append(events.AggregateProxy, "p-c", events.ProxyDeleted, events.ProxyDeletedData{Attempt: 1})
+	f.eventually("p-c's probe record removed", func() bool {
+		var r probe.Record
+		return !f.get(bus.BucketProbes, "p-c", &r)
+	})
 }
 
 func TestParseEcho(t *testing.T) {

@@ -60,7 +60,13 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{cfg: cfg, states: stateStore{dir: dir}, log: log, locks: map[string]*sync.Mutex{}}, nil
+	d := &Driver{cfg: cfg, states: stateStore{dir: dir}, log: log, locks: map[string]*sync.Mutex{}}
+	if cfg.Squid != "" && os.Geteuid() == 0 {
+		if v := d.checkSquidAccess(); !v.OK {
+			return nil, agent.Wrapf(agent.ErrPermanent, "squid mode: %s; make the state directory and its parents searchable (chmod o+x) or choose another state directory", v.Detail)
+		}
+	}
+	return d, nil
 }
 
 // lock serialises work on one instance.

@@ -161,6 +161,9 @@ func TestSquidUnreachableStateDirIsPermanent(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(d.cfg.StateDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := New(d.cfg, nil); !errors.Is(err, agent.ErrPermanent) {
+		t.Errorf("New with a state dir squid cannot reach: %v, want ErrPermanent", err)
+	}
 	_, err := d.Create(ctxT(t), spec("demo-squid4"))
 	if !errors.Is(err, agent.ErrPermanent) {
 		t.Fatalf("Create with a state dir squid cannot reach: %v, want ErrPermanent", err)

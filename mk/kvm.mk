@@ -17,3 +17,5 @@ e2e-kvm: ## boot a guest through the kvm-agent under TCG, get its address, HTTP 
 	@$(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR)
 	@KVM_TEST_GUEST_IMAGE=$(KVM_GUEST_DIR)/guest.qcow2 KVM_TEST_GATEWAY=192.168.150.1 \
 		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 10m -run TestGuestBootsAndProxies -v ./integration/'
+
+TEST_ALL_TIERS += e2e-kvm

@@ -44,7 +44,7 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
 		"client address of the embedded NATS server (only without --nats-url)")
 	fs.IntVar(&f.Replicas, "replicas", 0,
-		"stream and bucket replicas; 0 means 1 when embedded and 3 with --nats-url")
+		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
 		"log level: debug, info, warn or error (env PROXYFLEET_LOG_LEVEL)")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",

@@ -155,3 +155,37 @@ func dumpLogs(t *testing.T, dir string) {
 		t.Logf("%s:\n%s", n, b)
 	}
 }
+
+// A Ctrl-C in the agent's terminal signals the agent's whole process group;
+// proxies run in their own session and must keep serving.
+func TestProxiesSurviveInterruptOfAgentGroup(t *testing.T) {
+	conn := bustest.Start(t)
+	o := origin(t)
+	dataDir := t.TempDir()
+	ports := testPorts()
+	store := bus.NewEventStore(conn, "test", nil)
+	ctx := ctxT(t)
+	stateDir := filepath.Join(dataDir, "proxies")
+	t.Cleanup(func() {
+		if d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil); err == nil {
+			cleanupAll(t, d)
+		}
+	})
+	agentCmd := exec.Command(agentBin, "--nats-url", conn.ClientURL(), "--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget)
+	agentCmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the "terminal's" process group
+	if err := agentCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := createCommand("demo-sigint", nil)
+	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
+		t.Fatal(err)
+	}
+	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	if err := syscall.Kill(-agentCmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := agentCmd.Wait(); err != nil {
+		t.Fatalf("agent after SIGINT: %v, want a clean exit", err)
+	}
+	wantServes(t, addr, o)
+}

@@ -19,3 +19,7 @@ e2e-kvm: ## boot a guest through the kvm-agent under TCG, get its address, HTTP 
 		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 10m -run TestGuestBootsAndProxies -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm
+
+.PHONY: bench-kvm
+bench-kvm: ## kvm-agent numbers against a real libvirtd: upload throughput vs virsh vol-upload, create overhead, idle RSS (root)
+	@$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags bench -count=1 -timeout 10m -run TestBenchKVM -v ./integration/'

@@ -50,7 +50,12 @@ func NewService(ctx context.Context, o ServiceOptions, log *slog.Logger) (*compu
 		}
 		rt = &oauth2.Transport{Source: creds.TokenSource, Base: base}
 	}
-	opts := []option.ClientOption{option.WithHTTPClient(&http.Client{Transport: wireLog{base: rt, log: log}})}
+	opts := []option.ClientOption{
+		option.WithHTTPClient(&http.Client{Transport: wireLog{base: rt, log: log}}),
+		// The library's own request logging (GOOGLE_SDK_GO_LOGGING_LEVEL)
+		// prints bodies; only the allowlist logger may speak.
+		option.WithLogger(slog.New(slog.DiscardHandler)),
+	}
 	if o.Endpoint != "" {
 		opts = append(opts, option.WithEndpoint(o.Endpoint))
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -79,6 +80,9 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 	f := newFakeCompute(t, "zone-a")
 	var logs syncBuffer
 	log := telemetry.NewLogger(&logs, slog.LevelDebug, "cloud-agent")
+	// The client library's own logging at its highest level, to stderr.
+	t.Setenv("GOOGLE_SDK_GO_LOGGING_LEVEL", "debug")
+	stderr := captureStderr(t)
 
 	keyFile, keyID, keyPEM := serviceAccountFile(t, f)
 	svc, err := NewService(context.Background(), ServiceOptions{CredentialsFile: keyFile, Endpoint: f.base()}, log)
@@ -156,7 +160,7 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 	if !authed {
 		t.Fatal("the API never saw the service account's access token")
 	}
-	out := logs.String()
+	out := logs.String() + stderr()
 	if !strings.Contains(out, `"msg":"gce api call"`) || !strings.Contains(out, `"level":"DEBUG"`) {
 		t.Fatalf("no debug wire log lines captured:\n%s", out)
 	}
@@ -169,6 +173,33 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 			t.Errorf("the %s appears in the logs", name)
 		}
 	}
+}
+
+// captureStderr redirects os.Stderr until the test ends; the returned
+// function stops the capture and returns what was written.
+func captureStderr(t *testing.T) func() string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	var buf syncBuffer
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = io.Copy(&buf, r) }()
+	stopped := false
+	stop := func() string {
+		if !stopped {
+			stopped = true
+			os.Stderr = old
+			_ = w.Close()
+			<-done
+		}
+		return buf.String()
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 func waitEvent(t *testing.T, store *bus.EventStore, id, kind string) []bus.Event {

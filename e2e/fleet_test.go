@@ -75,6 +75,8 @@ type fleet struct {
 	echoAddr string
 	ports    string
 	agentArg []string
+	stateDir string // the local-agent's state directory
+	squid    string // squid binary when the agent runs Squid proxies
 
 	mu    sync.Mutex
 	procs map[string]*exec.Cmd
@@ -83,7 +85,18 @@ type fleet struct {
 func newFleet(t *testing.T, agentArgs ...string) *fleet {
 	t.Helper()
 	needBinaries(t)
+	// Squid drops to its own user, which must reach the state directory, so
+	// it lives in a world-searchable directory rather than under TempDir.
+	stateDir, err := os.MkdirTemp("", "proxyfleet-e2e-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(stateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stateDir) })
 	f := &fleet{
+		stateDir: stateDir,
 		t:        t,
 		conn:     bustest.Start(t),
 		dir:      t.TempDir(),
@@ -144,7 +157,11 @@ func (f *fleet) startHealth() {
 	f.start("health", "--echo-addr", f.echoAddr, "--probe-interval", "300ms", "--probe-timeout", "2s")
 }
 func (f *fleet) startAgent() {
-	f.start("local-agent", append([]string{"--entry", "local", "--target", "t1", "--ports", f.ports}, f.agentArg...)...)
+	args := []string{"--entry", "local", "--target", "t1", "--ports", f.ports, "--state-dir", f.stateDir}
+	if f.squid != "" {
+		args = append(args, "--squid", f.squid)
+	}
+	f.start("local-agent", append(args, f.agentArg...)...)
 }
 
 func (f *fleet) startAll() {
@@ -451,6 +468,31 @@ func killBinaryProcesses(exe string) {
 }
 
 func agentExe() string { return filepath.Join(binDir, "local-agent") }
+
+// proxyProcs lists the live proxy processes of this fleet: built-in proxy
+// processes listening in its port range, or Squid processes reading their
+// configuration from its state directory.
+func (f *fleet) proxyProcs() []int {
+	if f.squid == "" {
+		return proxyProcesses(agentExe(), f.ports)
+	}
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || p != f.squid {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.Contains(cmdline, []byte(f.stateDir)) && !isZombie(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
 
 // parseJSON decodes b into v or fails the test.
 func parseJSON(t *testing.T, b []byte, v any) {

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"encoding/hex"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -9,13 +10,31 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/testgate"
 )
 
 // TestPoolLifecycle is the walking skeleton's acceptance: a pool of 3 on the
 // local backend becomes ready and carries HTTP; scaling to 1 retires two
 // whose processes are gone; deleting the pool leaves nothing.
 func TestPoolLifecycle(t *testing.T) {
+	poolLifecycle(t, newFleet(t))
+}
+
+// TestPoolLifecycleSquid is the same flow with every proxy a real Squid
+// process. It runs in the Squid tier (make test-e2e-squid), which installs
+// Debian's squid and sets PROXYFLEET_SQUID.
+func TestPoolLifecycleSquid(t *testing.T) {
+	squid := os.Getenv("PROXYFLEET_SQUID")
+	if squid == "" {
+		t.Skip("PROXYFLEET_SQUID is not set; make test-e2e-squid runs this test with Debian's squid")
+	}
+	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
 	f := newFleet(t)
+	f.squid = squid
+	poolLifecycle(t, f)
+}
+
+func poolLifecycle(t *testing.T, f *fleet) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	org := origin(t)
@@ -28,14 +47,14 @@ func TestPoolLifecycle(t *testing.T) {
 			t.Fatalf("GET through %s (%s): %d %q %v", p.ID, p.Address, code, body, err)
 		}
 	}
-	if n := len(proxyProcesses(agentExe(), f.ports)); n != 3 {
+	if n := len(f.proxyProcs()); n != 3 {
 		t.Fatalf("%d proxy processes run, want 3", n)
 	}
 
 	f.mustReq("fleet.api.pool.apply", `{"name":"demo","provider":"local","size":1}`)
 	left := f.waitPool("demo", 1, "ready", 60*time.Second)
 	waitFor(t, 30*time.Second, "two proxy processes to exit", func() bool {
-		return len(proxyProcesses(agentExe(), f.ports)) == 1
+		return len(f.proxyProcs()) == 1
 	})
 	if code, _, err := getThrough(left[0].Address, org.URL, nil); err != nil || code != 200 {
 		t.Fatalf("the remaining proxy stopped working: %d %v", code, err)
@@ -51,7 +70,7 @@ func TestPoolLifecycle(t *testing.T) {
 
 	f.mustReq("fleet.api.pool.delete", `{"name":"demo"}`)
 	waitFor(t, 60*time.Second, "pool demo to be empty", func() bool {
-		return len(f.proxies("demo")) == 0 && len(proxyProcesses(agentExe(), f.ports)) == 0
+		return len(f.proxies("demo")) == 0 && len(f.proxyProcs()) == 0
 	})
 }
 
@@ -71,7 +90,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	f.startAgent()
 
 	f.waitPool("crash", 3, "ready", 90*time.Second)
-	if n := len(proxyProcesses(agentExe(), f.ports)); n != 3 {
+	if n := len(f.proxyProcs()); n != 3 {
 		t.Fatalf("%d proxy processes after the crash, want 3", n)
 	}
 	if n := f.eventCount("fleet.evt.proxy.*.requested"); n != 3 {
@@ -79,7 +98,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	}
 	f.mustReq("fleet.api.pool.delete", `{"name":"crash"}`)
 	waitFor(t, 60*time.Second, "pool crash to be empty", func() bool {
-		return len(f.proxies("crash")) == 0 && len(proxyProcesses(agentExe(), f.ports)) == 0
+		return len(f.proxies("crash")) == 0 && len(f.proxyProcs()) == 0
 	})
 }
 
@@ -125,7 +144,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	}
 	f.mustReq("fleet.api.pool.delete", `{"name":"steady"}`)
 	waitFor(t, 60*time.Second, "pool steady to be empty", func() bool {
-		return len(f.proxies("steady")) == 0 && len(proxyProcesses(agentExe(), f.ports)) == 0
+		return len(f.proxies("steady")) == 0 && len(f.proxyProcs()) == 0
 	})
 }
 

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"io"
 	"os"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -391,11 +393,19 @@ func TestKubeEndToEnd(t *testing.T) {
 	e := newKubeEnv(t)
 	ns := e.namespace("e2e")
 	d := e.driver("k8s", ns)
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	d.log = log
 	conn := bustest.Start(t)
 	rt, err := agent.New(bustest.Dial(t, conn), d, agent.Config{
 		Info:          agent.Info{Entry: "k8s", Target: ns, Type: "kubernetes"},
 		WatchInterval: 50 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
-	}, nil, nil)
+	}, log, nil)
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -406,7 +416,8 @@ func TestKubeEndToEnd(t *testing.T) {
 	ids := []string{"pool-k-e2e1", "pool-k-e2e2"}
 	for _, id := range ids {
 		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id),
-			Attempt: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-e2e"}}
+			Attempt: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-e2e-canary"},
+			UserData: []byte("#cloud-config\n# ud-e2e-canary\n")}
 		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
 		must(t, err)
 	}
@@ -441,7 +452,22 @@ func TestKubeEndToEnd(t *testing.T) {
 	if len(pods.Items) != 0 || len(secrets.Items) != 0 {
 		t.Fatalf("%d pods and %d secrets left after deleting the pool", len(pods.Items), len(secrets.Items))
 	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(out, "pod deleted") {
+		t.Fatalf("no driver logs captured:\n%s", out)
+	}
+	for _, secret := range []string{"pw-e2e-canary", "ud-e2e-canary", "$apr1$"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("%q appears in the debug logs", secret)
+		}
+	}
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 func waitKind(t *testing.T, store *bus.EventStore, id, kind string) []bus.Event {
 	t.Helper()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -128,5 +130,39 @@ func TestProviderID(t *testing.T) {
 		if ns != c.ns || name != c.name || !errors.Is(err, c.err) && (err != nil || c.err != nil) {
 			t.Errorf("locate(%+v) = %q %q %v, want %q %q %v", c.ref, ns, name, err, c.ns, c.name, c.err)
 		}
+	}
+}
+
+func TestRESTConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	kc := `apiVersion: v1
+kind: Config
+clusters:
+- name: a
+  cluster: {server: "https://10.0.0.1:6443"}
+- name: b
+  cluster: {server: "https://10.0.0.2:6443"}
+users:
+- name: u
+  user: {token: tok}
+contexts:
+- name: ctx-a
+  context: {cluster: a, user: u}
+- name: ctx-b
+  context: {cluster: b, user: u}
+current-context: ctx-a
+`
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for ctxName, want := range map[string]string{"": "https://10.0.0.1:6443", "ctx-b": "https://10.0.0.2:6443"} {
+		c, err := RESTConfig(path, ctxName)
+		if err != nil || c.Host != want {
+			t.Errorf("RESTConfig(%q) = %v, %v; want host %s", ctxName, c, err, want)
+		}
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	if _, err := RESTConfig("", ""); err == nil || !strings.Contains(err.Error(), "kubeconfig") {
+		t.Errorf("in-cluster config outside a cluster: %v, want an error naming kubernetes.kubeconfig", err)
 	}
 }

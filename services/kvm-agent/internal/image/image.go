@@ -301,19 +301,23 @@ func rawVolumeXML(name string, size uint64) string {
 	return fmt.Sprintf("<volume>\n  <name>%s</name>\n  <capacity unit='bytes'>%d</capacity>\n  <allocation unit='bytes'>0</allocation>\n  <target>\n    <format type='raw'/>\n  </target>\n</volume>\n", name, size)
 }
 
-// progressReader reports bytes read through it.
+// progressReader reports bytes read through it. After a failed upload a
+// read may still be in flight in go-libvirt's sender, hence the lock.
 type progressReader struct {
 	r    io.Reader
 	c    *Cache
 	ctx  context.Context
+	mu   sync.Mutex
 	p    Progress
 	last time.Time
 }
 
 func (p *progressReader) Read(b []byte) (int, error) {
 	n, err := p.r.Read(b)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.p.Done += uint64(n)
-	if p.c.cfg.OnProgress != nil && time.Since(p.last) >= p.c.cfg.ProgressEvery {
+	if p.c.cfg.OnProgress != nil && !p.p.Finished && time.Since(p.last) >= p.c.cfg.ProgressEvery {
 		p.last = time.Now()
 		p.c.cfg.OnProgress(p.ctx, p.p)
 	}
@@ -321,6 +325,8 @@ func (p *progressReader) Read(b []byte) (int, error) {
 }
 
 func (p *progressReader) finish(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.c.cfg.OnProgress == nil {
 		return
 	}

@@ -3,6 +3,7 @@ package libvirt
 import (
 	"io"
 	"sync"
+	"sync/atomic"
 )
 
 // eofReader ends a stream with io.EOF whatever error its source returns,
@@ -40,11 +41,29 @@ func (e *eofReader) Err() error {
 // countingReader counts the bytes read through it.
 type countingReader struct {
 	r io.Reader
-	n uint64
+	n atomic.Uint64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += uint64(n)
+	c.n.Add(uint64(n))
 	return n, err
 }
+
+// gateReader stops reading its source once closed. go-libvirt's stream
+// sender may still be running when a failed upload returns; after close it
+// gets EOF instead of touching the caller's reader (at most a read already
+// in flight completes).
+type gateReader struct {
+	r      io.Reader
+	closed atomic.Bool
+}
+
+func (g *gateReader) Read(p []byte) (int, error) {
+	if g.closed.Load() {
+		return 0, io.EOF
+	}
+	return g.r.Read(p)
+}
+
+func (g *gateReader) close() { g.closed.Store(true) }

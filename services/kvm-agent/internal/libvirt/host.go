@@ -179,32 +179,45 @@ func (h *Host) drop(l *link, why string) {
 	l.kill()
 }
 
-// call runs fn (one RPC named rpc) on the shared link under the RPC budget.
-func (h *Host) call(ctx context.Context, rpc string, abandon bool, fn func(lv *golibvirt.Libvirt) error) error {
+// result is what one RPC returned.
+type result[T any] struct {
+	v   T
+	err error
+}
+
+// call runs fn (one RPC named rpc) on the shared link of h under the RPC
+// budget. The result travels through a channel, so an abandoned RPC that
+// returns late writes nothing the caller reads.
+func call[T any](ctx context.Context, h *Host, rpc string, abandon bool, fn func(lv *golibvirt.Libvirt) (T, error)) (T, error) {
+	var zero T
 	if abandon && h.abandoned.Load() > 0 {
-		return agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: an earlier check's call to libvirtd has not returned yet", rpc))
+		return zero, agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: an earlier check's call to libvirtd has not returned yet", rpc))
 	}
 	l, err := h.shared(ctx)
 	if err != nil {
-		return err
+		return zero, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, h.opt.RPCTimeout)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- fn(l.lv) }()
+	done := make(chan result[T], 1)
+	go func() {
+		v, err := fn(l.lv)
+		done <- result[T]{v, err}
+	}()
 	select {
-	case err := <-done:
+	case r := <-done:
+		err := r.err
 		if err == nil {
-			return nil
+			return r.v, nil
 		}
 		lerr := fromLibvirt(rpc, err)
 		var le *Error
 		if !errors.As(lerr, &le) {
 			// No libvirt code: the connection itself failed.
 			h.drop(l, rpc+": "+err.Error())
-			return agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: libvirt connection failed: %w", rpc, err))
+			return zero, agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: libvirt connection failed: %w", rpc, err))
 		}
-		return Classify(lerr)
+		return zero, Classify(lerr)
 	case <-cctx.Done():
 		why := cctx.Err()
 		if ctx.Err() == nil {
@@ -216,7 +229,7 @@ func (h *Host) call(ctx context.Context, rpc string, abandon bool, fn func(lv *g
 		} else {
 			h.drop(l, rpc+" cancelled")
 		}
-		return agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: %w", rpc, why))
+		return zero, agent.Wrap(agent.ErrTransient, fmt.Errorf("%s: %w", rpc, why))
 	}
 }
 
@@ -231,7 +244,9 @@ func (h *Host) upload(ctx context.Context, vol StorageVol, r io.Reader, length u
 		return err
 	}
 	defer l.kill()
-	src := &eofReader{r: r}
+	gate := &gateReader{r: r}
+	defer gate.close()
+	src := &eofReader{r: gate}
 	cnt := &countingReader{r: src}
 	done := make(chan error, 1)
 	go func() { done <- l.lv.StorageVolUpload(vol, cnt, 0, length, 0) }()
@@ -250,14 +265,14 @@ func (h *Host) upload(ctx context.Context, vol StorageVol, r io.Reader, length u
 		return agent.Wrap(agent.ErrTransient, fmt.Errorf("upload %s: %w", vol.Name, ctx.Err()))
 	}
 	if serr := src.Err(); serr != nil {
-		return agent.Wrap(agent.ErrTransient, fmt.Errorf("upload %s: source failed after %d of %d bytes: %w", vol.Name, cnt.n, length, serr))
+		return agent.Wrap(agent.ErrTransient, fmt.Errorf("upload %s: source failed after %d of %d bytes: %w", vol.Name, cnt.n.Load(), length, serr))
 	}
 	if err != nil {
 		lerr := fromLibvirt("virStorageVolUpload", err)
 		return Classify(fmt.Errorf("upload %s: %w", vol.Name, lerr))
 	}
-	if cnt.n != length {
-		return agent.Wrap(agent.ErrTransient, fmt.Errorf("upload %s: source ended after %d of %d bytes", vol.Name, cnt.n, length))
+	if n := cnt.n.Load(); n != length {
+		return agent.Wrap(agent.ErrTransient, fmt.Errorf("upload %s: source ended after %d of %d bytes", vol.Name, n, length))
 	}
 	return nil
 }
@@ -271,53 +286,52 @@ type caller struct {
 var _ RPC = caller{}
 
 func (c caller) do(ctx context.Context, rpc string, fn func(lv *golibvirt.Libvirt) error) error {
-	return c.h.call(ctx, rpc, c.abandon, fn)
+	_, err := call(ctx, c.h, rpc, c.abandon, func(lv *golibvirt.Libvirt) (struct{}, error) { return struct{}{}, fn(lv) })
+	return err
 }
 
-func (c caller) ConnectGetLibVersion(ctx context.Context) (v uint64, err error) {
-	err = c.do(ctx, "virConnectGetLibVersion", func(lv *golibvirt.Libvirt) (e error) { v, e = lv.ConnectGetLibVersion(); return })
-	return
+func (c caller) ConnectGetLibVersion(ctx context.Context) (uint64, error) {
+	return call(ctx, c.h, "virConnectGetLibVersion", c.abandon, func(lv *golibvirt.Libvirt) (uint64, error) { return lv.ConnectGetLibVersion() })
 }
 
-func (c caller) ConnectGetHostname(ctx context.Context) (name string, err error) {
-	err = c.do(ctx, "virConnectGetHostname", func(lv *golibvirt.Libvirt) (e error) { name, e = lv.ConnectGetHostname(); return })
-	return
+func (c caller) ConnectGetHostname(ctx context.Context) (string, error) {
+	return call(ctx, c.h, "virConnectGetHostname", c.abandon, func(lv *golibvirt.Libvirt) (string, error) { return lv.ConnectGetHostname() })
 }
 
-func (c caller) ConnectListAllDomains(ctx context.Context) (doms []Domain, err error) {
-	err = c.do(ctx, "virConnectListAllDomains", func(lv *golibvirt.Libvirt) (e error) {
-		doms, _, e = lv.ConnectListAllDomains(1, 0)
-		return
+func (c caller) ConnectListAllDomains(ctx context.Context) ([]Domain, error) {
+	return call(ctx, c.h, "virConnectListAllDomains", c.abandon, func(lv *golibvirt.Libvirt) ([]Domain, error) {
+		doms, _, err := lv.ConnectListAllDomains(1, 0)
+		return doms, err
 	})
-	return
 }
 
-func (c caller) StoragePoolLookupByName(ctx context.Context, name string) (p StoragePool, err error) {
-	err = c.do(ctx, "virStoragePoolLookupByName", func(lv *golibvirt.Libvirt) (e error) { p, e = lv.StoragePoolLookupByName(name); return })
-	return
+func (c caller) StoragePoolLookupByName(ctx context.Context, name string) (StoragePool, error) {
+	return call(ctx, c.h, "virStoragePoolLookupByName", c.abandon, func(lv *golibvirt.Libvirt) (StoragePool, error) { return lv.StoragePoolLookupByName(name) })
 }
 
-func (c caller) StoragePoolGetInfo(ctx context.Context, pool StoragePool) (state uint8, avail uint64, err error) {
-	err = c.do(ctx, "virStoragePoolGetInfo", func(lv *golibvirt.Libvirt) (e error) {
-		state, _, _, avail, e = lv.StoragePoolGetInfo(pool)
-		return
+type poolInfo struct {
+	state uint8
+	avail uint64
+}
+
+func (c caller) StoragePoolGetInfo(ctx context.Context, pool StoragePool) (uint8, uint64, error) {
+	pi, err := call(ctx, c.h, "virStoragePoolGetInfo", c.abandon, func(lv *golibvirt.Libvirt) (poolInfo, error) {
+		state, _, _, avail, err := lv.StoragePoolGetInfo(pool)
+		return poolInfo{state, avail}, err
 	})
-	return
+	return pi.state, pi.avail, err
 }
 
-func (c caller) StorageVolLookupByName(ctx context.Context, pool StoragePool, name string) (v StorageVol, err error) {
-	err = c.do(ctx, "virStorageVolLookupByName", func(lv *golibvirt.Libvirt) (e error) { v, e = lv.StorageVolLookupByName(pool, name); return })
-	return
+func (c caller) StorageVolLookupByName(ctx context.Context, pool StoragePool, name string) (StorageVol, error) {
+	return call(ctx, c.h, "virStorageVolLookupByName", c.abandon, func(lv *golibvirt.Libvirt) (StorageVol, error) { return lv.StorageVolLookupByName(pool, name) })
 }
 
-func (c caller) StorageVolCreateXML(ctx context.Context, pool StoragePool, xml string) (v StorageVol, err error) {
-	err = c.do(ctx, "virStorageVolCreateXML", func(lv *golibvirt.Libvirt) (e error) { v, e = lv.StorageVolCreateXML(pool, xml, 0); return })
-	return
+func (c caller) StorageVolCreateXML(ctx context.Context, pool StoragePool, xml string) (StorageVol, error) {
+	return call(ctx, c.h, "virStorageVolCreateXML", c.abandon, func(lv *golibvirt.Libvirt) (StorageVol, error) { return lv.StorageVolCreateXML(pool, xml, 0) })
 }
 
-func (c caller) StorageVolGetPath(ctx context.Context, vol StorageVol) (p string, err error) {
-	err = c.do(ctx, "virStorageVolGetPath", func(lv *golibvirt.Libvirt) (e error) { p, e = lv.StorageVolGetPath(vol); return })
-	return
+func (c caller) StorageVolGetPath(ctx context.Context, vol StorageVol) (string, error) {
+	return call(ctx, c.h, "virStorageVolGetPath", c.abandon, func(lv *golibvirt.Libvirt) (string, error) { return lv.StorageVolGetPath(vol) })
 }
 
 func (c caller) StorageVolDelete(ctx context.Context, vol StorageVol) error {
@@ -329,33 +343,30 @@ func (c caller) StorageVolUpload(ctx context.Context, vol StorageVol, r io.Reade
 }
 
 func (c caller) StorageVolDownload(ctx context.Context, vol StorageVol, max uint64) ([]byte, error) {
-	var buf bytes.Buffer
-	err := c.do(ctx, "virStorageVolDownload", func(lv *golibvirt.Libvirt) error {
-		return lv.StorageVolDownload(vol, &buf, 0, max, 0)
+	return call(ctx, c.h, "virStorageVolDownload", c.abandon, func(lv *golibvirt.Libvirt) ([]byte, error) {
+		var buf bytes.Buffer
+		err := lv.StorageVolDownload(vol, &buf, 0, max, 0)
+		return buf.Bytes(), err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }
 
-func (c caller) DomainLookupByName(ctx context.Context, name string) (d Domain, err error) {
-	err = c.do(ctx, "virDomainLookupByName", func(lv *golibvirt.Libvirt) (e error) { d, e = lv.DomainLookupByName(name); return })
-	return
+func (c caller) DomainLookupByName(ctx context.Context, name string) (Domain, error) {
+	return call(ctx, c.h, "virDomainLookupByName", c.abandon, func(lv *golibvirt.Libvirt) (Domain, error) { return lv.DomainLookupByName(name) })
 }
 
-func (c caller) DomainDefineXML(ctx context.Context, xml string) (d Domain, err error) {
-	err = c.do(ctx, "virDomainDefineXML", func(lv *golibvirt.Libvirt) (e error) { d, e = lv.DomainDefineXML(xml); return })
-	return
+func (c caller) DomainDefineXML(ctx context.Context, xml string) (Domain, error) {
+	return call(ctx, c.h, "virDomainDefineXML", c.abandon, func(lv *golibvirt.Libvirt) (Domain, error) { return lv.DomainDefineXML(xml) })
 }
 
 func (c caller) DomainCreate(ctx context.Context, dom Domain) error {
 	return c.do(ctx, "virDomainCreate", func(lv *golibvirt.Libvirt) error { return lv.DomainCreate(dom) })
 }
 
-func (c caller) DomainGetState(ctx context.Context, dom Domain) (st int32, err error) {
-	err = c.do(ctx, "virDomainGetState", func(lv *golibvirt.Libvirt) (e error) { st, _, e = lv.DomainGetState(dom, 0); return })
-	return
+func (c caller) DomainGetState(ctx context.Context, dom Domain) (int32, error) {
+	return call(ctx, c.h, "virDomainGetState", c.abandon, func(lv *golibvirt.Libvirt) (int32, error) {
+		st, _, err := lv.DomainGetState(dom, 0)
+		return st, err
+	})
 }
 
 func (c caller) DomainDestroy(ctx context.Context, dom Domain) error {
@@ -368,15 +379,14 @@ func (c caller) DomainUndefineFlags(ctx context.Context, dom Domain) error {
 	})
 }
 
-func (c caller) DomainGetMetadata(ctx context.Context, dom Domain, uri string) (md string, err error) {
-	err = c.do(ctx, "virDomainGetMetadata", func(lv *golibvirt.Libvirt) (e error) {
-		md, e = lv.DomainGetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{uri}, golibvirt.DomainAffectCurrent)
-		return
+func (c caller) DomainGetMetadata(ctx context.Context, dom Domain, uri string) (string, error) {
+	return call(ctx, c.h, "virDomainGetMetadata", c.abandon, func(lv *golibvirt.Libvirt) (string, error) {
+		return lv.DomainGetMetadata(dom, int32(golibvirt.DomainMetadataElement), golibvirt.OptString{uri}, golibvirt.DomainAffectCurrent)
 	})
-	return
 }
 
-func (c caller) DomainInterfaceAddresses(ctx context.Context, dom Domain, source uint32) (ifs []DomainInterface, err error) {
-	err = c.do(ctx, "virDomainInterfaceAddresses", func(lv *golibvirt.Libvirt) (e error) { ifs, e = lv.DomainInterfaceAddresses(dom, source, 0); return })
-	return
+func (c caller) DomainInterfaceAddresses(ctx context.Context, dom Domain, source uint32) ([]DomainInterface, error) {
+	return call(ctx, c.h, "virDomainInterfaceAddresses", c.abandon, func(lv *golibvirt.Libvirt) ([]DomainInterface, error) {
+		return lv.DomainInterfaceAddresses(dom, source, 0)
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -59,6 +60,12 @@ func Open(cfg *config.Config, o Options) *Stack {
 			addr = net.JoinHostPort(addr, "22")
 		}
 		d = libvirt.SSHDialer{Addr: addr, User: s.User, KeyFile: s.KeyFile, KnownHostsFile: s.KnownHostsFile, Socket: s.Socket}
+		// Read again on every dial; say now if they are not there yet.
+		for _, f := range []string{s.KeyFile, s.KnownHostsFile} {
+			if _, err := os.Stat(f); err != nil {
+				log.Warn("ssh file not readable yet; connections fail until it is", "file", f, "err", err)
+			}
+		}
 	}
 	if o.Dialer != nil {
 		d = o.Dialer(d)

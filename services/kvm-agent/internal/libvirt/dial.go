@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"proxyfleet/pkg/agent"
 )
 
 // DefaultSocket is libvirtd's system socket.
@@ -48,17 +50,22 @@ func (d SSHDialer) String() string { return "ssh://" + d.User + "@" + d.Addr }
 
 // Dial opens the SSH session and forwards the remote socket.
 func (d SSHDialer) Dial(ctx context.Context) (net.Conn, error) {
+	// A missing file may appear later (a secret mounted after start):
+	// transient. A file that does not parse will not heal by retrying.
 	key, err := os.ReadFile(d.KeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("ssh key: %w", err)
+		return nil, agent.Wrap(agent.ErrTransient, fmt.Errorf("ssh key: %w", err))
 	}
 	signer, err := ssh.ParsePrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("ssh key %s: %w", d.KeyFile, err)
+		return nil, agent.Wrap(agent.ErrPermanent, fmt.Errorf("ssh key %s: %w", d.KeyFile, err))
+	}
+	if _, err := os.Stat(d.KnownHostsFile); err != nil {
+		return nil, agent.Wrap(agent.ErrTransient, fmt.Errorf("ssh known_hosts: %w", err))
 	}
 	hostKeys, err := knownhosts.New(d.KnownHostsFile)
 	if err != nil {
-		return nil, fmt.Errorf("ssh known_hosts: %w", err)
+		return nil, agent.Wrap(agent.ErrPermanent, fmt.Errorf("ssh known_hosts: %w", err))
 	}
 	var nd net.Dialer
 	tcp, err := nd.DialContext(ctx, "tcp", d.Addr)

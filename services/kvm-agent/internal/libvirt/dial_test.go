@@ -17,6 +17,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"proxyfleet/pkg/agent"
 )
 
 // sshServer accepts one client key and forwards direct-streamlocal channels
@@ -159,6 +161,11 @@ func TestSSHDialerForwardsTheSocketAndChecksTheHostKey(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("not a key\n@@@ ssh-rsa !!!\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d := SSHDialer{Addr: srv.addr, User: "proxyfleet", KeyFile: keyFile, KnownHostsFile: good, Socket: sock}
@@ -178,14 +185,17 @@ func TestSSHDialerForwardsTheSocketAndChecksTheHostKey(t *testing.T) {
 	}
 
 	tests := []struct {
-		name string
-		d    SSHDialer
-		want string
+		name  string
+		d     SSHDialer
+		want  string
+		class string
 	}{
-		{"host key not the known one", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: bad, Socket: sock}, "ssh handshake"},
-		{"known_hosts missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: filepath.Join(dir, "nope"), Socket: sock}, "known_hosts"},
-		{"key missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: filepath.Join(dir, "nokey"), KnownHostsFile: good, Socket: sock}, "ssh key"},
-		{"remote socket missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: good, Socket: "/nonexistent/sock"}, "ssh forward"},
+		{"host key not the known one", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: bad, Socket: sock}, "ssh handshake", agent.ClassTransient},
+		{"known_hosts missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: filepath.Join(dir, "nope"), Socket: sock}, "known_hosts", agent.ClassTransient},
+		{"known_hosts unparsable", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: garbage, Socket: sock}, "known_hosts", agent.ClassPermanent},
+		{"key missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: filepath.Join(dir, "nokey"), KnownHostsFile: good, Socket: sock}, "ssh key", agent.ClassTransient},
+		{"key unparsable", SSHDialer{Addr: srv.addr, User: "u", KeyFile: garbage, KnownHostsFile: good, Socket: sock}, "ssh key", agent.ClassPermanent},
+		{"remote socket missing", SSHDialer{Addr: srv.addr, User: "u", KeyFile: keyFile, KnownHostsFile: good, Socket: "/nonexistent/sock"}, "ssh forward", agent.ClassTransient},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,6 +206,9 @@ func TestSSHDialerForwardsTheSocketAndChecksTheHostKey(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want it to mention %q", err, tc.want)
+			}
+			if got := agent.Classify(err); got != tc.class {
+				t.Errorf("class = %q, want %q", got, tc.class)
 			}
 		})
 	}

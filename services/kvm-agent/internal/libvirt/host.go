@@ -115,7 +115,7 @@ func (h *Host) open(ctx context.Context) (*link, error) {
 	defer cancel()
 	conn, err := h.dialer.Dial(ctx)
 	if err != nil {
-		return nil, agent.Wrap(agent.ErrTransient, fmt.Errorf("dial libvirt %s: %w", h.dialer, err))
+		return nil, Classify(fmt.Errorf("dial libvirt %s: %w", h.dialer, err))
 	}
 	l := &link{lv: golibvirt.NewWithDialer(dialers.NewAlreadyConnected(conn)), conn: conn}
 	done := make(chan error, 1)

@@ -29,7 +29,11 @@ fi
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
-kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
+if [ -z "$kpkg" ]; then
+	apt-get update -q
+	kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+fi
 apt-get download -q "$kpkg" busybox-static >/dev/null
 dpkg-deb -x "$kpkg"_*.deb k
 dpkg-deb -x busybox-static_*.deb bb

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,6 +121,17 @@ profiles:
 		t.Fatalf("body through the proxy = %q, want %q", body, greeting)
 	}
 	fmt.Printf("kvm e2e: command to ready (HTTP through the guest's proxy) %s\n", time.Since(start).Round(time.Millisecond))
+
+	// Both address sources the agent prefers answer with the same address:
+	// the guest agent (qemu-ga in the guest) and the DHCP lease.
+	ip, _, _ := net.SplitHostPort(running.Address)
+	for _, source := range []string{"agent", "lease"} {
+		var out string
+		eventually(t, "virsh domifaddr --source "+source, 2*time.Minute, func() bool {
+			out, _ = virsh(t, "domifaddr", "--source", source, name)
+			return strings.Contains(out, ip+"/")
+		})
+	}
 
 	if err := stack.Driver.Delete(ctx, agent.Ref{ProxyID: proxy, Name: name}); err != nil {
 		t.Fatalf("Delete: %v", err)

@@ -2,8 +2,9 @@
 # Builds the boot test's guest disk from Debian packages: Debian's kernel, a
 # busybox initramfs whose /init loads the virtio, SATA CD-ROM and ISO9660
 # modules, mounts the NoCloud seed (label cidata), gets an address with
-# udhcpc and runs the seed's user-data when it is a script; a statically
-# built forward proxy rides along. The disk boots under BIOS with syslinux
+# udhcpc, starts qemu-guest-agent (Debian's, with the libraries it links)
+# and runs the seed's user-data when it is a script; a statically built
+# forward proxy rides along. The disk boots under BIOS with syslinux
 # (installed with mtools, no loop mounts) and is written as qcow2.
 #
 # Usage: build-guest.sh OUTDIR   (writes OUTDIR/guest.qcow2; reuses it when present)
@@ -34,15 +35,26 @@ if [ -z "$kpkg" ]; then
 	apt-get update -q
 	kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
 fi
-apt-get download -q "$kpkg" busybox-static >/dev/null
+apt-get download -q "$kpkg" busybox-static qemu-guest-agent >/dev/null
 dpkg-deb -x "$kpkg"_*.deb k
 dpkg-deb -x busybox-static_*.deb bb
+dpkg-deb -x qemu-guest-agent_*.deb qga
+if ldd qga/usr/sbin/qemu-ga | grep -q 'not found'; then
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q libglib2.0-0 libnuma1 liburing2 libudev1 libpcre2-8-0
+fi
 KVER=$(ls k/lib/modules)
 depmod -b k "$KVER"
 
 R=root
 mkdir -p $R/bin $R/proc $R/sys $R/dev $R/seed $R/tmp $R/etc $R/lib/modules
 cp bb/bin/busybox $R/bin/busybox
+# qemu-ga with the host's copies of its libraries (same Debian release).
+mkdir -p $R/usr/sbin $R/lib64 $R/lib/x86_64-linux-gnu $R/var/run $R/var/lib $R/run
+cp qga/usr/sbin/qemu-ga $R/usr/sbin/
+for lib in $(ldd qga/usr/sbin/qemu-ga | awk '/=> \//{print $3}'); do
+	cp -L "$lib" $R/lib/x86_64-linux-gnu/
+done
+cp -L /lib64/ld-linux-x86-64.so.2 $R/lib64/
 CGO_ENABLED=0 go build -C "$HERE" -trimpath -ldflags '-s -w' -o "$W/$R/bin/fwdproxy" ./testdata/guest/fwdproxy
 
 # Modules in load order: each one's dependencies (modules.dep lists them
@@ -95,6 +107,13 @@ INIT
 	cat "$W/insmods"
 	cat <<'INIT'
 ifconfig lo 127.0.0.1 up
+for p in /sys/class/virtio-ports/*; do
+	[ "$(cat "$p/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] && GA=/dev/${p##*/}
+done
+if [ -n "${GA:-}" ]; then
+	echo "pfguest: guest agent on $GA"
+	/usr/sbin/qemu-ga -m virtio-serial -p "$GA" </dev/null >/dev/console 2>&1 &
+fi
 i=0
 while [ ! -b /dev/sr0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 mount -t iso9660 -o ro /dev/sr0 /seed && echo "pfguest: seed mounted"

@@ -117,8 +117,13 @@ func (e *kubeEnv) namespace(prefix string) string {
 	return ns.Name
 }
 
-func (e *kubeEnv) driver(entry, ns string, all ...string) *Driver {
-	return New(e.agent, Options{Entry: entry, Namespace: ns, Namespaces: append([]string{ns}, all...), Config: config.Kubernetes{
+// driver returns a driver for ns; targets are all the entry's namespaces
+// (default: ns alone).
+func (e *kubeEnv) driver(entry, ns string, targets ...string) *Driver {
+	if len(targets) == 0 {
+		targets = []string{ns}
+	}
+	return New(e.agent, Options{Entry: entry, Namespace: ns, Namespaces: targets, Config: config.Kubernetes{
 		Image: "ubuntu/squid:latest", Profiles: map[string]config.Resources{"small": {CPU: "50m", Memory: "64Mi"}},
 	}})
 }
@@ -153,7 +158,7 @@ func tctx(t *testing.T) context.Context {
 func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
 	e := newKubeEnv(t)
 	ns1, ns2, old := e.namespace("life-a"), e.namespace("life-b"), e.namespace("life-old")
-	d1, d2 := e.driver("k8s", ns1, ns2), e.driver("k8s", ns2, ns1)
+	d1, d2 := e.driver("k8s", ns1, ns1, ns2), e.driver("k8s", ns2, ns1, ns2)
 	dOld := e.driver("k8s", old) // as configured before old was removed from the targets
 
 	s1, s2, s3 := kspec("pool-k-one", "k8s", ns1, 1), kspec("pool-k-two", "k8s", ns2, 1), kspec("pool-k-old", "k8s", old, 1)

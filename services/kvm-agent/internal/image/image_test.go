@@ -227,3 +227,31 @@ func TestTwoEntriesDoNotShareABase(t *testing.T) {
 		t.Errorf("downloads = %d, want 2 (one per entry)", n)
 	}
 }
+
+func TestStalledDownloadEndsInsideTheTransferBudget(t *testing.T) {
+	f := libvirtfake.New(pool)
+	stalled := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
+		_, _ = w.Write(img[:100])
+		w.(http.Flusher).Flush()
+		close(stalled)
+		<-r.Context().Done() // the mirror stalls until the client gives up
+	}))
+	defer srv.Close()
+	// The download's deadline is one minute inside the transfer budget:
+	// here 300ms, so the fetch ends through its reader, long before the budget.
+	c := New(f, Config{Entry: "e", Pool: pool, TransferTimeout: time.Minute + 300*time.Millisecond}, nil)
+	start := time.Now()
+	_, err := c.Ensure(context.Background(), Source{Key: "deb", URL: srv.URL, Format: "qcow2"})
+	<-stalled
+	if !errors.Is(err, agent.ErrTransient) {
+		t.Fatalf("Ensure = %v, want transient", err)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Errorf("the stalled download was not ended by its own deadline")
+	}
+	if vols := f.Volumes(pool); len(vols) != 0 {
+		t.Errorf("volumes left: %v", vols)
+	}
+}

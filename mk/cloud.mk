@@ -41,3 +41,9 @@ test-kube: kube-control-plane ## cloud-agent Kubernetes driver against a real ku
 		$(GO) test -tags integration $(GOTEST_FLAGS) ./internal/kube/
 
 TEST_ALL_TIERS += test-kube
+
+.PHONY: test-cloud-e2e
+test-cloud-e2e: ## a pool of 2 on a GCE entry through planner, health and the cloud-agent binary (Compute fake)
+	cd $(CLOUD_AGENT) && $(GO) test -tags e2e $(GOTEST_FLAGS) -run TestSystem ./internal/gce/
+
+TEST_ALL_TIERS += test-cloud-e2e

@@ -67,3 +67,17 @@ func (g *gateReader) Read(p []byte) (int, error) {
 }
 
 func (g *gateReader) close() { g.closed.Store(true) }
+
+// chunkReader caps each read at size bytes, which sets the size of the
+// stream packets go-libvirt sends (it reads into a 4 MiB buffer).
+type chunkReader struct {
+	r    io.Reader
+	size int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(p) > c.size {
+		p = p[:c.size]
+	}
+	return c.r.Read(p)
+}

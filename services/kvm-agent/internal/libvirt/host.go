@@ -233,6 +233,12 @@ func call[T any](ctx context.Context, h *Host, rpc string, abandon bool, fn func
 	}
 }
 
+// uploadChunk is the largest stream packet payload sent. go-libvirt fills
+// packets of up to 4 MiB; against libvirtd 9.0 that streamed at about a
+// third of virsh vol-upload's rate, while 64 KiB packets beat it
+// (make bench-kvm).
+const uploadChunk = 64 << 10
+
 // upload streams r into vol over a connection of its own, closed before
 // upload returns, so libvirtd has let go of the stream when the caller
 // decides what to do with the volume.
@@ -249,7 +255,7 @@ func (h *Host) upload(ctx context.Context, vol StorageVol, r io.Reader, length u
 	src := &eofReader{r: gate}
 	cnt := &countingReader{r: src}
 	done := make(chan error, 1)
-	go func() { done <- l.lv.StorageVolUpload(vol, cnt, 0, length, 0) }()
+	go func() { done <- l.lv.StorageVolUpload(vol, &chunkReader{r: cnt, size: uploadChunk}, 0, length, 0) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():

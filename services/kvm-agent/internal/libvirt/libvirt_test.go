@@ -166,3 +166,30 @@ func TestTracedLogsOneLinePerCallWithoutBodies(t *testing.T) {
 		}
 	}
 }
+
+func TestChunkReaderCapsReads(t *testing.T) {
+	c := &chunkReader{r: strings.NewReader(strings.Repeat("x", 100)), size: 30}
+	buf := make([]byte, 4<<20)
+	var sizes []int
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			sizes = append(sizes, n)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []int{30, 30, 30, 10}
+	if len(sizes) != len(want) {
+		t.Fatalf("read sizes = %v, want %v", sizes, want)
+	}
+	for i := range want {
+		if sizes[i] != want[i] {
+			t.Fatalf("read sizes = %v, want %v", sizes, want)
+		}
+	}
+}

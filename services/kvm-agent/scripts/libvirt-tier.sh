@@ -22,11 +22,19 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need_pkgs+=(qemu-system-x86)
 command -v qemu-img >/dev/null 2>&1 || need_pkgs+=(qemu-utils)
 [ -e /usr/share/OVMF/OVMF_CODE.fd ] || need_pkgs+=(ovmf)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v tini >/dev/null 2>&1 || need_pkgs+=(tini)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
 	echo "kvm tier: installing ${need_pkgs[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q
 	apt-get install -y -q "${need_pkgs[@]}"
+fi
+# Daemons libvirtd forks (dnsmasq, QEMU) are orphaned when they exit and
+# nothing here reaps orphans (no init system): run under tini as a
+# subreaper so they are reaped, not left as zombies.
+if [ -z "${KVM_TIER_REAPED:-}" ]; then
+	export KVM_TIER_REAPED=1
+	exec tini -s -g -- "$0" "$@"
 fi
 if [ "$(id -u)" != 0 ]; then
 	echo "kvm tier: must run as root (it starts libvirtd)" >&2

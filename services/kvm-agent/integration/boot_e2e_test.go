@@ -10,7 +10,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,12 +88,20 @@ profiles:
 	defer func() { cancel(); <-done }()
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
+	store := bus.NewEventStore(conn, "e2e", nil)
+	// Record the decision as the planner would, so the health service
+	// projects the proxy and probes it once it runs.
+	requested := events.ProxyRequestedData{Pool: "web", Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}
+	if _, err := store.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
+		events.ProxyEventID(proxy, events.ProxyRequested, 1), requested, &bus.Expect{Seq: 0}); err != nil {
+		t.Fatal(err)
+	}
+	startHealth(t, conn.ClientURL(), gateway)
 	start := time.Now()
 	create := events.CreateCommand{ProxyID: proxy, Pool: "web", Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128, UserData: userData}
 	if _, err := bus.PublishCreate(ctx, conn, "e2e", create, 0); err != nil {
 		t.Fatal(err)
 	}
-	store := bus.NewEventStore(conn, "e2e", nil)
 	var running events.ProxyRunningData
 	eventually(t, "the running event with an address", 5*time.Minute, func() bool {
 		last, err := store.Last(ctx, events.AggregateProxy, proxy)
@@ -120,7 +131,16 @@ profiles:
 	if body != greeting {
 		t.Fatalf("body through the proxy = %q, want %q", body, greeting)
 	}
-	fmt.Printf("kvm e2e: command to ready (HTTP through the guest's proxy) %s\n", time.Since(start).Round(time.Millisecond))
+	fmt.Printf("kvm e2e: command to a working HTTP request through the guest's proxy %s\n", time.Since(start).Round(time.Millisecond))
+
+	// The health service probes through the guest's proxy (plain HTTP and
+	// CONNECT to its echo endpoint on the gateway) and records ready.
+	var ready events.ProxyReadyData
+	eventually(t, "the health service's ready event", 2*time.Minute, func() bool {
+		last, err := store.Last(ctx, events.AggregateProxy, proxy)
+		return err == nil && last != nil && last.Kind == events.ProxyReady && last.DecodeData(&ready) == nil
+	})
+	fmt.Printf("kvm e2e: command to ready (health probe through the guest, egress %s) %s\n", ready.EgressIP, time.Since(start).Round(time.Millisecond))
 
 	// Both address sources the agent prefers answer with the same address:
 	// the guest agent (qemu-ga in the guest) and the DHCP lease.
@@ -136,4 +156,40 @@ profiles:
 	if err := stack.Driver.Delete(ctx, agent.Ref{ProxyID: proxy, Name: name}); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
+}
+
+// startHealth builds and runs the health service on the guest network's
+// gateway, where guests reach its echo endpoint through their proxies.
+func startHealth(t *testing.T, natsURL, gateway string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "health")
+	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/health/cmd/health").CombinedOutput(); err != nil {
+		t.Fatalf("build health: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoAddr := l.Addr().String()
+	l.Close()
+	logf, err := os.Create(filepath.Join(dir, "health.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--nats-url", natsURL, "--data-dir", filepath.Join(dir, "data"),
+		"--echo-addr", echoAddr, "--probe-interval", "1s", "--probe-timeout", "5s")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("health log:\n%s", b)
+		}
+		logf.Close()
+	})
 }

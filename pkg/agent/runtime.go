@@ -370,13 +370,8 @@ func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 }
 
 func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd events.CreateCommand) string {
-	ctx = telemetry.Extract(ctx, msg.Headers())
-	ctx, span := r.tracer.Start(ctx, "agent.create", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
-			attribute.String("entry", cmd.Entry), attribute.String("target", cmd.Target), attribute.Int("attempt", cmd.Attempt)))
-	defer span.End()
-	log := r.log.With("proxy", cmd.ProxyID, "pool", cmd.Pool, "attempt", cmd.Attempt)
-	defer keepAlive(ctx, msg)()
+	ctx, span, log, done := r.begin(ctx, msg, events.VerbCreate, cmd.ProxyID, cmd.Pool, cmd.Attempt)
+	defer done()
 
 	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
 	if err != nil {
@@ -450,6 +445,20 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	return "done"
 }
 
+// begin starts the handling of one command: the trace continues the
+// command's, a span covers the work, the log carries the proxy, and
+// InProgress keeps the command from being redelivered meanwhile. done ends
+// all of it.
+func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, pool string, attempt int) (context.Context, trace.Span, *slog.Logger, func()) {
+	ctx = telemetry.Extract(ctx, msg.Headers())
+	ctx, span := r.tracer.Start(ctx, "agent."+verb, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("pool", pool),
+			attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target), attribute.Int("attempt", attempt)))
+	log := r.log.With("proxy", proxyID, "pool", pool, "attempt", attempt)
+	stop := keepAlive(ctx, msg)
+	return ctx, span, log, func() { stop(); span.End() }
+}
+
 func (r *Runtime) appendRunning(ctx context.Context, proxyID string, attempt int, inst Instance) error {
 	run := events.ProxyRunningData{ProviderID: inst.ProviderID, Address: inst.Address, Attempt: attempt}
 	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyRunning,
@@ -490,13 +499,8 @@ func (r *Runtime) waitRunning(ctx context.Context, ref Ref, inst Instance) (Inst
 }
 
 func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd events.DeleteCommand) string {
-	ctx = telemetry.Extract(ctx, msg.Headers())
-	ctx, span := r.tracer.Start(ctx, "agent.delete", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("proxy", cmd.ProxyID), attribute.String("pool", cmd.Pool),
-			attribute.String("entry", cmd.Entry), attribute.String("target", cmd.Target), attribute.Int("attempt", cmd.Attempt)))
-	defer span.End()
-	log := r.log.With("proxy", cmd.ProxyID, "pool", cmd.Pool, "attempt", cmd.Attempt)
-	defer keepAlive(ctx, msg)()
+	ctx, span, log, done := r.begin(ctx, msg, events.VerbDelete, cmd.ProxyID, cmd.Pool, cmd.Attempt)
+	defer done()
 
 	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
 	if err != nil {

@@ -27,6 +27,8 @@ type memDriver struct {
 	deleteErrs []error
 	prepared   map[string]string
 	order      []string
+	// block makes Create of a proxy wait until the channel is closed.
+	block map[string]chan struct{}
 }
 
 func newMemDriver() *memDriver {
@@ -34,6 +36,16 @@ func newMemDriver() *memDriver {
 }
 
 func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, error) {
+	d.mu.Lock()
+	wait := d.block[s.ProxyID]
+	d.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return agent.Instance{}, ctx.Err()
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.order = append(d.order, "create:"+s.ProxyID)
@@ -404,5 +416,31 @@ func TestClassify(t *testing.T) {
 	}
 	if err := agent.Wrap(agent.ErrPermanent, base); !errors.Is(err, base) || err.Error() != base.Error() {
 		t.Errorf("Wrap lost the upstream error: %v", err)
+	}
+}
+
+// TestStuckProxyDoesNotStallOthers is invariant 6 at the runtime: a create
+// stuck in its backend call holds up only its own proxy.
+func TestStuckProxyDoesNotStallOthers(t *testing.T) {
+	d := newMemDriver()
+	release := make(chan struct{})
+	d.block = map[string]chan struct{}{"stuck-1": release}
+	h := start(t, d)
+	h.create("stuck-1", 1)
+	h.delete("stuck-1", 1) // queued behind the stuck create of the same proxy
+	for i := 0; i < 3; i++ {
+		h.create(fmt.Sprintf("free-%d", i), 1)
+	}
+	for i := 0; i < 3; i++ {
+		h.waitFor(fmt.Sprintf("free-%d", i), events.ProxyRunning)
+	}
+	evs, _ := h.store.Load(context.Background(), events.AggregateProxy, "stuck-1")
+	if got := kinds(evs); len(got) != 1 || got[0] != events.ProxyProvisioning {
+		t.Fatalf("stuck proxy events = %v, want only [provisioning] while its create is stuck", got)
+	}
+	close(release)
+	evs = h.waitFor("stuck-1", events.ProxyDeleted)
+	if got := kinds(evs); len(got) != 3 || got[1] != events.ProxyRunning {
+		t.Fatalf("stuck proxy events = %v, want [provisioning running deleted]", got)
 	}
 }

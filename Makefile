@@ -64,8 +64,10 @@ tidy-check: ## fail if any go.mod or go.sum is not tidy
 	done
 
 .PHONY: bench
-bench: ## Go benchmarks of every module
-	@for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done
+bench: ## Go benchmarks of every module, with ratios against baselines measured in the same run
+	@mkdir -p $(BIN)
+	@for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done | tee $(BIN)/bench.txt
+	@awk -f scripts/bench-ratios.awk $(BIN)/bench.txt
 
 .PHONY: clean
 clean: ## remove ./bin and the make-run state in ./.run

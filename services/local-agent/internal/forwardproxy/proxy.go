@@ -87,6 +87,7 @@ func New(cfg Config) *Proxy {
 		Rewrite:       func(*httputil.ProxyRequest) {},
 		Transport:     transport,
 		FlushInterval: -1, // stream: flush after every write
+		BufferPool:    &bufferPool{},
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			cfg.Log.Warn("forward failed", "host", r.URL.Host, "err", err)
@@ -217,3 +218,16 @@ func Server(p *Proxy) *http.Server {
 		ErrorLog:          nil,
 	}
 }
+
+// bufferPool reuses the 32 KiB copy buffers of forwarded bodies, which would
+// otherwise be allocated once per request.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }

@@ -31,11 +31,20 @@ It answers the operator API as the NATS micro service "fleet-planner":
   fleet.api.proxy.list    {"pool":"demo"}          (pool optional)
   fleet.api.proxy.delete  {"id":"...","skipCleanup":false}
   fleet.api.proxy.recycle {"id":"..."}
+  fleet.api.proxy.report-ban {"id":"...","reason":"403 from example.com"}
+                          (retires a banned proxy; reason "banned: <reason>")
 
 It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
 One replica at a time (the holder of the lease in KV fleet-planner)
 reconciles: it places missing proxies on live agent targets, retires excess
-and failed ones, and re-issues stuck commands. Bad requests get a micro error
+and failed ones, rotates proxies older than their pool's maxAge (plus a
+per-proxy jitter of up to 10%; the replacement is created and ready before
+the aged proxy is retired), and re-issues stuck commands. Every
+--gc-interval it asks each live agent for its inventory: a marked instance
+that no live proxy owns for longer than --gc-grace is deleted (instances of
+abandoned proxies and unmarked ones are never touched), and a running proxy
+whose instance is missing from its target's inventory for longer than
+--gc-grace fails with class vanished and is replaced. Bad requests get a micro error
 (400: unreadable, 422: not acceptable) with a JSON body naming the field.
 
 Without --nats-url the planner embeds a JetStream server listening on
@@ -63,6 +72,12 @@ func run() int {
 		"a proxy requested this long without provisioning gets its create re-issued (or fails when its agent is gone)")
 	fs.DurationVar(&cfg.ProvisionTimeout, "provision-timeout", 15*time.Minute,
 		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
+	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute,
+		"period of garbage-collection rounds (inventory requests to every live agent)")
+	fs.DurationVar(&cfg.GCGrace, "gc-grace", 10*time.Minute,
+		"an orphaned marked instance, or a running proxy's missing instance, must be seen so this long before it is deleted or the proxy failed (vanished)")
+	fs.DurationVar(&cfg.InventoryTimeout, "inventory-timeout", 10*time.Second,
+		"bound of one inventory request; a target that does not answer is skipped for the round")
 	id := fs.String("id", "", "replica id in the leader lease (default <hostname>-<random>)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

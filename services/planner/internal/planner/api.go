@@ -101,6 +101,12 @@ type (
 		// abandoned without a delete command.
 		SkipCleanup bool `json:"skipCleanup,omitempty"`
 	}
+	// ProxyBanRequest is the body of proxy.report-ban: the proxy's egress
+	// is banned by a site; Reason says by what or where (optional).
+	ProxyBanRequest struct {
+		ID     string `json:"id"`
+		Reason string `json:"reason,omitempty"`
+	}
 	// ProxyListRequest is the body of proxy.list; Pool is optional.
 	ProxyListRequest struct {
 		Pool string `json:"pool,omitempty"`
@@ -140,6 +146,7 @@ func (p *Planner) startAPI() (micro.Service, error) {
 		{"proxy", "list", p.proxyList},
 		{"proxy", "delete", p.proxyDelete},
 		{"proxy", "recycle", p.proxyRecycle},
+		{"proxy", "report-ban", p.proxyReportBan},
 	}
 	groups := map[string]micro.Group{}
 	for _, e := range endpoints {
@@ -541,6 +548,26 @@ func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError
 		return nil, aerr
 	}
 	return p.retireByOperator(ctx, req.ID, "recycled by operator", false)
+}
+
+// maxBanReason bounds the reason of a ban report.
+const maxBanReason = 160
+
+// proxyReportBan retires a proxy whose egress is banned, recording the ban
+// in the retiring reason ("banned: <reason>"); the reconciler replaces it.
+func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIError) {
+	var req ProxyBanRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	reason := strings.TrimSpace(req.Reason)
+	if reason == "" {
+		reason = "reported"
+	}
+	if len(reason) > maxBanReason {
+		return nil, invalid([]events.FieldError{{Field: "reason", Reason: fmt.Sprintf("must be at most %d bytes", maxBanReason)}})
+	}
+	return p.retireByOperator(ctx, req.ID, "banned: "+reason, false)
 }
 
 // retireByOperator retires one proxy and sends its delete command, or, with

@@ -131,7 +131,9 @@ func (h *harness) startPlanner(id string, tracer trace.Tracer) *running {
 	return h.startPlannerWith(Config{ID: id}, tracer)
 }
 
-func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer) *running {
+// startPlannerWith starts a planner with cfg; tweaks adjust it before it
+// runs.
+func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer, tweaks ...func(*Planner)) *running {
 	h.t.Helper()
 	id := cfg.ID
 	if cfg.ReconcileInterval == 0 {
@@ -144,6 +146,9 @@ func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer) *running {
 	p, err := New(conn, cfg, testLogger(), tracer)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	for _, tw := range tweaks {
+		tw(p)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -291,6 +296,7 @@ type command struct {
 	Subject string
 	Verb    string
 	Header  nats.Header
+	Time    time.Time // when it was published
 	Create  events.CreateCommand
 	Delete  events.DeleteCommand
 }
@@ -318,7 +324,7 @@ func (h *harness) commands() []command {
 		if err != nil {
 			h.t.Fatalf("command %d: %v", seq, err)
 		}
-		c := command{Subject: m.Subject, Verb: m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], Header: m.Header}
+		c := command{Subject: m.Subject, Verb: m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], Header: m.Header, Time: env.Time}
 		switch c.Verb {
 		case events.VerbCreate:
 			err = env.DecodeData(&c.Create)

@@ -6,7 +6,10 @@
 // event), and, on the one replica holding the leader lease in KV
 // fleet-planner, reconciles every pool to its spec: it places missing
 // proxies on the live targets agents announce in fleet-agents, retires
-// excess and failed ones, and re-issues commands that got stuck.
+// excess and failed ones, rotates proxies older than the pool's maxAge
+// (surge first), re-issues commands that got stuck, and collects garbage:
+// it asks agents for their inventories, deletes marked instances no live
+// proxy owns and fails proxies whose instance vanished.
 //
 // Every decision is appended with the aggregate's expected last sequence,
 // so two deciders never both win; commands carry deterministic Nats-Msg-Ids,
@@ -62,6 +65,17 @@ type Config struct {
 	// LeaseTTL is the lifetime of the leader lease; it is renewed every
 	// third of it (default [bus.LeaseTTL], the fleet-planner bucket's TTL).
 	LeaseTTL time.Duration
+	// GCInterval is the period of garbage-collection rounds, in which the
+	// leader asks every live agent for its inventory (default 1m).
+	GCInterval time.Duration
+	// GCGrace is how long a marked instance must be seen without a live
+	// proxy before it is deleted, and how long a running proxy's instance
+	// must be missing from its target's inventory before the proxy fails
+	// with class vanished (default 10m).
+	GCGrace time.Duration
+	// InventoryTimeout bounds one inventory request; a target that does not
+	// answer in time is skipped for the round (default 10s).
+	InventoryTimeout time.Duration
 }
 
 func (c *Config) defaults() {
@@ -76,6 +90,9 @@ func (c *Config) defaults() {
 	def(&c.RetireTimeout, 3*time.Minute)
 	def(&c.QuotaAvoid, 5*time.Minute)
 	def(&c.LeaseTTL, bus.LeaseTTL)
+	def(&c.GCInterval, time.Minute)
+	def(&c.GCGrace, 10*time.Minute)
+	def(&c.InventoryTimeout, 10*time.Second)
 }
 
 // agentSeen is one fleet-agents entry.
@@ -95,6 +112,10 @@ type Planner struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	now    func() time.Time
+	// ageNow is the clock proxy ages are measured with for rotation; it is
+	// time.Now except in tests, which move it ahead (maxAge is at least a
+	// minute).
+	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
 
@@ -110,12 +131,17 @@ type Planner struct {
 	caughtUp atomic.Bool
 	leader   atomic.Bool
 	rounds   atomic.Int64 // completed reconcile rounds
+	gcRounds atomic.Int64 // completed garbage-collection rounds
 	kick     chan struct{}
 
 	// reconciler-only state (one goroutine).
 	ownSeq   uint64
 	outbox   map[string]pending
 	noTarget map[string]time.Time // pool → when "no target" was last logged
+	// orphanSince and missingSince are the garbage collector's "seen
+	// since" times, in memory only: a new leader starts the grace again.
+	orphanSince  map[orphanKey]time.Time
+	missingSince map[string]missing
 }
 
 // New returns a planner replica using conn. log and tracer may be nil.
@@ -138,6 +164,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 		log:        log,
 		tracer:     tracer,
 		now:        time.Now,
+		ageNow:     time.Now,
 		st:         newState(log),
 		agents:     map[string]agentSeen{},
 		seen:       map[string]map[string]bool{},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -98,7 +99,14 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.ownSeq = 0
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
+	p.orphanSince = map[orphanKey]time.Time{}
+	p.missingSince = map[string]missing{}
 	p.recoverCommands(ctx)
+	inv := make(chan inventory)
+	gctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.gatherLoop(gctx, inv) })
+	defer func() { cancel(); wg.Wait() }()
 	t := time.NewTicker(p.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
@@ -108,6 +116,8 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-p.kick:
+		case in := <-inv:
+			p.collectGarbage(ctx, in)
 		}
 	}
 }
@@ -229,6 +239,9 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 	if pool.Deleted {
 		want, reason = 0, "pool deleted"
 	}
+	if p.rotate(pctx, r, pool, active, want) {
+		return
+	}
 	if len(active) > want {
 		sort.SliceStable(active, func(i, j int) bool {
 			a, b := active[i], active[j]
@@ -256,7 +269,7 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 			return
 		}
 		delete(p.noTarget, pool.Name)
-		if !p.create(pctx, r, pool, a) {
+		if !p.create(pctx, r, pool, a, "") {
 			return
 		}
 	}
@@ -484,7 +497,8 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 }
 
 // create decides one new proxy of pool on target a and sends its command.
-func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen) bool {
+// replaces names the proxy it is to replace, if any.
+func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen, replaces string) bool {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
 		return false
@@ -497,6 +511,7 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen)
 	d := events.ProxyRequestedData{
 		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
 		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
+		Replaces: replaces,
 	}
 	if pool.Spec.Auth != nil {
 		d.Username = pool.Spec.Auth.Username

@@ -1,0 +1,293 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// gcReason is the retiring reason of an instance the garbage collector
+// deletes.
+const gcReason = "gc: orphaned instance"
+
+// orphanKey names one instance on one target: "<entry>.<target>" and the
+// instance name.
+type orphanKey struct {
+	target, instance string
+}
+
+// missing is when a proxy's instance was first found absent from the
+// inventory of its target.
+type missing struct {
+	target string
+	since  time.Time
+}
+
+// targetInventory is one agent's answer to an inventory request.
+type targetInventory struct {
+	entry, target string
+	list          []agent.Instance
+}
+
+// inventory is what one garbage-collection round gathered: the targets
+// that answered, by "<entry>.<target>". Targets that did not answer are
+// absent and change nothing.
+type inventory struct {
+	answered map[string]targetInventory
+}
+
+// orphan is a marked instance the collector deletes.
+type orphan struct {
+	entry, target string
+	inst          agent.Instance
+}
+
+// gatherLoop asks every live agent for its inventory every GCInterval and
+// hands the answers to the reconciler, which alone decides.
+func (p *Planner) gatherLoop(ctx context.Context, out chan<- inventory) {
+	t := time.NewTicker(p.cfg.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		in := p.gather(ctx)
+		select {
+		case out <- in:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// gather requests the inventories of the live agents concurrently.
+func (p *Planner) gather(ctx context.Context) inventory {
+	p.mu.Lock()
+	agents := p.liveAgentsLocked(p.now())
+	p.mu.Unlock()
+	in := inventory{answered: map[string]targetInventory{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Go(func() {
+			list, err := p.requestInventory(ctx, a)
+			if err != nil {
+				if ctx.Err() == nil {
+					p.log.Warn("inventory request failed; target skipped this garbage-collection round",
+						"entry", a.Entry, "target", a.Target, "err", err)
+				}
+				return
+			}
+			mu.Lock()
+			in.answered[targetKey(a.Entry, a.Target)] = targetInventory{entry: a.Entry, target: a.Target, list: list}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return in
+}
+
+// requestInventory asks one agent for its marked instances.
+func (p *Planner) requestInventory(ctx context.Context, a agentSeen) ([]agent.Instance, error) {
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.InventoryTimeout)
+	defer cancel()
+	msg, err := p.conn.NC.RequestWithContext(rctx, events.AgentSubject(a.Entry, a.Target, events.AgentInventory), nil)
+	if err != nil {
+		return nil, err
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+		return nil, fmt.Errorf("agent answered error %s: %s", code, msg.Header.Get(micro.ErrorHeader))
+	}
+	var list []agent.Instance
+	if err := json.Unmarshal(msg.Data, &list); err != nil {
+		return nil, fmt.Errorf("unreadable inventory: %w", err)
+	}
+	return list, nil
+}
+
+// isUp reports whether a proxy in state s has an instance its agent must
+// list.
+func isUp(s string) bool {
+	return s == events.ProxyRunning || s == events.ProxyReady || s == events.ProxyUnhealthy
+}
+
+// collectGarbage judges one gathered inventory: marked instances of the
+// target's own entry whose proxy is unknown or deleted, seen so for longer
+// than GCGrace, are deleted; proxies that are up but whose instance has
+// been missing from their answering target for longer than GCGrace fail
+// with class vanished. Abandoned proxies' instances and unmarked instances
+// are never touched. It runs on the reconciler goroutine.
+func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
+	grace := p.cfg.GCGrace
+	var orphans []orphan
+	var vanished []Proxy
+
+	p.mu.Lock()
+	// Observations are dated when judged, against the state as it is now:
+	// a proxy seen up now was up no earlier than this.
+	now := p.now()
+	orphanNow := map[orphanKey]bool{}
+	for tk, ti := range in.answered {
+		for _, inst := range ti.list {
+			id := inst.Marker.ProxyID
+			if inst.Marker.Entry != ti.entry || !events.IsIdentifier(id) {
+				continue // unmarked, or another entry's
+			}
+			if inst.Name != events.InstanceName(id) {
+				p.log.Warn("marked instance whose name does not derive from its proxy id; not touched",
+					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id)
+				continue
+			}
+			if x := p.st.proxies[id]; x != nil && x.State != events.ProxyDeleted {
+				continue // live, being retired, or abandoned on purpose
+			}
+			k := orphanKey{target: tk, instance: inst.Name}
+			orphanNow[k] = true
+			since, ok := p.orphanSince[k]
+			if !ok {
+				since = now
+				p.orphanSince[k] = since
+				p.log.Info("marked instance without a live proxy; deleting it after the grace period",
+					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id, "grace", grace.String())
+			}
+			if now.Sub(since) > grace {
+				orphans = append(orphans, orphan{entry: ti.entry, target: ti.target, inst: inst})
+				// The agent gets a grace period to act before the
+				// collector decides about this instance again.
+				p.orphanSince[k] = now
+			}
+		}
+	}
+	for k := range p.orphanSince {
+		if _, answered := in.answered[k.target]; answered && !orphanNow[k] {
+			delete(p.orphanSince, k)
+		}
+	}
+
+	missingNow := map[string]bool{}
+	for _, pl := range p.st.pools {
+		for _, x := range pl.members {
+			if !isUp(x.State) {
+				continue
+			}
+			tk := targetKey(x.Entry, x.Target)
+			ti, answered := in.answered[tk]
+			if !answered || listed(ti.list, *x) {
+				continue
+			}
+			missingNow[x.ID] = true
+			m, ok := p.missingSince[x.ID]
+			if !ok || m.target != tk {
+				m = missing{target: tk, since: now}
+				p.missingSince[x.ID] = m
+				p.log.Warn("proxy's instance is missing from its target's inventory; failing it after the grace period",
+					"proxy", x.ID, "entry", x.Entry, "target", x.Target, "instance", x.Instance, "grace", grace.String())
+			}
+			if now.Sub(m.since) > grace {
+				vanished = append(vanished, *x)
+			}
+		}
+	}
+	for id, m := range p.missingSince {
+		x := p.st.proxies[id]
+		_, answered := in.answered[m.target]
+		if x == nil || !isUp(x.State) || (answered && !missingNow[id]) {
+			delete(p.missingSince, id)
+		}
+	}
+	p.mu.Unlock()
+
+	for _, o := range orphans {
+		if ctx.Err() != nil {
+			return
+		}
+		p.deleteOrphan(ctx, o)
+	}
+	for _, x := range vanished {
+		f := events.ProxyFailedData{
+			Class:   events.ClassVanished,
+			Reason:  fmt.Sprintf("instance %s missing from the inventory of %s/%s for more than %s", x.Instance, x.Entry, x.Target, grace),
+			Attempt: x.Attempt,
+		}
+		p.decide(traceCtx(ctx, x.traceparent), x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+	}
+	p.gcRounds.Add(1)
+}
+
+// listed reports whether an inventory holds x's instance, by name or by
+// the marker's proxy id.
+func listed(list []agent.Instance, x Proxy) bool {
+	for _, inst := range list {
+		if inst.Name == x.Instance || inst.Marker.ProxyID == x.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteOrphan deletes one orphaned instance. It first appends retiring
+// (reason gcReason) to the instance's proxy aggregate, expecting its last
+// sequence: that gives the agent's deleted observation an aggregate to land
+// on when the planner never knew the proxy, and it makes the agent act on a
+// proxy whose last event was deleted (an agent drops deletes of finished
+// proxies). The delete's attempt is the aggregate's number of retiring
+// events, so repeating a round re-publishes the same Msg-Id (a no-op) and a
+// new decision after a failed delete gets a new one. A proxy ever abandoned
+// is left alone.
+func (p *Planner) deleteOrphan(ctx context.Context, o orphan) {
+	id := o.inst.Marker.ProxyID
+	log := p.log.With("proxy", id, "entry", o.entry, "target", o.target, "instance", o.inst.Name)
+	evs, err := p.store.Load(ctx, events.AggregateProxy, id)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("garbage collection: read the proxy's events", "err", err)
+		}
+		return
+	}
+	var lastSeq uint64
+	lastKind := ""
+	retirings := 0
+	for _, e := range evs {
+		switch e.Kind {
+		case events.ProxyAbandoned:
+			return
+		case events.ProxyRetiring:
+			retirings++
+		}
+		lastSeq, lastKind = e.Seq, e.Kind
+	}
+	if lastKind != events.ProxyRetiring {
+		d := events.ProxyRetiringData{Reason: gcReason}
+		seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRetiring,
+			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
+		if errors.Is(err, bus.ErrConflict) {
+			log.Debug("orphan's aggregate changed since it was read; deciding again next round")
+			return
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("garbage collection: append retiring", "err", err)
+			}
+			return
+		}
+		p.noteOwn(seq)
+		retirings++
+		log.Info("garbage-collecting an orphaned instance", "pool", o.inst.Marker.Pool)
+	}
+	cmd := events.DeleteCommand{
+		ProxyID: id, Pool: o.inst.Marker.Pool, Entry: o.entry, Target: o.target, Instance: o.inst.Name,
+		ProviderID: o.inst.ProviderID, Attempt: retirings, Reason: gcReason,
+	}
+	p.publish(ctx, pending{del: &cmd})
+}

@@ -189,7 +189,7 @@ func (p *Planner) flushOutbox(ctx context.Context, r *round) {
 }
 
 // retireRank orders excess proxies: unhealthy first, then those not yet
-// running, then the rest.
+// running, then the rest; within a rank, outdated proxies go first.
 func retireRank(s string) int {
 	switch s {
 	case events.ProxyUnhealthy:
@@ -247,6 +247,9 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 			a, b := active[i], active[j]
 			if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
 				return ra < rb
+			}
+			if oa, ob := pool.isOutdated(a), pool.isOutdated(b); oa != ob {
+				return oa
 			}
 			if !a.Created.Equal(b.Created) {
 				return a.Created.Before(b.Created)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"sort"
 	"time"
 
@@ -29,61 +30,78 @@ func isAged(x Proxy, maxAge time.Duration, now time.Time) bool {
 	return now.Sub(x.Created) > maxAge+rotationJitter(x.ID, maxAge)
 }
 
-// rotate replaces the pool's aged proxies surge first, one at a time: with
-// exactly size active proxies and one of them aged, it creates a
-// replacement (the pool then holds size+1); with size+1 active and an aged
-// one among them, it retires the oldest aged proxy once the pool has size
-// ready proxies without it. It reports whether it took charge of the pool
-// this round; otherwise the ordinary size reconciliation applies. A pool
-// without maxAge never rotates.
+// rotate replaces the pool's outdated proxies (requested before the last
+// change of the pool's instance shape) and, with maxAge, its aged ones,
+// surge first and one at a time; outdated proxies go before aged ones and
+// both share the one surge slot. With exactly size active proxies and a
+// candidate among them, it creates a replacement with the current spec (the
+// pool then holds size+1); with size+1 active and a candidate among them, it
+// retires the first candidate once the pool has size ready proxies without
+// it. It reports whether it took charge of the pool this round; otherwise
+// the ordinary size reconciliation applies.
 func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, active []Proxy, want int) bool {
-	if pool.Spec.MaxAge <= 0 || pool.Deleted || want == 0 {
+	if pool.Deleted || want == 0 {
 		return false
 	}
 	maxAge := time.Duration(pool.Spec.MaxAge)
 	now := p.ageNow()
-	var aged []Proxy
+	var outdated, aged []Proxy
 	ready := 0
 	for _, x := range active {
 		if x.State == events.ProxyReady {
 			ready++
 		}
-		if isAged(x, maxAge, now) {
+		switch {
+		case pool.isOutdated(x):
+			outdated = append(outdated, x)
+		case maxAge > 0 && isAged(x, maxAge, now):
 			aged = append(aged, x)
 		}
 	}
-	if len(aged) == 0 {
+	if len(outdated) == 0 && len(aged) == 0 {
 		return false
 	}
-	sort.Slice(aged, func(i, j int) bool {
-		if !aged[i].Created.Equal(aged[j].Created) {
-			return aged[i].Created.Before(aged[j].Created)
-		}
-		return aged[i].ID < aged[j].ID
-	})
-	oldest := aged[0]
+	oldestFirst(outdated)
+	oldestFirst(aged)
+	next, why := Proxy{}, ""
+	if len(outdated) > 0 {
+		next, why = outdated[0], fmt.Sprintf("rolled: spec revision %d", pool.ShapeRevision)
+	} else {
+		next, why = aged[0], "rotated: older than maxAge "+maxAge.String()
+	}
 	switch len(active) {
 	case want + 1:
 		// A surge is under way: the replacement must be ready first.
 		others := ready
-		if oldest.State == events.ProxyReady {
+		if next.State == events.ProxyReady {
 			others--
 		}
 		if others >= want {
-			p.retire(ctx, r, oldest, "rotated: older than maxAge "+maxAge.String())
+			p.retire(ctx, r, next, why)
 		}
 		return true
 	case want:
 		a, ok := p.place(r, pool)
 		if !ok {
-			p.log.Debug("no live target can take the replacement of an aged proxy now", "pool", pool.Name, "proxy", oldest.ID)
+			p.log.Debug("no live target can take a replacement now", "pool", pool.Name, "proxy", next.ID, "why", why)
 			return true
 		}
-		if p.create(ctx, r, pool, a, oldest.ID) {
-			p.log.InfoContext(ctx, "rotating an aged proxy: replacement first", "pool", pool.Name, "proxy", oldest.ID,
-				"age", now.Sub(oldest.Created).Round(time.Second).String(), "maxAge", maxAge.String())
+		if p.create(ctx, r, pool, a, next.ID) {
+			p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
+				"why", why, "age", now.Sub(next.Created).Round(time.Second).String(),
+				"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)
 		}
 		return true
 	}
 	return false
+}
+
+// oldestFirst orders proxies by creation, then id.
+func oldestFirst(xs []Proxy) {
+	sort.Slice(xs, func(i, j int) bool {
+		if !xs[i].Created.Equal(xs[j].Created) {
+			return xs[i].Created.Before(xs[j].Created)
+		}
+		return xs[i].ID < xs[j].ID
+	})
 }

@@ -50,7 +50,13 @@ type Pool struct {
 	SecretsDigest string          `json:"-"`
 	Deleted       bool            `json:"deleted"`
 	LastSeq       uint64          `json:"lastSeq"`
+	// ShapeRevision is the revision at which the instance-shaping part of
+	// the spec (see [shapeOf]) last changed. A proxy requested at an older
+	// revision is outdated and is rolled.
+	ShapeRevision int `json:"shapeRevision"`
 
+	// shape is the instance-shaping part of the applied spec.
+	shape string
 	// traceparent is the trace context of the last applied event; commands
 	// the reconciler makes for the pool continue that trace.
 	traceparent string
@@ -59,6 +65,23 @@ type Pool struct {
 	// members holds the pool's proxies that are not terminal.
 	members map[string]*Proxy
 }
+
+// shapeOf returns the part of a pool spec that shapes its instances: the
+// provider, image, profile, port, auth username and the digest of the
+// secrets (user-data and password). A proxy built from another shape is
+// outdated; size, targets and maxAge do not shape an instance.
+func shapeOf(spec events.PoolSpec, secretsDigest string) string {
+	user := ""
+	if spec.Auth != nil {
+		user = spec.Auth.Username
+	}
+	b, _ := json.Marshal([]any{spec.Provider, spec.Image, spec.Profile, spec.Port, user, secretsDigest})
+	return string(b)
+}
+
+// isOutdated reports whether proxy x was requested before the last change
+// of its pool's instance shape.
+func (p *Pool) isOutdated(x Proxy) bool { return x.Revision < p.ShapeRevision }
 
 // isActive reports whether a proxy in state s counts toward its pool's
 // size.
@@ -172,6 +195,9 @@ func (s *state) applyPool(ev bus.Event) bool {
 			return s.skip(ev, err)
 		}
 		p := s.pool(ev.ID)
+		if sh := shapeOf(d.Spec, d.SecretsDigest); sh != p.shape || p.ShapeRevision == 0 {
+			p.shape, p.ShapeRevision = sh, d.Revision
+		}
 		p.Spec = d.Spec.Public()
 		p.Revision = d.Revision
 		p.SecretsDigest = d.SecretsDigest
@@ -322,14 +348,25 @@ type PoolView struct {
 	Spec     events.PoolSpec `json:"spec"`
 	Revision int             `json:"revision"`
 	Deleted  bool            `json:"deleted"`
+	// ShapeRevision is the revision at which the instance-shaping part of
+	// the spec last changed.
+	ShapeRevision int `json:"shapeRevision"`
 	// Active counts the proxies that count toward Spec.Size.
 	Active int `json:"active"`
+	// Outdated counts the active proxies requested before ShapeRevision:
+	// they are being rolled.
+	Outdated int `json:"outdated"`
 	// States counts the pool's proxies per state, terminal ones included.
 	States map[string]int `json:"states"`
 }
 
 func (p *Pool) view() PoolView {
-	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, States: map[string]int{}}
+	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision, States: map[string]int{}}
+	for _, x := range p.members {
+		if isActive(x.State) && p.isOutdated(*x) {
+			v.Outdated++
+		}
+	}
 	for k, n := range p.counts {
 		v.States[k] = n
 		if isActive(k) {

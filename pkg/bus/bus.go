@@ -26,8 +26,12 @@ const DefaultListen = "127.0.0.1:4222"
 
 // Config says how to reach NATS.
 type Config struct {
-	// URL of the operator's NATS servers. Empty means: embed a server.
+	// URL of the operator's NATS servers. Empty (and no Context) means:
+	// embed a server.
 	URL string
+	// Context names a nats CLI context (`nats context save`) giving the URL
+	// and credentials; URL and CredsFile, when set, take precedence.
+	Context string
 	// CredsFile is a NATS credentials file used with URL.
 	CredsFile string
 	// User and Password authenticate with URL when set (deploy/nats uses
@@ -88,6 +92,16 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	}
 	c := &Conn{replicas: cfg.Replicas}
 	url := cfg.URL
+	if cfg.Context != "" {
+		ctxURL, ctxOpts, err := contextOptions(cfg.Context)
+		if err != nil {
+			return nil, err
+		}
+		if url == "" {
+			url = ctxURL
+		}
+		opts = append(opts, ctxOpts...)
+	}
 	if url == "" {
 		srv, err := Embed(cfg, log)
 		if err != nil {
@@ -115,7 +129,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	c.NC = nc
-	if cfg.URL != "" && cfg.Replicas == 0 && nc.ConnectedClusterName() == "" {
+	if c.Server == nil && cfg.Replicas == 0 && nc.ConnectedClusterName() == "" {
 		// A single server, not a cluster, cannot hold replicated streams.
 		c.replicas = 1
 	}

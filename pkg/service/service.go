@@ -21,6 +21,7 @@ import (
 // Flags are the options every service accepts.
 type Flags struct {
 	NATSURL     string
+	NATSContext string
 	NATSCreds   string
 	DataDir     string
 	Listen      string
@@ -33,10 +34,13 @@ type Flags struct {
 }
 
 // Register adds the common flags to fs. Environment variables give the
-// defaults: NATS_URL, NATS_CREDS, PROXYFLEET_DATA_DIR, PROXYFLEET_LOG_LEVEL.
+// defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, PROXYFLEET_DATA_DIR,
+// PROXYFLEET_LOG_LEVEL.
 func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
-		"NATS server URL(s), comma separated; empty embeds a JetStream server (env NATS_URL)")
+		"NATS server URL(s), comma separated; empty (and no --nats-context) embeds a JetStream server (env NATS_URL)")
+	fs.StringVar(&f.NATSContext, "nats-context", os.Getenv("NATS_CONTEXT"),
+		"nats CLI context (name or path of its JSON file) giving the URL and credentials (env NATS_CONTEXT)")
 	fs.StringVar(&f.NATSCreds, "nats-creds", os.Getenv("NATS_CREDS"),
 		"NATS credentials file used with --nats-url (env NATS_CREDS)")
 	fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
@@ -82,6 +86,7 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 	}
 	cfg := bus.Config{
 		URL:       f.NATSURL,
+		Context:   f.NATSContext,
 		CredsFile: f.NATSCreds,
 		Name:      "proxyfleet-" + name,
 		DataDir:   f.DataDir + "/jetstream",

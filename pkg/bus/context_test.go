@@ -1,0 +1,70 @@
+package bus_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"proxyfleet/pkg/bus"
+)
+
+// TestConnectWithNATSContext connects through a nats CLI context file to a
+// server that demands a user and password.
+func TestConnectWithNATSContext(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Username: "fleet", Password: "s3cret", NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server did not start")
+	}
+	defer srv.Shutdown()
+
+	xdg := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", xdg)
+	dir := filepath.Join(xdg, "nats", "context")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name+".json"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("prod", `{"description":"test","url":"`+srv.ClientURL()+`","user":"fleet","password":"s3cret","color_scheme":"dark"}`)
+	write("wrong", `{"url":"`+srv.ClientURL()+`","user":"fleet","password":"nope"}`)
+	write("jwt", `{"url":"`+srv.ClientURL()+`","user_jwt":"eyJ"}`)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.Config{Context: "prod", Name: "ctx-test"}, nil)
+	if err != nil {
+		t.Fatalf("connect with context prod: %v", err)
+	}
+	if c.Server != nil || c.Replicas() != 1 {
+		t.Fatalf("a context must connect, not embed (server %v, replicas %d)", c.Server, c.Replicas())
+	}
+	if err := bus.EnsureTopology(ctx, c); err != nil {
+		t.Fatalf("topology through the context: %v", err)
+	}
+	c.Close()
+
+	cases := []struct{ name, want string }{
+		{"wrong", "Authorization"},
+		{"jwt", "user_jwt"},
+		{"missing", "missing.json"},
+	}
+	for _, tc := range cases {
+		_, err := bus.Connect(ctx, bus.Config{Context: tc.name}, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("context %s: got %v, want an error mentioning %q", tc.name, err, tc.want)
+		}
+	}
+}

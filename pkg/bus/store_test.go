@@ -112,3 +112,28 @@ func TestFollowDeliversHistoryThenLive(t *testing.T) {
 		t.Fatalf("Follow returned %v, want context.Canceled", err)
 	}
 }
+
+func TestReplayReturnsAtTheEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := bustest.Start(t)
+	s := bus.NewEventStore(c, "test", nil)
+	if err := s.Replay(ctx, 0, func(bus.Event) error { t.Fatal("event in an empty stream"); return nil }); err != nil {
+		t.Fatalf("Replay of an empty stream: %v", err)
+	}
+	var seqs []uint64
+	for _, id := range []string{"a", "b", "c"} {
+		seq, err := s.Append(ctx, events.AggregatePool, id, events.PoolApplied, id+".applied", map[string]int{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, seq)
+	}
+	var got []uint64
+	if err := s.Replay(ctx, seqs[1], func(e bus.Event) error { got = append(got, e.Seq); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != seqs[1] || got[1] != seqs[2] {
+		t.Fatalf("Replay from %d delivered %v, want %v", seqs[1], got, seqs[1:])
+	}
+}

@@ -149,7 +149,8 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 }
 
 // TestTraceIDFlowsToObservations sets a W3C traceparent on the API request
-// and finds its trace id on the agent's observation of the created proxy.
+// and finds its trace id on the agent's observation of the created proxy and
+// on the health service's ready transition.
 func TestTraceIDFlowsToObservations(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
@@ -164,9 +165,13 @@ func TestTraceIDFlowsToObservations(t *testing.T) {
 		t.Fatalf("apply: %s %s", r.Code, r.Data)
 	}
 	f.waitPool("traced", 1, "ready", 60*time.Second)
-	ev := lastEventOf(t, f, "fleet.evt.proxy.*.running")
-	if got := ev.Header.Get("traceparent"); !strings.Contains(got, traceID) {
-		t.Fatalf("running event traceparent = %q, want trace id %s", got, traceID)
+	// The agent's observation and the health service's transition both
+	// continue the operator's trace.
+	for _, kind := range []string{"running", "ready"} {
+		ev := lastEventOf(t, f, "fleet.evt.proxy.*."+kind)
+		if got := ev.Header.Get("traceparent"); !strings.Contains(got, traceID) {
+			t.Fatalf("%s event traceparent = %q, want trace id %s", kind, got, traceID)
+		}
 	}
 	f.mustReq("fleet.api.pool.delete", `{"name":"traced"}`)
 	waitFor(t, 60*time.Second, "pool traced to be empty", func() bool { return len(f.proxies("traced")) == 0 })

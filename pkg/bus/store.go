@@ -95,11 +95,22 @@ func (s *EventStore) Append(ctx context.Context, aggregate, id, typ, msgID strin
 
 // Last returns the last event of one aggregate, or nil when it has none.
 func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, error) {
+	return s.lastOn(ctx, events.AggregateFilter(aggregate, id))
+}
+
+// LastOf returns the last event of type typ of one aggregate, or nil when
+// it has none (for example the requested event whose trace a later
+// observation continues).
+func (s *EventStore) LastOf(ctx context.Context, aggregate, id, typ string) (*Event, error) {
+	return s.lastOn(ctx, events.EventSubject(aggregate, id, typ))
+}
+
+func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error) {
 	stream, err := s.js.Stream(ctx, EventsStream)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := stream.GetLastMsgForSubject(ctx, events.AggregateFilter(aggregate, id))
+	raw, err := stream.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
 	}

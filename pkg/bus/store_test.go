@@ -44,6 +44,10 @@ func TestAppendExpectsAggregateWildcard(t *testing.T) {
 	if err != nil || last == nil || last.Kind != events.ProxyRetiring || last.Seq != seq3 {
 		t.Fatalf("Last = %+v, %v; want retiring at %d", last, err, seq3)
 	}
+	req, err := s.LastOf(ctx, events.AggregateProxy, "p1", events.ProxyRequested)
+	if err != nil || req == nil || req.Seq != seq1 {
+		t.Fatalf("LastOf(requested) = %+v, %v; want the event at %d", req, err, seq1)
+	}
 	none, err := s.Last(ctx, events.AggregateProxy, "nope")
 	if err != nil || none != nil {
 		t.Fatalf("Last(nope) = %+v, %v; want nil, nil", none, err)

@@ -414,7 +414,13 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 
 	if kind != "" {
 		msgID := events.ProxyEventID(id, kind, cur.Seq)
-		sctx, span := p.tracer.Start(ctx, "health.transition", trace.WithSpanKind(trace.SpanKindProducer),
+		// The transition continues the trace of the operator request that
+		// asked for the proxy, carried by its requested event.
+		tctx := ctx
+		if req, err := p.store.LastOf(ctx, events.AggregateProxy, id, events.ProxyRequested); err == nil && req != nil {
+			tctx = telemetry.Extract(ctx, req.Header)
+		}
+		sctx, span := p.tracer.Start(tctx, "health.transition", trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind)))
 		_, err := p.store.Append(sctx, events.AggregateProxy, id, kind, msgID, data, nil)
 		if err != nil {

@@ -277,7 +277,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 		return nil, aerr
 	}
 	spec.Normalize()
-	if aerr := p.validateSpec(&spec); aerr != nil {
+	if aerr := p.validateSpec(ctx, &spec); aerr != nil {
 		return nil, aerr
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", spec.Name))
@@ -352,7 +352,7 @@ func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec e
 
 // validateSpec checks the spec's fields, then that its provider entry and
 // targets are known to the fleet.
-func (p *Planner) validateSpec(spec *events.PoolSpec) *APIError {
+func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec) *APIError {
 	var fields []events.FieldError
 	var ve *events.ValidationError
 	if err := spec.Validate(); errors.As(err, &ve) {
@@ -367,6 +367,16 @@ func (p *Planner) validateSpec(spec *events.PoolSpec) *APIError {
 	if !bad["provider"] {
 		p.mu.Lock()
 		targets, known := p.knownTargetsLocked(spec.Provider)
+		p.mu.Unlock()
+		stale := !known
+		for _, t := range spec.Targets {
+			stale = stale || !targets[t]
+		}
+		if stale {
+			p.refreshAgents(ctx, spec.Provider)
+		}
+		p.mu.Lock()
+		targets, known = p.knownTargetsLocked(spec.Provider)
 		entries := p.knownEntriesLocked()
 		p.mu.Unlock()
 		if !known {

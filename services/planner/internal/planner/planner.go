@@ -118,6 +118,8 @@ type Planner struct {
 	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
+	// agentsKV is fleet-agents, set by Run before the API starts.
+	agentsKV jetstream.KeyValue
 
 	// mu guards st, agents, seen and progressed.
 	mu     sync.Mutex
@@ -190,6 +192,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketAgents, err)
 	}
+	p.agentsKV = agentsKV
 	leaseKV, err := p.conn.JS.KeyValue(ctx, bus.BucketPlanner)
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
@@ -362,6 +365,24 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 	p.seen[entry][target] = true
 	if !known && p.caughtUp.Load() {
 		p.poke()
+	}
+}
+
+// refreshAgents reads an entry's heartbeats straight from fleet-agents, so
+// an agent that announced itself an instant ago is known to the API even
+// before the watch delivers its heartbeat.
+func (p *Planner) refreshAgents(ctx context.Context, entry string) {
+	if p.agentsKV == nil {
+		return
+	}
+	keys, err := p.agentsKV.ListKeysFiltered(ctx, entry+".*")
+	if err != nil {
+		return
+	}
+	for k := range keys.Keys() {
+		if e, err := p.agentsKV.Get(ctx, k); err == nil {
+			p.onAgent(e)
+		}
 	}
 }
 

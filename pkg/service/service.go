@@ -6,8 +6,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -124,4 +126,22 @@ func (b *Base) Close() {
 // SignalContext returns a context cancelled by SIGINT or SIGTERM.
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// ParseArgs parses a service's command line into fs, which must use
+// flag.ContinueOnError. It accepts no positional arguments. When ok is
+// false the caller exits with code: 0 after --help, 2 for a bad flag or an
+// unexpected argument (already reported on stderr).
+func ParseArgs(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", fs.Name(), fs.Arg(0))
+		return 2, false
+	}
+	return 0, true
 }

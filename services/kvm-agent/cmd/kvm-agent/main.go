@@ -5,7 +5,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,15 +45,8 @@ Flags:
 `, name)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q (see --help)\n", name, fs.Arg(0))
-		return 2
+	if code, ok := service.ParseArgs(fs, args, stderr); !ok {
+		return code
 	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {

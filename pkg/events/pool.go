@@ -12,6 +12,12 @@ import (
 const (
 	DefaultProxyPort = 3128
 	MaxPoolSize      = 1000
+	// DefaultUnhealthyAfter is how long a proxy may stay unhealthy before it
+	// is replaced, when the pool does not say.
+	DefaultUnhealthyAfter = 2 * time.Minute
+	// MinUnhealthyAfter is the shortest unhealthyAfter a pool may ask for:
+	// shorter would replace proxies for one slow probe round.
+	MinUnhealthyAfter = 10 * time.Second
 )
 
 // PoolSpec is what an operator asks for: a named group of proxies. It is the
@@ -28,6 +34,10 @@ type PoolSpec struct {
 	Auth     *ProxyAuth `json:"auth,omitempty"`
 	UserData string     `json:"userData,omitempty"`
 	MaxAge   Duration   `json:"maxAge,omitempty"`
+	// UnhealthyAfter is how long a proxy may stay unhealthy before it is
+	// replaced (default [DefaultUnhealthyAfter], at least
+	// [MinUnhealthyAfter]).
+	UnhealthyAfter Duration `json:"unhealthyAfter,omitempty"`
 }
 
 // ProxyAuth is the basic-auth pair a proxy demands from its clients.
@@ -70,6 +80,18 @@ func (p *PoolSpec) Normalize() {
 	if p.Port == 0 {
 		p.Port = DefaultProxyPort
 	}
+	if p.UnhealthyAfter == 0 {
+		p.UnhealthyAfter = Duration(DefaultUnhealthyAfter)
+	}
+}
+
+// UnhealthyAfterOrDefault returns the pool's unhealthyAfter, or the default
+// for a spec recorded before the field existed.
+func (p PoolSpec) UnhealthyAfterOrDefault() time.Duration {
+	if p.UnhealthyAfter <= 0 {
+		return DefaultUnhealthyAfter
+	}
+	return time.Duration(p.UnhealthyAfter)
 }
 
 // Validate checks every field and returns a [*ValidationError] listing all
@@ -107,6 +129,11 @@ func (p *PoolSpec) Validate() error {
 		v.Add("maxAge", "must not be negative", time.Duration(p.MaxAge).String())
 	} else if p.MaxAge > 0 && time.Duration(p.MaxAge) < time.Minute {
 		v.Add("maxAge", "must be at least 1m", time.Duration(p.MaxAge).String())
+	}
+	if p.UnhealthyAfter < 0 {
+		v.Add("unhealthyAfter", "must not be negative", time.Duration(p.UnhealthyAfter).String())
+	} else if p.UnhealthyAfter > 0 && time.Duration(p.UnhealthyAfter) < MinUnhealthyAfter {
+		v.Add("unhealthyAfter", "must be at least "+MinUnhealthyAfter.String(), time.Duration(p.UnhealthyAfter).String())
 	}
 	if len(p.UserData) > 64<<10 {
 		v.Add("userData", "must be at most 64 KiB", "")

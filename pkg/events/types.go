@@ -27,6 +27,16 @@ const (
 	ClassTimeout    = "timeout"
 	ClassVanished   = "vanished"
 	ClassDeadLetter = "dead-letter"
+	// ClassTerminated: the backend reports the instance exists but no
+	// longer runs (a process gone, a domain shut off, a VM stopped, a Pod
+	// that ended).
+	ClassTerminated = "terminated"
+	// ClassStuck: the create was issued MaxCreateAttempts times without
+	// the proxy reaching provisioning.
+	ClassStuck = "stuck"
+	// ClassUnhealthy: the proxy stayed unhealthy longer than its pool's
+	// unhealthyAfter and was replaced.
+	ClassUnhealthy = "unhealthy"
 )
 
 // PoolAppliedData is recorded when a pool spec is accepted. Spec has no

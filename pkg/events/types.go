@@ -77,8 +77,13 @@ type ProxyRequestedData struct {
 	Profile  string `json:"profile,omitempty"`
 	Port     int    `json:"port"`
 	Username string `json:"username,omitempty"`
-	// Replaces names the proxy this one replaces, if any.
+	// Replaces names the proxy this one replaces, if any: that proxy is
+	// retired once this one is ready.
 	Replaces string `json:"replaces,omitempty"`
+	// ReplaceReason says why Replaces is replaced ("rolled: …",
+	// "rotated: …", "unhealthy: …", "recycled by operator"); it becomes
+	// the retiring reason of the replaced proxy.
+	ReplaceReason string `json:"replaceReason,omitempty"`
 }
 
 // Validate checks the data.

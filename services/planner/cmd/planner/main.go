@@ -70,6 +70,10 @@ func run() int {
 		"period of reconcile rounds (events also start one)")
 	fs.DurationVar(&cfg.CreateTimeout, "create-timeout", 3*time.Minute,
 		"a proxy requested this long without provisioning gets its create re-issued (or fails when its agent is gone)")
+	fs.IntVar(&cfg.MaxCreateAttempts, "max-create-attempts", 5,
+		"a create issued this many times without the proxy reaching provisioning fails it (class stuck); it is replaced on another target")
+	fs.DurationVar(&cfg.QuotaAvoid, "avoid-target", 5*time.Minute,
+		"a target that answered quota, or on which a create got stuck, takes no new proxy for this long")
 	fs.DurationVar(&cfg.ProvisionTimeout, "provision-timeout", 15*time.Minute,
 		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute,

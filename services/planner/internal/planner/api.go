@@ -101,6 +101,13 @@ type (
 		// abandoned without a delete command.
 		SkipCleanup bool `json:"skipCleanup,omitempty"`
 	}
+	// ProxyRecycleRequest is the body of proxy.recycle. The proxy is
+	// replaced surge first (the replacement is ready before it is
+	// retired) unless Now, which retires it at once.
+	ProxyRecycleRequest struct {
+		ID  string `json:"id"`
+		Now bool   `json:"now,omitempty"`
+	}
 	// ProxyBanRequest is the body of proxy.report-ban: the proxy's egress
 	// is banned by a site; Reason says by what or where (optional).
 	ProxyBanRequest struct {
@@ -553,18 +560,24 @@ func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError)
 }
 
 func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError) {
-	var req ProxyRequest
+	var req ProxyRecycleRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
-	return p.retireByOperator(ctx, req.ID, "recycled by operator", false)
+	if req.Now {
+		return p.retireByOperator(ctx, req.ID, "recycled by operator", false)
+	}
+	return p.recycle(ctx, req.ID)
 }
 
 // maxBanReason bounds the reason of a ban report.
 const maxBanReason = 160
 
-// proxyReportBan retires a proxy whose egress is banned, recording the ban
-// in the retiring reason ("banned: <reason>"); the reconciler replaces it.
+// proxyReportBan retires a proxy whose egress is banned at once, recording
+// the ban in the retiring reason ("banned: <reason>"), and requests its
+// replacement in the same request, so the pool does not wait a reconcile
+// round. When no target can take the replacement now, the proxy is retired
+// all the same and the pool's Placed condition says why it stays short.
 func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIError) {
 	var req ProxyBanRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
@@ -576,6 +589,11 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 	}
 	if len(reason) > maxBanReason {
 		return nil, invalid([]events.FieldError{{Field: "reason", Reason: fmt.Sprintf("must be at most %d bytes", maxBanReason)}})
+	}
+	if x, aerr := p.lookupProxy(req.ID); aerr == nil && isActive(x.State) {
+		if _, _, err := p.requestReplacement(ctx, x, "banned: "+reason); err != nil {
+			p.log.WarnContext(ctx, "no replacement for a banned proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
+		}
 	}
 	return p.retireByOperator(ctx, req.ID, "banned: "+reason, false)
 }

@@ -203,7 +203,7 @@ func TestGCDeletesLingeringInstanceOfDeletedProxy(t *testing.T) {
 	id := ids[0]
 	t1.add(marked(id, "demo", "local"))
 	h.bringUp(id, "t1", events.ProxyReady)
-	h.ok(proxyRecycle, `{"id":"`+id+`"}`, nil)
+	h.ok(proxyRecycle, `{"id":"`+id+`","now":true}`, nil)
 	h.observe(id, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
 	h.waitState(r, id, events.ProxyDeleted)
 	ids, _ = h.requested(2)

@@ -59,9 +59,14 @@ type Config struct {
 	// RetireTimeout is how long a proxy may stay retiring before its delete
 	// is re-issued with the next attempt (default 3m).
 	RetireTimeout time.Duration
-	// QuotaAvoid is how long a target that answered quota is not used for
-	// placement (default 5m).
+	// QuotaAvoid is how long a target that answered quota, or on which a
+	// create got stuck (see MaxCreateAttempts), is not used for placement
+	// (default 5m).
 	QuotaAvoid time.Duration
+	// MaxCreateAttempts is how many times a create is issued for one proxy
+	// that never reaches provisioning before the proxy fails with class
+	// stuck and is replaced on another target (default 5).
+	MaxCreateAttempts int
 	// LeaseTTL is the lifetime of the leader lease; it is renewed every
 	// third of it (default [bus.LeaseTTL], the fleet-planner bucket's TTL).
 	LeaseTTL time.Duration
@@ -93,6 +98,9 @@ func (c *Config) defaults() {
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCGrace, 10*time.Minute)
 	def(&c.InventoryTimeout, 10*time.Second)
+	if c.MaxCreateAttempts <= 0 {
+		c.MaxCreateAttempts = 5
+	}
 }
 
 // agentSeen is one fleet-agents entry.

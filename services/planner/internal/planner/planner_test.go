@@ -72,7 +72,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"get unknown proxy", proxyGet, `{"id":"nope-aaaaaaaaaa"}`, "422", "id", "unknown proxy"},
 		{"delete proxy wrong type", proxyDelete, `{"id":"x","skipCleanup":"yes"}`, "400", "skipCleanup", "true or false"},
 		{"delete unknown proxy", proxyDelete, `{"id":"nope-aaaaaaaaaa"}`, "422", "id", "unknown proxy"},
-		{"recycle unknown field", proxyRecycle, `{"id":"x","now":true}`, "400", "now", "unknown field"},
+		{"recycle unknown field", proxyRecycle, `{"id":"x","later":true}`, "400", "later", "unknown field"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,8 +377,8 @@ func TestOperatorDeleteAndRecycle(t *testing.T) {
 	if x.State != events.ProxyAbandoned {
 		t.Fatalf("skip-cleanup delete: state %q, want abandoned", x.State)
 	}
-	// Recycle: retired with a delete command; a replacement follows.
-	h.ok(proxyRecycle, `{"id":"`+ids[0]+`"}`, &x)
+	// Recycle now: retired with a delete command; a replacement follows.
+	h.ok(proxyRecycle, `{"id":"`+ids[0]+`","now":true}`, &x)
 	if x.State != events.ProxyRetiring {
 		t.Fatalf("recycle: state %q, want retiring", x.State)
 	}
@@ -393,6 +393,7 @@ func TestOperatorDeleteAndRecycle(t *testing.T) {
 	}
 	// Repeating either request changes nothing.
 	before := h.lastSeq(bus.EventsStream)
+	h.ok(proxyRecycle, `{"id":"`+ids[0]+`","now":true}`, nil)
 	h.ok(proxyRecycle, `{"id":"`+ids[0]+`"}`, nil)
 	h.ok(proxyDelete, `{"id":"`+ids[1]+`"}`, nil)
 	if got := h.lastSeq(bus.EventsStream); got != before {

@@ -41,7 +41,8 @@ type round struct {
 	pools  []poolSnap
 	byID   map[string]Proxy
 	agents []agentSeen
-	quota  map[string]time.Time
+	// avoid is the state's avoidance per "<entry>.<target>".
+	avoid map[string]avoidance
 	// onTarget counts active proxies per "<entry>.<target>", all pools.
 	onTarget map[string]int
 	// poolOnTarget counts active proxies per pool and target.
@@ -66,7 +67,7 @@ func (p *Planner) snapshot() *round {
 	r := &round{
 		now:          p.now(),
 		byID:         map[string]Proxy{},
-		quota:        map[string]time.Time{},
+		avoid:        map[string]avoidance{},
 		onTarget:     map[string]int{},
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
@@ -75,8 +76,8 @@ func (p *Planner) snapshot() *round {
 	sort.Slice(r.agents, func(i, j int) bool {
 		return targetKey(r.agents[i].Entry, r.agents[i].Target) < targetKey(r.agents[j].Entry, r.agents[j].Target)
 	})
-	for k, t := range p.st.quota {
-		r.quota[k] = t
+	for k, a := range p.st.avoid {
+		r.avoid[k] = a
 	}
 	for _, pl := range p.st.sortedPools() {
 		ps := poolSnap{pool: *pl}
@@ -200,6 +201,18 @@ func retireRank(s string) int {
 	return 2
 }
 
+// poolRound is what one pass over a pool found, for its conditions.
+type poolRound struct {
+	// miss is why a proxy the pool needs could not be placed this round.
+	miss *placeMiss
+	// active counts the live members that are not failed or retiring,
+	// ready those of them that are ready.
+	active, ready int
+	// counted are the active members that count toward size; condemned
+	// are being replaced.
+	counted, condemned []Proxy
+}
+
 func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 	pool := ps.pool
 	pctx := traceCtx(ctx, pool.traceparent)
@@ -239,79 +252,152 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 	if pool.Deleted {
 		want, reason = 0, "pool deleted"
 	}
-	if p.rotate(pctx, r, pool, active, want) {
-		return
+	pr := &poolRound{active: len(active)}
+	for _, x := range active {
+		if x.State == events.ProxyReady {
+			pr.ready++
+		}
 	}
-	if len(active) > want {
-		sort.SliceStable(active, func(i, j int) bool {
-			a, b := active[i], active[j]
-			if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
-				return ra < rb
-			}
-			if oa, ob := pool.isOutdated(a), pool.isOutdated(b); oa != ob {
-				return oa
-			}
-			if !a.Created.Equal(b.Created) {
-				return a.Created.Before(b.Created)
-			}
-			return a.ID < b.ID
-		})
-		for _, x := range active[:len(active)-want] {
+	defer func() {
+		if !pool.Deleted && ctx.Err() == nil {
+			p.updateConditions(ctx, r, pool, want, pr)
+		}
+	}()
+	if want == 0 {
+		for _, x := range active {
 			p.retire(pctx, r, x, reason)
 		}
 		return
 	}
-	for n := len(active); n < want && ctx.Err() == nil; n++ {
+	now := p.ageNow()
+	after := pool.Spec.UnhealthyAfterOrDefault()
+	for _, x := range active {
+		if _, replaced := r.replacement(x); replaced || isSick(x, now, after) {
+			pr.condemned = append(pr.condemned, x)
+		} else {
+			pr.counted = append(pr.counted, x)
+		}
+	}
+	retired := p.retireCondemned(pctx, r, pool, pr, want, now, after)
+	if len(pr.counted) > want {
+		p.scaleDown(pctx, r, pool, pr.counted, want, reason)
+		return
+	}
+	// Sick proxies without a live replacement get one first: they do not
+	// count toward size, so the fill below creates it, naming them.
+	var sick []Proxy
+	for _, x := range pr.condemned {
+		if _, replaced := r.replacement(x); !replaced && !retired[x.ID] {
+			sick = append(sick, x)
+		}
+	}
+	sort.Slice(sick, func(i, j int) bool { return sick[i].UnhealthySince.Before(sick[j].UnhealthySince) })
+	for n := len(pr.counted); n < want && ctx.Err() == nil; n++ {
 		a, ok := p.place(r, pool)
 		if !ok {
-			if last, logged := p.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
-				p.noTarget[pool.Name] = r.now
-				p.log.Warn("no live target can take a proxy of this pool now; retrying every round",
-					"pool", pool.Name, "entry", pool.Spec.Provider, "missing", want-n)
-			}
+			p.noPlace(r, pool, pr, want-n)
 			return
 		}
 		delete(p.noTarget, pool.Name)
-		if !p.create(pctx, r, pool, a, "") {
+		replaces, why := "", ""
+		if len(sick) > 0 {
+			replaces, why = sick[0].ID, unhealthyReason(sick[0])
+			sick = sick[1:]
+		}
+		if !p.create(pctx, r, pool, a, replaces, why) {
+			pr.miss = &placeMiss{reason: events.ReasonSecretsUnavailable,
+				message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
 			return
 		}
 	}
+	p.rotate(pctx, r, pool, pr, want)
+}
+
+// noPlace records that the pool's missing proxies cannot be placed now and
+// logs it at most once a minute.
+func (p *Planner) noPlace(r *round, pool Pool, pr *poolRound, missing int) {
+	m := p.placeWhy(r, pool)
+	pr.miss = &m
+	if last, logged := p.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
+		p.noTarget[pool.Name] = r.now
+		p.log.Warn("no live target can take a proxy of this pool now; retrying every round",
+			"pool", pool.Name, "entry", pool.Spec.Provider, "missing", missing, "reason", m.reason, "detail", m.message)
+	}
+}
+
+// scaleDown retires the excess of counted: unhealthy first, then those not
+// yet running, outdated before current, oldest first.
+func (p *Planner) scaleDown(ctx context.Context, r *round, pool Pool, counted []Proxy, want int, reason string) {
+	sort.SliceStable(counted, func(i, j int) bool {
+		a, b := counted[i], counted[j]
+		if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
+			return ra < rb
+		}
+		if oa, ob := pool.isOutdated(a), pool.isOutdated(b); oa != ob {
+			return oa
+		}
+		if !a.Created.Equal(b.Created) {
+			return a.Created.Before(b.Created)
+		}
+		return a.ID < b.ID
+	})
+	for _, x := range counted[:len(counted)-want] {
+		p.retire(ctx, r, x, reason)
+	}
+}
+
+// placeMiss is why a proxy of a pool cannot be placed: a condition reason
+// and a message naming the targets considered.
+type placeMiss struct {
+	reason, message string
 }
 
 // place picks the target for one new proxy of pool: a live target of the
 // pool's entry (and of pool.Spec.Targets when set) offering its image and
-// profile, with capacity left and no recent quota failure; fewest proxies of
-// this pool first, then fewest overall, then by name.
+// profile, with capacity left and no recent quota failure or stuck create;
+// fewest proxies of this pool first, then fewest overall, then by name.
 func (p *Planner) place(r *round, pool Pool) (agentSeen, bool) {
 	var best agentSeen
 	found := false
 	var bestPool, bestAll int
 	for _, a := range r.agents {
-		if a.Entry != pool.Spec.Provider {
-			continue
-		}
-		if len(pool.Spec.Targets) > 0 && !slices.Contains(pool.Spec.Targets, a.Target) {
-			continue
-		}
-		if pool.Spec.Image != "" && !slices.Contains(a.Images, pool.Spec.Image) {
-			continue
-		}
-		if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
+		if !p.offers(r, pool, a) {
 			continue
 		}
 		k := targetKey(a.Entry, a.Target)
-		if a.Capacity > 0 && r.onTarget[k] >= a.Capacity {
-			continue
-		}
-		if t, ok := r.quota[k]; ok && r.now.Sub(t) < p.cfg.QuotaAvoid {
-			continue
-		}
 		np, na := r.poolOnTarget[pool.Name][k], r.onTarget[k]
 		if !found || np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))) {
 			best, bestPool, bestAll, found = a, np, na, true
 		}
 	}
 	return best, found
+}
+
+// offers reports whether live target a can take a new proxy of pool now.
+func (p *Planner) offers(r *round, pool Pool, a agentSeen) bool {
+	if !eligible(pool, a) {
+		return false
+	}
+	if pool.Spec.Image != "" && !slices.Contains(a.Images, pool.Spec.Image) {
+		return false
+	}
+	if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
+		return false
+	}
+	k := targetKey(a.Entry, a.Target)
+	if a.Capacity > 0 && r.onTarget[k] >= a.Capacity {
+		return false
+	}
+	if av, ok := r.avoid[k]; ok && r.now.Sub(av.at) < p.cfg.QuotaAvoid {
+		return false
+	}
+	return true
+}
+
+// eligible reports whether target a belongs to the pool's entry and, when
+// the pool names targets, is one of them.
+func eligible(pool Pool, a agentSeen) bool {
+	return a.Entry == pool.Spec.Provider && (len(pool.Spec.Targets) == 0 || slices.Contains(pool.Spec.Targets, a.Target))
 }
 
 // poolSecrets reads the pool's secrets from fleet-secrets, checking they
@@ -484,6 +570,16 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 		p.decide(ctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
 		return
 	}
+	if x.Attempt >= p.cfg.MaxCreateAttempts {
+		// The agent is alive but never starts this create: fail it, so it is
+		// replaced, and keep new proxies off the target for a while.
+		f := events.ProxyFailedData{
+			Class: events.ClassStuck, Attempt: x.Attempt,
+			Reason: fmt.Sprintf("create issued %d times on %s/%s without reaching provisioning", x.Attempt, x.Entry, x.Target),
+		}
+		p.decide(ctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+		return
+	}
 	sec, ok := p.poolSecrets(ctx, r, pool)
 	if !ok {
 		return
@@ -500,8 +596,9 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 }
 
 // create decides one new proxy of pool on target a and sends its command.
-// replaces names the proxy it is to replace, if any.
-func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen, replaces string) bool {
+// replaces names the proxy it is to replace, if any, and why says why
+// (the replaced proxy's retiring reason once this one is ready).
+func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen, replaces, why string) bool {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
 		return false
@@ -511,14 +608,7 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen,
 		attribute.String("proxy", id), attribute.String("pool", pool.Name),
 		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
 	defer span.End()
-	d := events.ProxyRequestedData{
-		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
-		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
-		Replaces: replaces,
-	}
-	if pool.Spec.Auth != nil {
-		d.Username = pool.Spec.Auth.Username
-	}
+	d := requestedData(id, pool, a, replaces, why)
 	seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested,
 		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
 	if err != nil {
@@ -530,8 +620,21 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen,
 	p.noteOwn(seq)
 	x := Proxy{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}
 	r.count(x, 1)
-	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested, "entry", a.Entry, "target", a.Target)
+	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested, "entry", a.Entry, "target", a.Target, "replaces", replaces)
 	cmd := createCommand(id, d, 1, sec)
 	p.publish(ctx, pending{create: &cmd})
 	return true
+}
+
+// requestedData is the decision to create proxy id of pool on target a.
+func requestedData(id string, pool Pool, a agentSeen, replaces, why string) events.ProxyRequestedData {
+	d := events.ProxyRequestedData{
+		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
+		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
+		Replaces: replaces, ReplaceReason: why,
+	}
+	if pool.Spec.Auth != nil {
+		d.Username = pool.Spec.Auth.Username
+	}
+	return d
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"proxyfleet/pkg/events"
@@ -30,27 +31,34 @@ func isAged(x Proxy, maxAge time.Duration, now time.Time) bool {
 	return now.Sub(x.Created) > maxAge+rotationJitter(x.ID, maxAge)
 }
 
+// Retiring reasons of rolled and rotated proxies start with these; a
+// condemned proxy whose replacement carries one holds the pool's one surge
+// slot.
+const (
+	rolledPrefix  = "rolled: "
+	rotatedPrefix = "rotated: "
+)
+
+// holdsSurge reports whether a replacement requested for reason is a roll or
+// rotation step.
+func holdsSurge(reason string) bool {
+	return strings.HasPrefix(reason, rolledPrefix) || strings.HasPrefix(reason, rotatedPrefix)
+}
+
 // rotate replaces the pool's outdated proxies (requested before the last
 // change of the pool's instance shape) and, with maxAge, its aged ones,
-// surge first and one at a time; outdated proxies go before aged ones and
-// both share the one surge slot. With exactly size active proxies and a
-// candidate among them, it creates a replacement with the current spec (the
-// pool then holds size+1); with size+1 active and a candidate among them, it
-// retires the first candidate once the pool has size ready proxies without
-// it. It reports whether it took charge of the pool this round; otherwise
-// the ordinary size reconciliation applies.
-func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, active []Proxy, want int) bool {
-	if pool.Deleted || want == 0 {
-		return false
-	}
+// surge first and one at a time: outdated before aged, unhealthy before
+// healthy, oldest first. It requests a replacement naming the proxy it
+// replaces; that proxy is then condemned (it no longer counts toward size)
+// and is retired once its replacement is ready (see retireCondemned). Only
+// one roll or rotation replacement is in flight per pool; sick proxies'
+// replacements do not take that slot, and a sick member never holds a roll
+// up, since it does not count. Rotation waits while the pool is not at size.
+func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, pr *poolRound, want int) {
 	maxAge := time.Duration(pool.Spec.MaxAge)
 	now := p.ageNow()
 	var outdated, aged []Proxy
-	ready := 0
-	for _, x := range active {
-		if x.State == events.ProxyReady {
-			ready++
-		}
+	for _, x := range pr.counted {
 		switch {
 		case pool.isOutdated(x):
 			outdated = append(outdated, x)
@@ -58,47 +66,41 @@ func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, active []Prox
 			aged = append(aged, x)
 		}
 	}
-	if len(outdated) == 0 && len(aged) == 0 {
-		return false
+	if len(outdated) == 0 && len(aged) == 0 || len(pr.counted) != want {
+		return
 	}
-	oldestFirst(outdated)
-	oldestFirst(aged)
+	for _, x := range pr.condemned {
+		if holdsSurge(x.ReplaceReason) {
+			return
+		}
+	}
+	sickFirst(outdated)
+	sickFirst(aged)
 	next, why := Proxy{}, ""
 	if len(outdated) > 0 {
-		next, why = outdated[0], fmt.Sprintf("rolled: spec revision %d", pool.ShapeRevision)
+		next, why = outdated[0], fmt.Sprintf("%sspec revision %d", rolledPrefix, pool.ShapeRevision)
 	} else {
-		next, why = aged[0], "rotated: older than maxAge "+maxAge.String()
+		next, why = aged[0], rotatedPrefix+"older than maxAge "+maxAge.String()
 	}
-	switch len(active) {
-	case want + 1:
-		// A surge is under way: the replacement must be ready first.
-		others := ready
-		if next.State == events.ProxyReady {
-			others--
-		}
-		if others >= want {
-			p.retire(ctx, r, next, why)
-		}
-		return true
-	case want:
-		a, ok := p.place(r, pool)
-		if !ok {
-			p.log.Debug("no live target can take a replacement now", "pool", pool.Name, "proxy", next.ID, "why", why)
-			return true
-		}
-		if p.create(ctx, r, pool, a, next.ID) {
-			p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
-				"why", why, "age", now.Sub(next.Created).Round(time.Second).String(),
-				"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)
-		}
-		return true
+	a, ok := p.place(r, pool)
+	if !ok {
+		p.noPlace(r, pool, pr, 1)
+		return
 	}
-	return false
+	if p.create(ctx, r, pool, a, next.ID, why) {
+		p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
+			"why", why, "age", now.Sub(next.Created).Round(time.Second).String(),
+			"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)
+	}
 }
 
-// oldestFirst orders proxies by creation, then id.
-func oldestFirst(xs []Proxy) {
-	sort.Slice(xs, func(i, j int) bool {
+// sickFirst orders proxies unhealthy first, then by creation, then id.
+func sickFirst(xs []Proxy) {
+	sort.SliceStable(xs, func(i, j int) bool {
+		ui, uj := xs[i].State == events.ProxyUnhealthy, xs[j].State == events.ProxyUnhealthy
+		if ui != uj {
+			return ui
+		}
 		if !xs[i].Created.Equal(xs[j].Created) {
 			return xs[i].Created.Before(xs[j].Created)
 		}

@@ -34,6 +34,17 @@ type Proxy struct {
 	LastSeq       uint64    `json:"lastSeq"`
 	Created       time.Time `json:"created"`
 	Updated       time.Time `json:"updated"`
+	// UnhealthySince is when the proxy last became unhealthy (the time of
+	// the health service's event); zero unless it is unhealthy now.
+	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
+	// ProbeError is the last probe error the health service reported.
+	ProbeError string `json:"probeError,omitempty"`
+	// Replaces names the proxy this one was requested to replace.
+	Replaces string `json:"replaces,omitempty"`
+	// ReplacedBy names the proxy requested to replace this one, and
+	// ReplaceReason why: this one is retired once that one is ready.
+	ReplacedBy    string `json:"replacedBy,omitempty"`
+	ReplaceReason string `json:"replaceReason,omitempty"`
 
 	// traceparent is the W3C trace context of the requested event.
 	traceparent string
@@ -54,6 +65,9 @@ type Pool struct {
 	// the spec (see [shapeOf]) last changed. A proxy requested at an older
 	// revision is outdated and is rolled.
 	ShapeRevision int `json:"shapeRevision"`
+	// Conditions say why the pool differs from its spec, folded from
+	// condition events.
+	Conditions []events.Condition `json:"conditions,omitempty"`
 
 	// shape is the instance-shaping part of the applied spec.
 	shape string
@@ -103,8 +117,17 @@ type state struct {
 	// targets maps an entry to the targets events named for it (a pool's
 	// provider adds the entry with no target).
 	targets map[string]map[string]bool
-	// quota holds the time of the last quota failure per "<entry>.<target>".
-	quota map[string]time.Time
+	// avoid holds, per "<entry>.<target>", the last failure that keeps new
+	// proxies off a target for a while: quota, or a create stuck for
+	// MaxCreateAttempts attempts.
+	avoid map[string]avoidance
+}
+
+// avoidance is one failure that keeps placement off a target: its class
+// (quota or stuck) and when it was recorded.
+type avoidance struct {
+	class string
+	at    time.Time
 }
 
 func newState(log *slog.Logger) *state {
@@ -113,7 +136,7 @@ func newState(log *slog.Logger) *state {
 		pools:   map[string]*Pool{},
 		proxies: map[string]*Proxy{},
 		targets: map[string]map[string]bool{},
-		quota:   map[string]time.Time{},
+		avoid:   map[string]avoidance{},
 	}
 }
 
@@ -218,6 +241,15 @@ func (s *state) applyPool(ev bus.Event) bool {
 		p.Deleted = true
 		p.LastSeq = ev.Seq
 		return true
+	case events.PoolCondition:
+		var d events.PoolConditionData
+		if err := ev.DecodeData(&d); err != nil {
+			return s.skip(ev, err)
+		}
+		p := s.pool(ev.ID)
+		p.Conditions = events.SetCondition(p.Conditions, d, ev.Time)
+		p.LastSeq = ev.Seq
+		return false
 	}
 	if p := s.pools[ev.ID]; p != nil {
 		p.LastSeq = ev.Seq
@@ -267,9 +299,13 @@ func (s *state) applyProxy(ev bus.Event) bool {
 			x = &Proxy{
 				ID: ev.ID, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
 				Revision: d.Revision, Created: ev.Time, Updated: ev.Time, LastSeq: ev.Seq,
+				Replaces:    d.Replaces,
 				traceparent: ev.Header.Get("traceparent"), requested: d,
 			}
 			s.proxies[ev.ID] = x
+			if old := s.proxies[d.Replaces]; old != nil && d.Replaces != ev.ID && !events.IsTerminal(old.State) {
+				old.ReplacedBy, old.ReplaceReason = ev.ID, d.ReplaceReason
+			}
 			s.noteTarget(d.Entry, d.Target)
 			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
 			s.setState(x, events.ProxyRequested)
@@ -290,7 +326,15 @@ func (s *state) applyProxy(ev bus.Event) bool {
 				x.Attempt = d.Attempt
 			}
 		}
-	case events.ProxyReady, events.ProxyUnhealthy:
+	case events.ProxyReady:
+	case events.ProxyUnhealthy:
+		var d events.ProxyUnhealthyData
+		if ev.DecodeData(&d) == nil && d.Reason != "" {
+			x.ProbeError = d.Reason
+		}
+		if x.State != events.ProxyUnhealthy && isActive(x.State) {
+			x.UnhealthySince = ev.Time
+		}
 	case events.ProxyRunning:
 		var d events.ProxyRunningData
 		if ev.DecodeData(&d) == nil {
@@ -302,8 +346,8 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	case events.ProxyFailed:
 		var d events.ProxyFailedData
 		_ = ev.DecodeData(&d)
-		if d.Class == events.ClassQuota {
-			s.quota[x.Entry+"."+x.Target] = ev.Time
+		if d.Class == events.ClassQuota || d.Class == events.ClassStuck {
+			s.avoid[x.Entry+"."+x.Target] = avoidance{class: d.Class, at: ev.Time}
 		}
 		if isActive(x.State) {
 			x.FailClass, x.Reason = d.Class, d.Reason
@@ -337,6 +381,9 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	if isActive(x.State) {
 		changed := x.State != ev.Kind
 		s.setState(x, ev.Kind)
+		if x.State != events.ProxyUnhealthy {
+			x.UnhealthySince = time.Time{}
+		}
 		return changed
 	}
 	return false
@@ -356,18 +403,26 @@ type PoolView struct {
 	// Outdated counts the active proxies requested before ShapeRevision:
 	// they are being rolled.
 	Outdated int `json:"outdated"`
-	// States counts the pool's proxies per state, terminal ones included.
+	// States counts the pool's live proxies per state: deleted and
+	// abandoned ones are not counted.
 	States map[string]int `json:"states"`
+	// Conditions say whether the pool is ready, whether its proxies can be
+	// placed and whether a change is under way, and why.
+	Conditions []events.Condition `json:"conditions"`
 }
 
 func (p *Pool) view() PoolView {
-	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision, States: map[string]int{}}
+	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision,
+		States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
 	for _, x := range p.members {
 		if isActive(x.State) && p.isOutdated(*x) {
 			v.Outdated++
 		}
 	}
 	for k, n := range p.counts {
+		if events.IsTerminal(k) {
+			continue
+		}
 		v.States[k] = n
 		if isActive(k) {
 			v.Active += n

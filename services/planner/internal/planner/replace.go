@@ -1,0 +1,98 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// errNoTarget means no live target can take a replacement now.
+var errNoTarget = errors.New("no live target can take a replacement now")
+
+// requestReplacement decides, for an API request, a new proxy of x's pool
+// that replaces x, and sends its create command. The reconciler then
+// counts the new proxy instead of x and retires x once the new one is
+// ready (see retireCondemned). A proxy that already has a live replacement
+// gets no second one. It returns the replacement's id and the sequence of
+// its requested event (0 when one existed).
+func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (string, uint64, error) {
+	r := p.snapshot()
+	if y, ok := r.replacement(x); ok {
+		return y.ID, 0, nil
+	}
+	var pool Pool
+	found := false
+	for _, ps := range r.pools {
+		if ps.pool.Name == x.Pool {
+			pool, found = ps.pool, true
+		}
+	}
+	if !found || pool.Deleted {
+		return "", 0, errors.New("the proxy's pool is deleted; nothing replaces it")
+	}
+	a, ok := p.place(r, pool)
+	if !ok {
+		m := p.placeWhy(r, pool)
+		return "", 0, fmt.Errorf("%w (%s: %s)", errNoTarget, m.reason, m.message)
+	}
+	sec, ok := p.poolSecrets(ctx, r, pool)
+	if !ok {
+		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
+	}
+	id := events.NewProxyID(pool.Name)
+	ctx, span := p.tracer.Start(ctx, "planner.replace", trace.WithAttributes(
+		attribute.String("proxy", id), attribute.String("replaces", x.ID), attribute.String("pool", pool.Name),
+		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
+	defer span.End()
+	d := requestedData(id, pool, a, x.ID, why)
+	seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested,
+		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
+	if err != nil {
+		return "", 0, err
+	}
+	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested,
+		"entry", a.Entry, "target", a.Target, "replaces", x.ID, "why", why)
+	cmd := createCommand(id, d, 1, sec)
+	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
+		// The decision stands; the reconciler re-issues the create when the
+		// proxy stays requested.
+		p.log.WarnContext(ctx, "publish create", "proxy", id, "err", err)
+	}
+	return id, seq, nil
+}
+
+// recycle replaces proxy id surge first: a replacement is requested now and
+// id is retired once it is ready. Repeating it changes nothing.
+func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
+	x, aerr := p.lookupProxy(id)
+	if aerr != nil {
+		return nil, aerr
+	}
+	if !isActive(x.State) {
+		return x, nil
+	}
+	_, seq, err := p.requestReplacement(ctx, x, "recycled by operator")
+	if errors.Is(err, errNoTarget) {
+		return nil, &APIError{status: "503", Code: CodeUnavailable,
+			Message: "id: " + err.Error() + `; retry later, or recycle with {"now":true} to retire the proxy at once`}
+	}
+	if err != nil {
+		p.log.ErrorContext(ctx, "request replacement", "proxy", id, "err", err)
+		return nil, internal("id: could not request a replacement; retry")
+	}
+	if err := p.waitSeq(ctx, seq); err != nil {
+		return nil, internal("replacement recorded but not yet visible; get the proxy again")
+	}
+	x, aerr = p.lookupProxy(id)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return x, nil
+}

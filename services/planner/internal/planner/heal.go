@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"proxyfleet/pkg/events"
@@ -65,16 +66,19 @@ func (p *Planner) retireCondemned(ctx context.Context, r *round, pool Pool, pr *
 	}
 	retired := map[string]bool{}
 	for _, x := range pr.condemned {
+		// The replacement says why (rolled, rotated, recycled); a sick
+		// proxy's reason carries its last probe error.
 		why := x.ReplaceReason
+		sick2 := isSick(x, now, 2*after)
 		switch {
-		case x.State == events.ProxyUnhealthy:
+		case sick2, strings.HasPrefix(why, "unhealthy"), why == "" && x.State == events.ProxyUnhealthy:
 			why = unhealthyReason(x)
 		case why == "":
 			why = "replaced"
 		}
 		y, replaced := r.replacement(x)
 		switch {
-		case isSick(x, now, 2*after):
+		case sick2:
 			p.log.InfoContext(ctx, "retiring a proxy unhealthy for twice unhealthyAfter; no replacement became ready",
 				"pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince, "unhealthyAfter", after.String())
 		case replaced && y.State == events.ProxyReady:

@@ -1,0 +1,364 @@
+package planner
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/events"
+)
+
+// skewedLeader starts a leader whose proxy-age clock (rotation and
+// unhealthy durations) runs skew ahead of the wall clock.
+func (h *harness) skewedLeader(id string, skew *atomic.Int64, cfg Config) *running {
+	h.t.Helper()
+	cfg.ID = id
+	r := h.startPlannerWith(cfg, nil, func(p *Planner) {
+		p.ageNow = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
+	h.waitFor("leader "+id, r.IsLeader)
+	return r
+}
+
+// readyPool applies a pool and drives its proxies to ready; it returns
+// their ids.
+func (h *harness) readyPool(r *running, d *driver, body string, name string, size int) []string {
+	h.t.Helper()
+	h.ok(poolApply, body, nil)
+	h.waitFor(name+" ready", func() bool {
+		d.step()
+		return r.poolView(name).States[events.ProxyReady] == size
+	})
+	var ids []string
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+		var rd events.ProxyRequestedData
+		if e.DecodeData(&rd) == nil && rd.Pool == name {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
+// replacementOf returns the proxy requested to replace id, if any.
+func (h *harness) replacementOf(id string) (string, events.ProxyRequestedData, bool) {
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+		var rd events.ProxyRequestedData
+		if e.DecodeData(&rd) == nil && rd.Replaces == id {
+			return e.ID, rd, true
+		}
+	}
+	return "", events.ProxyRequestedData{}, false
+}
+
+// manualDriver is a driver that leaves the proxies named in hold alone.
+type manualDriver struct {
+	*driver
+	hold map[string]bool
+}
+
+func (m *manualDriver) step() {
+	for _, e := range m.h.events() {
+		if e.Aggregate == events.AggregateProxy && e.Kind == events.ProxyRequested && m.hold[e.ID] {
+			m.done[e.ID+"/"+e.Kind] = true
+		}
+	}
+	m.driver.step()
+}
+
+// TestUnhealthyProxyIsReplacedSurgeFirst: a proxy unhealthy longer than
+// unhealthyAfter gets a replacement at once; it keeps its place until the
+// replacement is ready, then retires with its last probe error; the pool
+// never holds more than size+1 proxies nor fewer than size ready ones.
+func TestUnhealthyProxyIsReplacedSurgeFirst(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	var skew atomic.Int64
+	r := h.skewedLeader("heal", &skew, Config{})
+	d := &driver{h: h, done: map[string]bool{}}
+	ids := h.readyPool(r, d, `{"name":"heal","provider":"local","size":3,"unhealthyAfter":"10s"}`, "heal", 3)
+	x := ids[1]
+	const probeErr = "probe: dial tcp 127.0.0.1:4000: connection refused"
+	h.observe(x, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: probeErr, Streak: 3})
+	h.waitState(r, x, events.ProxyUnhealthy)
+
+	// Before unhealthyAfter nothing happens.
+	h.settle(r, 5)
+	if _, _, ok := h.replacementOf(x); ok {
+		t.Fatal("replacement requested before unhealthyAfter")
+	}
+
+	skew.Store(int64(11 * time.Second))
+	var y string
+	h.waitFor("a replacement", func() bool {
+		var ok bool
+		y, _, ok = h.replacementOf(x)
+		return ok
+	})
+	_, rd, _ := h.replacementOf(x)
+	if rd.ReplaceReason != "unhealthy: "+probeErr || rd.Pool != "heal" {
+		t.Errorf("replacement data: got %+v, want pool heal, reason %q", rd, "unhealthy: "+probeErr)
+	}
+	// The sick proxy stays until the replacement is ready.
+	h.settle(r, 5)
+	if got := h.rolledReasons()[x]; got != "" {
+		t.Fatalf("sick proxy retired before its replacement was ready: %q", got)
+	}
+	if v := r.poolView("heal"); v.Active != 4 {
+		t.Errorf("active during the replacement: got %d, want size+1 = 4", v.Active)
+	}
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 4 {
+		t.Errorf("requested: got %d, want 4 (one replacement)", n)
+	}
+
+	h.waitFor("the sick proxy retired", func() bool {
+		d.step()
+		return h.rolledReasons()[x] != ""
+	})
+	if got := h.rolledReasons()[x]; got != "unhealthy: "+probeErr {
+		t.Errorf("retiring reason: got %q, want %q", got, "unhealthy: "+probeErr)
+	}
+	h.waitFor("pool whole", func() bool {
+		d.step()
+		v := r.poolView("heal")
+		return v.States[events.ProxyReady] == 3 && v.Active == 3 && v.States[events.ProxyRetiring] == 0
+	})
+	h.checkSurgeActive("heal", 3)
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 4 {
+		t.Errorf("requested: got %d, want 4", n)
+	}
+	if y == "" {
+		t.Fatal("no replacement id")
+	}
+}
+
+// TestRecoveredProxyIsKept: a proxy that recovers before unhealthyAfter is
+// neither replaced nor retired, however long it then stays ready.
+func TestRecoveredProxyIsKept(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	var skew atomic.Int64
+	r := h.skewedLeader("keep", &skew, Config{})
+	d := &driver{h: h, done: map[string]bool{}}
+	ids := h.readyPool(r, d, `{"name":"keep","provider":"local","size":2,"unhealthyAfter":"1m"}`, "keep", 2)
+	x := ids[0]
+	h.observe(x, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "timeout", Streak: 3})
+	h.waitState(r, x, events.ProxyUnhealthy)
+	skew.Store(int64(50 * time.Second))
+	h.settle(r, 5)
+	h.observe(x, events.ProxyReady, 2, events.ProxyReadyData{Address: "127.0.0.1:4000"})
+	h.waitState(r, x, events.ProxyReady)
+	skew.Store(int64(10 * time.Minute))
+	h.settle(r, 5)
+	if _, _, ok := h.replacementOf(x); ok {
+		t.Error("a recovered proxy got a replacement")
+	}
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRetiring)); n != 0 {
+		t.Errorf("retiring: got %d, want 0", n)
+	}
+}
+
+// TestSickProxyRetiredWhenNoReplacementBecomesReady: when the replacement
+// never becomes ready, the sick proxy is retired after twice
+// unhealthyAfter, and the replacement stays requested in its place.
+func TestSickProxyRetiredWhenNoReplacementBecomesReady(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	var skew atomic.Int64
+	r := h.skewedLeader("late", &skew, Config{})
+	d := &driver{h: h, done: map[string]bool{}}
+	ids := h.readyPool(r, d, `{"name":"late","provider":"local","size":1,"unhealthyAfter":"10s"}`, "late", 1)
+	x := ids[0]
+	h.observe(x, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "502 from echo", Streak: 3})
+	h.waitState(r, x, events.ProxyUnhealthy)
+	skew.Store(int64(11 * time.Second))
+	h.waitFor("a replacement", func() bool { _, _, ok := h.replacementOf(x); return ok })
+	h.settle(r, 3)
+	if got := h.rolledReasons()[x]; got != "" {
+		t.Fatalf("retired before twice unhealthyAfter: %q", got)
+	}
+	skew.Store(int64(21 * time.Second))
+	h.waitFor("retired", func() bool { return h.rolledReasons()[x] != "" })
+	if got := h.rolledReasons()[x]; got != "unhealthy: 502 from echo" {
+		t.Errorf("reason: got %q", got)
+	}
+	h.settle(r, 3)
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 2 {
+		t.Errorf("requested: got %d, want 2 (the original and one replacement)", n)
+	}
+}
+
+// TestSickDecisionSurvivesLeaderChange: the replacement a leader requested
+// for a sick proxy is known to the next leader from the log alone: it
+// requests no second one and retires the sick proxy when the replacement
+// is ready.
+func TestSickDecisionSurvivesLeaderChange(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	var skew atomic.Int64
+	skew.Store(int64(11 * time.Second))
+	first := h.skewedLeader("first", &skew, Config{})
+	md := &manualDriver{driver: &driver{h: h, done: map[string]bool{}}, hold: map[string]bool{}}
+	h.ok(poolApply, `{"name":"lc","provider":"local","size":2,"unhealthyAfter":"10s"}`, nil)
+	h.waitFor("ready", func() bool { md.step(); return first.poolView("lc").States[events.ProxyReady] == 2 })
+	ids, _ := h.requested(2)
+	x := ids[0]
+	h.observe(x, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "reset by peer", Streak: 3})
+	// The skew is already past unhealthyAfter: the replacement follows
+	// at once. Hold it back from the driver.
+	var y string
+	h.waitFor("a replacement", func() bool {
+		var ok bool
+		y, _, ok = h.replacementOf(x)
+		return ok
+	})
+	md.hold[y] = true
+	first.stop()
+
+	second := h.skewedLeader("second", &skew, Config{})
+	h.settle(second, 5)
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 3 {
+		t.Fatalf("requested after the leader change: got %d, want 3 (no second replacement)", n)
+	}
+	if got := h.rolledReasons()[x]; got != "" {
+		t.Fatalf("retired before the replacement was ready: %q", got)
+	}
+	h.bringUp(y, "t1", events.ProxyReady)
+	h.waitFor("the sick proxy retired by the new leader", func() bool { return h.rolledReasons()[x] != "" })
+	if got := h.rolledReasons()[x]; got != "unhealthy: reset by peer" {
+		t.Errorf("reason: got %q", got)
+	}
+}
+
+// TestRollAndRotationCompleteWithAnUnhealthyMember: a spec change and a
+// maxAge rotation each replace every member although one of them is
+// unhealthy (not yet sick) throughout; the unhealthy one goes first.
+func TestRollAndRotationCompleteWithAnUnhealthyMember(t *testing.T) {
+	for _, tc := range []struct {
+		name, apply, change string
+		skew                time.Duration
+		prefix              string
+	}{
+		{"roll", `{"name":"p","provider":"local","size":3,"image":"img-a","unhealthyAfter":"1h"}`,
+			`{"name":"p","provider":"local","size":3,"image":"img-b","unhealthyAfter":"1h"}`, 0, rolledPrefix},
+		{"rotation", `{"name":"p","provider":"local","size":3,"maxAge":"1m","unhealthyAfter":"1h"}`, "", 2 * time.Minute, rotatedPrefix},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.agent(agent.Info{Entry: "local", Target: "t1", Images: []string{"img-a", "img-b"}})
+			var skew atomic.Int64
+			r := h.skewedLeader("roll", &skew, Config{})
+			md := &manualDriver{driver: &driver{h: h, done: map[string]bool{}}, hold: map[string]bool{}}
+			originals := h.readyPool(r, md.driver, tc.apply, "p", 3)
+			sick := originals[2]
+			h.observe(sick, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "slow", Streak: 3})
+			h.waitState(r, sick, events.ProxyUnhealthy)
+			if tc.change != "" {
+				h.ok(poolApply, tc.change, nil)
+			}
+			skew.Store(int64(tc.skew))
+			var first string
+			h.waitFor("every original replaced", func() bool {
+				md.step()
+				reasons := h.rolledReasons()
+				for _, id := range originals {
+					if reasons[id] == "" {
+						return false
+					}
+				}
+				return true
+			})
+			// Replacements are young again on the wall clock.
+			skew.Store(0)
+			h.waitFor("pool whole", func() bool {
+				md.step()
+				v := r.poolView("p")
+				return v.Active == 3 && v.States[events.ProxyReady] == 3
+			})
+			for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+				var rd events.ProxyRequestedData
+				if e.DecodeData(&rd) == nil && rd.Replaces != "" && first == "" {
+					first = rd.Replaces
+				}
+			}
+			if first != sick {
+				t.Errorf("first replaced: got %s, want the unhealthy %s", first, sick)
+			}
+			for id, why := range h.rolledReasons() {
+				if !strings.HasPrefix(why, tc.prefix) {
+					t.Errorf("%s retired with %q, want %q…", id, why, tc.prefix)
+				}
+			}
+			h.checkSurgeActive("p", 3)
+		})
+	}
+}
+
+// checkSurgeActive folds the log of pool and fails the test if it ever had
+// more than size+1 active proxies.
+func (h *harness) checkSurgeActive(pool string, size int) {
+	h.t.Helper()
+	state := map[string]string{}
+	of := map[string]string{}
+	for _, e := range h.events() {
+		if e.Aggregate != events.AggregateProxy {
+			continue
+		}
+		if e.Kind == events.ProxyRequested {
+			var rd events.ProxyRequestedData
+			_ = e.DecodeData(&rd)
+			of[e.ID] = rd.Pool
+		}
+		if of[e.ID] != pool {
+			continue
+		}
+		if isActive(state[e.ID]) || state[e.ID] == "" || !isActive(e.Kind) {
+			state[e.ID] = e.Kind
+		}
+		active := 0
+		for _, s := range state {
+			if isActive(s) {
+				active++
+			}
+		}
+		if active > size+1 {
+			h.t.Errorf("seq %d: %d active proxies, want at most size+1 = %d", e.Seq, active, size+1)
+		}
+	}
+}
+
+// TestRollDoesNotWaitForAnUnhealthyCurrentMember: the outdated members are
+// rolled although a member that is already current stays unhealthy: each
+// is retired once its own replacement is ready, not when the pool has size
+// ready proxies besides it (which the unhealthy member would prevent).
+func TestRollDoesNotWaitForAnUnhealthyCurrentMember(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1", Images: []string{"img-a", "img-b"}})
+	var skew atomic.Int64
+	r := h.skewedLeader("roll", &skew, Config{})
+	md := &manualDriver{driver: &driver{h: h, done: map[string]bool{}}, hold: map[string]bool{}}
+	originals := h.readyPool(r, md.driver, `{"name":"p","provider":"local","size":2,"image":"img-a","unhealthyAfter":"1h"}`, "p", 2)
+	h.ok(poolApply, `{"name":"p","provider":"local","size":3,"image":"img-b","unhealthyAfter":"1h"}`, nil)
+	var current string
+	h.waitFor("the member the scale-up adds", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+			var rd events.ProxyRequestedData
+			if e.DecodeData(&rd) == nil && rd.Replaces == "" && !contains(originals, e.ID) {
+				current = e.ID
+			}
+		}
+		return current != ""
+	})
+	h.bringUp(current, "t1", events.ProxyUnhealthy)
+	md.hold[current] = true
+	h.waitFor("the originals rolled", func() bool {
+		md.step()
+		reasons := h.rolledReasons()
+		return reasons[originals[0]] != "" && reasons[originals[1]] != ""
+	})
+	if got := h.rolledReasons()[current]; got != "" {
+		t.Errorf("the current unhealthy member was retired: %q", got)
+	}
+	h.checkSurgeActive("p", 3)
+}

@@ -418,7 +418,23 @@ func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string
 		}
 		if exists {
 			v.CreatedAt = cur.CreatedAt
+			v.Conditions = cur.Conditions
 		}
+		return put(ctx, kv, name, v)
+	case events.PoolCondition:
+		if !exists {
+			// A condition of a pool that is not in the view (deleted, or its
+			// applied event was skipped): nothing to annotate.
+			return nil
+		}
+		var d events.PoolConditionData
+		if err := env.DecodeData(&d); err != nil {
+			log.Error("invalid event data; skipped", "err", err)
+			return nil
+		}
+		v := cur
+		v.Conditions = events.SetCondition(cur.Conditions, d, at)
+		v.Seq = seq
 		return put(ctx, kv, name, v)
 	case events.PoolDeleted:
 		if err := kv.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {

@@ -59,7 +59,7 @@ func (e *env) run() {
 func (e *env) append(id, kind string, data any) uint64 {
 	e.t.Helper()
 	agg := events.AggregateProxy
-	if kind == events.PoolApplied && isPoolData(data) || kind == events.PoolDeleted && isPoolData(data) {
+	if isPoolData(data) {
 		agg = events.AggregatePool
 	}
 	seq, err := e.store.Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.%d", id, kind, time.Now().UnixNano()), data, nil)
@@ -71,7 +71,7 @@ func (e *env) append(id, kind string, data any) uint64 {
 
 func isPoolData(d any) bool {
 	switch d.(type) {
-	case events.PoolAppliedData, events.PoolDeletedData:
+	case events.PoolAppliedData, events.PoolDeletedData, events.PoolConditionData:
 		return true
 	}
 	return false
@@ -149,6 +149,10 @@ func (e *env) get(bucket, key string, out any) bool {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	// Decode into a zero value: json.Unmarshal into a used value keeps
+	// fields the new JSON omits (inside slice elements too).
+	v := reflect.ValueOf(out).Elem()
+	v.Set(reflect.Zero(v.Type()))
 	if err := json.Unmarshal(entry.Value(), out); err != nil {
 		e.t.Fatalf("%s/%s: %v", bucket, key, err)
 	}
@@ -377,11 +381,35 @@ func TestPoolView(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("applied:\n got  %+v\n want %+v", got, want)
 	}
+	// Conditions: since moves only when the status changes.
+	placedFalse := events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionFalse, Reason: events.ReasonNoLiveTarget, Message: "no live agent of entry local"}
+	c1 := e.append("demo", events.PoolCondition, placedFalse)
+	placedFalse.Message = "no live agent of entry local; targets considered, none alive: t1"
+	c2 := e.append("demo", events.PoolCondition, placedFalse)
+	e.eventually("condition", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == c2 })
+	if len(got.Conditions) != 1 || got.Conditions[0].Message != placedFalse.Message || !got.Conditions[0].Since.Equal(e.eventTime(c1)) {
+		t.Fatalf("conditions: got %+v, want Placed False since the first event (%v) with the second message", got.Conditions, e.eventTime(c1))
+	}
+	c3 := e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced})
+	c4 := e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionFalse, Reason: events.ReasonNotEnoughReady})
+	e.eventually("conditions", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == c4 })
+	wantConds := []events.Condition{
+		{Type: events.ConditionReady, Status: events.ConditionFalse, Reason: events.ReasonNotEnoughReady, Since: e.eventTime(c4)},
+		{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced, Since: e.eventTime(c3)},
+	}
+	if !sameJSON(got.Conditions, wantConds) {
+		j1, _ := json.Marshal(got.Conditions)
+		j2, _ := json.Marshal(wantConds)
+		t.Fatalf("conditions:\n got  %s\n want %s", j1, j2)
+	}
 	spec.Size = 1
 	s2 := e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 2})
 	e.eventually("pool demo revision 2", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == s2 })
 	if got.Size != 1 || got.Revision != 2 || !got.CreatedAt.Equal(t1) || got.Spec.Auth == nil || got.Spec.Auth.Password != "" {
 		t.Fatalf("re-applied: got %+v, want size 1, revision 2, createdAt %v, username only", got, t1)
+	}
+	if !sameJSON(got.Conditions, wantConds) {
+		t.Fatalf("conditions after a re-apply:\n got  %+v\n want %+v", got.Conditions, wantConds)
 	}
 	e.append("demo", events.PoolDeleted, events.PoolDeletedData{Revision: 3})
 	e.caughtUp()
@@ -396,6 +424,8 @@ func history(e *env) {
 	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 2, Port: 3128, Auth: &events.ProxyAuth{Username: "u"}}
 	e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
 	e.append("other", events.PoolApplied, events.PoolAppliedData{Spec: events.PoolSpec{Name: "other", Provider: "local", Size: 1, Port: 3128}, Revision: 1})
+	e.append("other", events.PoolCondition, events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionFalse, Reason: events.ReasonCapacityExhausted, Message: "t1 (1 of 1)"})
+	e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady})
 	for i, last := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy, events.ProxyFailed, events.ProxyRetiring, events.ProxyDeleted} {
 		id := fmt.Sprintf("demo-%d", i)
 		e.append(id, events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: "u"})
@@ -494,4 +524,12 @@ func TestRebuildGivesIdenticalViews(t *testing.T) {
 	e.run()
 	e.caughtUp()
 	diffDumps(t, e.dump(), before)
+}
+
+// sameJSON compares values as their JSON (times compare by instant and
+// zone text, not by monotonic reading).
+func sameJSON(a, b any) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
 }

@@ -76,7 +76,10 @@ type Pool struct {
 	Spec          events.PoolSpec `json:"spec"`
 	Revision      int             `json:"revision"`
 	SecretsDigest string          `json:"secretsDigest,omitempty"`
-	CreatedAt     time.Time       `json:"createdAt"`
-	UpdatedAt     time.Time       `json:"updatedAt"`
-	Seq           uint64          `json:"seq"`
+	// Conditions say why the pool differs from its spec (Ready, Placed,
+	// Progressing), as the planner recorded them.
+	Conditions []events.Condition `json:"conditions,omitempty"`
+	CreatedAt  time.Time          `json:"createdAt"`
+	UpdatedAt  time.Time          `json:"updatedAt"`
+	Seq        uint64             `json:"seq"`
 }

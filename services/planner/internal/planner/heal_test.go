@@ -362,3 +362,122 @@ func TestRollDoesNotWaitForAnUnhealthyCurrentMember(t *testing.T) {
 	}
 	h.checkSurgeActive("p", 3)
 }
+
+// TestStuckCreateFailsAndIsPlacedElsewhere: a create re-issued
+// MaxCreateAttempts times on a live target without ever reaching
+// provisioning fails with class stuck, and its replacement goes to
+// another target.
+func TestStuckCreateFailsAndIsPlacedElsewhere(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.agent(agent.Info{Entry: "local", Target: "t2"})
+	r := h.startPlannerWith(Config{ID: "stuck", CreateTimeout: 300 * time.Millisecond, MaxCreateAttempts: 3}, nil)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"s","provider":"local","size":1}`, nil)
+	ids, req := h.requested(1)
+	x := ids[0]
+	h.waitFor("failed", func() bool { return len(h.eventsOf(events.AggregateProxy, events.ProxyFailed)) == 1 })
+	var f events.ProxyFailedData
+	if err := h.eventsOf(events.AggregateProxy, events.ProxyFailed)[0].DecodeData(&f); err != nil {
+		t.Fatal(err)
+	}
+	if f.Class != events.ClassStuck || f.Attempt != 3 {
+		t.Errorf("failed: got %+v, want class stuck at attempt 3", f)
+	}
+	creates := 0
+	for _, c := range h.commandsOf(events.VerbCreate) {
+		if c.Create.ProxyID == x {
+			creates++
+		}
+	}
+	if creates != 3 {
+		t.Errorf("creates of the stuck proxy: got %d, want 3", creates)
+	}
+	var other events.ProxyRequestedData
+	h.waitFor("another proxy", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+			if e.ID != x {
+				return e.DecodeData(&other) == nil
+			}
+		}
+		return false
+	})
+	if other.Target == req[x].Target {
+		t.Errorf("the next proxy was placed on %s again, where the create got stuck", other.Target)
+	}
+}
+
+// TestRecycleIsSurgeFirst: proxy.recycle requests the replacement at once
+// and retires the proxy only when it is ready; {"now":true} retires at
+// once; a repeated recycle changes nothing.
+func TestRecycleIsSurgeFirst(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r := h.leader()
+	md := &manualDriver{driver: &driver{h: h, done: map[string]bool{}}, hold: map[string]bool{}}
+	ids := h.readyPool(r, md.driver, `{"name":"rc","provider":"local","size":2}`, "rc", 2)
+	x := ids[0]
+	var got Proxy
+	h.ok(proxyRecycle, `{"id":"`+x+`"}`, &got)
+	if got.State != events.ProxyReady || got.ReplacedBy == "" || got.ReplaceReason != "recycled by operator" {
+		t.Fatalf("recycle reply: got %+v, want ready with a replacement", got)
+	}
+	y := got.ReplacedBy
+	md.hold[y] = true
+	h.settle(r, 5)
+	if why := h.rolledReasons()[x]; why != "" {
+		t.Fatalf("retired before the replacement was ready: %q", why)
+	}
+	before := h.lastSeq("FLEET_EVENTS")
+	h.ok(proxyRecycle, `{"id":"`+x+`"}`, nil)
+	if after := h.lastSeq("FLEET_EVENTS"); after != before {
+		t.Errorf("repeated recycle appended: last seq %d, want %d", after, before)
+	}
+	h.bringUp(y, "t1", events.ProxyReady)
+	h.waitFor("retired", func() bool { return h.rolledReasons()[x] != "" })
+	if why := h.rolledReasons()[x]; why != "recycled by operator" {
+		t.Errorf("reason: got %q", why)
+	}
+
+	// now: retired at once.
+	h.ok(proxyRecycle, `{"id":"`+ids[1]+`","now":true}`, &got)
+	if got.State != events.ProxyRetiring {
+		t.Errorf("recycle now: state %q, want retiring", got.State)
+	}
+}
+
+// TestReportBanRequestsItsReplacement: report-ban retires the proxy and
+// requests its replacement within the request itself, even on a replica
+// that does not lead (no reconcile round is involved).
+func TestReportBanRequestsItsReplacement(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	lead := h.leader()
+	d := &driver{h: h, done: map[string]bool{}}
+	ids := h.readyPool(lead, d, `{"name":"bn","provider":"local","size":2}`, "bn", 2)
+	lead.stop()
+	// A replica that never leads: the lease is held by someone else.
+	kv, err := h.c.JS.KeyValue(t.Context(), "fleet-planner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), leaderKey, []byte("elsewhere")); err != nil {
+		t.Fatal(err)
+	}
+	follower := h.startPlanner("follower", nil)
+	var x Proxy
+	h.ok(proxyReportBan, `{"id":"`+ids[0]+`","reason":"captcha wall"}`, &x)
+	if x.State != events.ProxyRetiring || x.Reason != "banned: captcha wall" {
+		t.Fatalf("ban reply: got %+v", x)
+	}
+	y, rd, ok := h.replacementOf(ids[0])
+	if !ok || rd.ReplaceReason != "banned: captcha wall" {
+		t.Fatalf("no replacement requested by the ban itself (got %s %+v)", y, rd)
+	}
+	if follower.IsLeader() {
+		t.Fatal("the follower leads; the test proves nothing")
+	}
+	if n := len(h.commandsOf(events.VerbCreate)); n != 3 {
+		t.Errorf("create commands: got %d, want 3 (two originals, one replacement)", n)
+	}
+}

@@ -24,20 +24,26 @@ const usage = `planner — proxyfleet's intent API and reconciler.
 It answers the operator API as the NATS micro service "fleet-planner":
 
   fleet.api.pool.apply    {"name":"demo","provider":"local","size":3}
+                          (optional: targets, image, profile, port, auth,
+                          userData, maxAge "72h", unhealthyAfter "2m")
   fleet.api.pool.get      {"name":"demo"}
   fleet.api.pool.list     {}
   fleet.api.pool.delete   {"name":"demo"}
   fleet.api.proxy.get     {"id":"demo-abcdefghij"}
   fleet.api.proxy.list    {"pool":"demo"}          (pool optional)
   fleet.api.proxy.delete  {"id":"...","skipCleanup":false}
-  fleet.api.proxy.recycle {"id":"..."}
+  fleet.api.proxy.recycle {"id":"...","now":false}
+                          (replacement first; "now":true retires at once)
   fleet.api.proxy.report-ban {"id":"...","reason":"403 from example.com"}
-                          (retires a banned proxy; reason "banned: <reason>")
+                          (retires a banned proxy at once, reason
+                          "banned: <reason>", and requests its replacement)
 
 It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
 One replica at a time (the holder of the lease in KV fleet-planner)
 reconciles: it places missing proxies on live agent targets, retires excess
-and failed ones, rotates proxies older than their pool's maxAge (plus a
+and failed ones, replaces proxies unhealthy for longer than their pool's
+unhealthyAfter (replacement first; the unhealthy one is retired when it is
+ready, or after unhealthyAfter more), rotates proxies older than their pool's maxAge (plus a
 per-proxy jitter of up to 10%; the replacement is created and ready before
 the aged proxy is retired), and re-issues stuck commands. Every
 --gc-interval it asks each live agent for its inventory: a marked instance

@@ -145,6 +145,37 @@ func Transition(from, event string) (to string, ok bool) {
 	return from, false
 }
 
+// CheckProxyData decodes and validates the data of a proxy event of type
+// typ. Every reader skips a proxy event whose data does not decode, before
+// [Transition], so a malformed fact moves no reader. Unknown types are not
+// checked.
+func CheckProxyData(typ string, e Envelope) error {
+	var d any
+	switch typ {
+	case ProxyRequested:
+		d = &ProxyRequestedData{}
+	case ProxyProvisioning:
+		d = &ProxyProvisioningData{}
+	case ProxyRunning:
+		d = &ProxyRunningData{}
+	case ProxyReady:
+		d = &ProxyReadyData{}
+	case ProxyUnhealthy:
+		d = &ProxyUnhealthyData{}
+	case ProxyFailed:
+		d = &ProxyFailedData{}
+	case ProxyRetiring:
+		d = &ProxyRetiringData{}
+	case ProxyDeleted:
+		d = &ProxyDeletedData{}
+	case ProxyAbandoned:
+		d = &ProxyAbandonedData{}
+	default:
+		return nil
+	}
+	return e.DecodeData(d)
+}
+
 // ProxyStates returns the states of a proxy in lifecycle order; they are
 // also the proxy event types.
 func ProxyStates() []string {

@@ -169,3 +169,34 @@ func TestCheckEvent(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckProxyData(t *testing.T) {
+	tests := []struct {
+		typ, data string
+		ok        bool
+	}{
+		{ProxyRequested, `{"pool":"demo","entry":"local","target":"t1","instance":"px-a","revision":1,"port":3128}`, true},
+		{ProxyRequested, `{"pool":"BAD NAME","entry":"local","target":"t1","instance":"px-a"}`, false},
+		{ProxyProvisioning, `{"attempt":1}`, true},
+		{ProxyProvisioning, `{"attempt":"one"}`, false},
+		{ProxyRunning, `{"address":"127.0.0.1:1","attempt":1,"zone":"added by a newer writer"}`, true},
+		{ProxyRunning, `{"attempt":1}`, false},
+		{ProxyReady, `{"address":"127.0.0.1:1","latencyMs":3}`, true},
+		{ProxyReady, `{"latencyMs":"fast"}`, false},
+		{ProxyUnhealthy, `{"reason":"refused","streak":3}`, true},
+		{ProxyFailed, `{"class":"quota","reason":"full"}`, true},
+		{ProxyFailed, `{"class":5}`, false},
+		{ProxyRetiring, `{"reason":"scale down"}`, true},
+		{ProxyRetiring, `[1,2]`, false},
+		{ProxyDeleted, `{"attempt":1}`, true},
+		{ProxyDeleted, ``, false},
+		{ProxyAbandoned, `{"reason":"skip cleanup"}`, true},
+		{"exploded", `nonsense`, true},
+	}
+	for _, tt := range tests {
+		e := Envelope{Type: EnvelopeType(AggregateProxy, tt.typ), Data: []byte(tt.data)}
+		if err := CheckProxyData(tt.typ, e); (err == nil) != tt.ok {
+			t.Errorf("CheckProxyData(%s, %s) = %v; want ok=%v", tt.typ, tt.data, err, tt.ok)
+		}
+	}
+}

@@ -6,8 +6,10 @@
 package lifecycletest
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"proxyfleet/pkg/events"
 )
@@ -30,9 +32,10 @@ const (
 
 // Sequence returns n events over a handful of proxies whose ids start with
 // prefix, drawn from seed: every type in any order, mostly from their
-// writer and sometimes from the wrong one, some on ids that break the
-// identifier rule, events before requested and after deleted, repeated
-// requested and retiring. The same seed gives the same events.
+// writer and sometimes from the wrong one or with data that does not
+// decode, some on ids that break the identifier rule, events before
+// requested and after deleted, repeated requested and retiring. The same
+// seed gives the same events.
 func Sequence(prefix string, seed uint64, n int) []Event {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	ids := []string{prefix + "-a", prefix + "-b", prefix + "-c", "Bad_" + prefix}
@@ -45,10 +48,17 @@ func Sequence(prefix string, seed uint64, n int) []Event {
 		if r.IntN(8) == 0 {
 			source = []string{events.SourcePlanner, events.SourceHealth, events.AgentSource(Entry, Target), "test"}[r.IntN(4)]
 		}
-		out = append(out, Make(id, kind, source, i))
+		e := Make(id, kind, source, i)
+		if r.IntN(10) == 0 {
+			e.Data = json.RawMessage(malformed)
+		}
+		out = append(out, e)
 	}
 	return out
 }
+
+// malformed is event data that decodes into no proxy event's data.
+const malformed = `[]`
 
 // Make returns event number i of a sequence: kind on proxy id, from source,
 // with valid data.
@@ -129,6 +139,17 @@ func Adversarial(prefix string) []Event {
 	seq("failfail", req, fail, fail, ret, ret, del)   // the first failure stands; retire twice
 	seq("obsfirst", run, ready, req, unh, ready)      // observations before requested are dropped
 	seq("readyunh", req, run, ready, unh, ready, unh) // ready ⇄ unhealthy
+	// Facts whose data does not decode move no reader.
+	bad := func(e Event, data string) Event { e.Data = json.RawMessage(data); return e }
+	out = append(out,
+		bad(As(prefix+"-badreq", req, len(out)), `{"pool":"BAD NAME"}`),
+		As(prefix+"-badreq", prov, len(out)+1),
+		As(prefix+"-baddata", req, len(out)+2),
+		As(prefix+"-baddata", prov, len(out)+3),
+		bad(As(prefix+"-baddata", run, len(out)+4), `{"attempt":1}`),
+		bad(As(prefix+"-baddata", fail, len(out)+5), `{"class":5}`),
+		bad(As(prefix+"-baddata", ret, len(out)+6), `[]`),
+	)
 	// Events from the wrong writer never move a proxy; only the planner's
 	// requested creates this one.
 	wrong := prefix + "-wrong"
@@ -148,12 +169,16 @@ func Adversarial(prefix string) []Event {
 }
 
 // Want returns the state [events.Transition] gives each proxy after evs,
-// skipping events [events.CheckEvent] refuses. Proxies no event created are
-// absent.
+// skipping events [events.CheckEvent] refuses and events whose data
+// [events.CheckProxyData] refuses. Proxies no event created are absent.
 func Want(evs []Event) map[string]string {
 	st := map[string]string{}
 	for _, e := range evs {
 		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source) != nil {
+			continue
+		}
+		env, err := events.NewEnvelope(e.MsgID, e.Source, events.EnvelopeType(e.Aggregate, e.Kind), e.ID, time.Time{}, e.Data)
+		if err != nil || events.CheckProxyData(e.Kind, env) != nil {
 			continue
 		}
 		if to, ok := events.Transition(st[e.ID], e.Kind); ok {

@@ -279,6 +279,9 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		log.Error("invalid event data; skipped", "err", err)
 		return nil
 	}
+	if err := events.CheckProxyData(kind, env); err != nil {
+		return skip(err)
+	}
 	// The lifecycle is events.Transition, shared with the planner's fold. A
 	// deleted or abandoned proxy has no key; its delete marker tells it from
 	// a proxy never requested, and a terminal proxy absorbs everything.

@@ -276,6 +276,9 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		x.Updated = ev.Time
 		from = x.State
 	}
+	if err := events.CheckProxyData(ev.Kind, ev.Envelope); err != nil {
+		return s.skip(ev, err)
+	}
 	if x != nil && ev.Kind == events.ProxyFailed {
 		// A quota failure is a fact about the target, whatever the
 		// proxy's state.

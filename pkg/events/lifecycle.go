@@ -73,11 +73,15 @@ var writers = map[string]map[string][]string{
 func Writers(aggregate, typ string) []string { return writers[aggregate][typ] }
 
 // CheckEvent reports whether an event read from the log may enter a
-// reader's state: the aggregate id in its subject must satisfy the
+// reader's state: the id of a proxy or pool in its subject must satisfy the
 // identifier rule, and a known event type must come from one of its
 // [Writers]. It returns a [*FieldError] naming "id" or "source" otherwise.
-// Every reader of FLEET_EVENTS skips such events.
+// Every reader of FLEET_EVENTS skips such events. Other aggregates are left
+// to their readers.
 func CheckEvent(aggregate, id, typ, source string) *FieldError {
+	if aggregate != AggregateProxy && aggregate != AggregatePool {
+		return nil
+	}
 	if fe := CheckIdentifier("id", id); fe != nil {
 		return fe
 	}

@@ -157,6 +157,7 @@ func TestCheckEvent(t *testing.T) {
 		{"underscore id", AggregateProxy, "demo_abc", ProxyRunning, agent, "id"},
 		{"id of 64 characters", AggregateProxy, "a123456789012345678901234567890123456789012345678901234567890123", ProxyRequested, SourcePlanner, "id"},
 		{"pool id with a trailing dash", AggregatePool, "demo-", PoolApplied, SourcePlanner, "id"},
+		{"another aggregate is its readers' business", "planner", "Replica_1", "term", "test", ""},
 	}
 	for _, tt := range tests {
 		fe := CheckEvent(tt.aggregate, tt.id, tt.typ, tt.source)

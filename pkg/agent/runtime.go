@@ -131,7 +131,7 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 		cfg:    cfg,
 		log:    log,
 		tracer: tracer,
-		store:  bus.NewEventStore(conn, "proxyfleet/agent/"+cfg.Info.Entry+"/"+cfg.Info.Target, log),
+		store:  bus.NewEventStore(conn, events.AgentSource(cfg.Info.Entry, cfg.Info.Target), log),
 		sem:    make(chan struct{}, cfg.Concurrency),
 		queue:  newKeyedQueue(),
 		start:  time.Now().UTC(),

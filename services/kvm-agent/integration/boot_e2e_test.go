@@ -88,7 +88,7 @@ profiles:
 	defer func() { cancel(); <-done }()
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
-	store := bus.NewEventStore(conn, "e2e", nil)
+	store := bus.NewEventStore(conn, events.SourcePlanner, nil)
 	// Record the decision as the planner would, so the health service
 	// projects the proxy and probes it once it runs.
 	requested := events.ProxyRequestedData{Pool: "web", Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}

@@ -70,10 +70,9 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	c := bustest.Start(t)
-	store := bus.NewEventStore(c, "test", nil)
 	appendEv := func(agg, id, kind string, data any) {
 		t.Helper()
-		if _, err := store.Append(ctx, agg, id, kind, id+"."+kind, data, nil); err != nil {
+		if _, err := bus.NewEventStore(c, bustest.Source(agg, kind), nil).Append(ctx, agg, id, kind, id+"."+kind, data, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

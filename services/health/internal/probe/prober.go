@@ -134,7 +134,7 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 	}
 	p := &Prober{
 		conn:     c,
-		store:    bus.NewEventStore(c, "proxyfleet/health", log),
+		store:    bus.NewEventStore(c, events.SourceHealth, log),
 		cfg:      cfg,
 		echo:     u,
 		log:      log,

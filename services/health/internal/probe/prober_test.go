@@ -102,7 +102,7 @@ func startFleetN(t *testing.T, n int) *fleet {
 
 func (f *fleet) append(agg, id, kind string, data any) {
 	f.t.Helper()
-	if _, err := f.store.Append(f.ctx, agg, id, kind, id+"."+kind+".t", data, nil); err != nil {
+	if _, err := bus.NewEventStore(f.conn, bustest.Source(agg, kind), nil).Append(f.ctx, agg, id, kind, id+"."+kind+".t", data, nil); err != nil {
 		f.t.Fatal(err)
 	}
 }

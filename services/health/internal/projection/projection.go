@@ -87,6 +87,8 @@ type Projector struct {
 
 	proxies, pools jetstream.KeyValue // bound on first use
 	stream         jetstream.Stream
+	proxiesStream  jetstream.Stream // the stream behind the proxies bucket
+	rejects        *bus.Rejects
 }
 
 // New returns a projector writing through c. log and tel may be nil.
@@ -100,7 +102,8 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	}
 	applied, _ := meter.Int64Counter("proxyfleet.health.projection.events",
 		metric.WithDescription("events read by the projection, by aggregate"))
-	return &Projector{conn: c, log: log.With("component", "projection"), tracer: tracer, applied: applied}
+	log = log.With("component", "projection")
+	return &Projector{conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0)}
 }
 
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
@@ -160,7 +163,7 @@ func (p *Projector) run(ctx context.Context, until uint64) error {
 }
 
 func (p *Projector) consume(ctx context.Context, until uint64) error {
-	p.proxies, p.pools, p.stream = nil, nil, nil
+	p.proxies, p.pools, p.stream, p.proxiesStream = nil, nil, nil, nil
 	cons, err := EnsureConsumer(ctx, p.conn)
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
@@ -244,6 +247,10 @@ func (p *Projector) Apply(ctx context.Context, seq uint64, subject string, data 
 		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)
 		return nil
 	}
+	if fe := events.CheckEvent(agg, id, kind, env.Source); fe != nil {
+		p.rejects.Report(seq, agg, id, kind, env.Source, fe)
+		return nil
+	}
 	switch agg {
 	case events.AggregateProxy:
 		return p.applyProxy(ctx, seq, id, kind, env)
@@ -272,12 +279,35 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		log.Error("invalid event data; skipped", "err", err)
 		return nil
 	}
-	if kind == events.ProxyRequested {
-		if !exists {
-			if gone, err := p.endedLater(ctx, events.AggregateProxy, id, seq); err != nil || gone {
-				return err
-			}
+	if err := events.CheckProxyData(kind, env); err != nil {
+		return skip(err)
+	}
+	// The lifecycle is events.Transition, shared with the planner's fold. A
+	// deleted or abandoned proxy has no key; its delete marker tells it from
+	// a proxy never requested, and a terminal proxy absorbs everything.
+	from := ""
+	if exists {
+		from = cur.State
+	} else if kind == events.ProxyRequested {
+		ended, err := p.ended(ctx, id)
+		if err != nil {
+			return err
 		}
+		if ended {
+			log.Debug("requested for a proxy that ended; skipped")
+			return nil
+		}
+	}
+	to, ok := events.Transition(from, kind)
+	if !ok {
+		// For example a probe that raced the planner's decision must not
+		// make a retiring or failed proxy look serviceable again, and an
+		// event for a missing key (an unhealthy observation racing the
+		// deletion) must not resurrect a deleted proxy.
+		log.Debug("event ignored in the proxy's state", "state", from)
+		return nil
+	}
+	if kind == events.ProxyRequested {
 		var d events.ProxyRequestedData
 		if err := env.DecodeData(&d); err != nil {
 			return skip(err)
@@ -286,16 +316,9 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 			ID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
 			Revision: d.Revision, Port: d.Port, Image: d.Image, Profile: d.Profile,
 			Username: d.Username, Replaces: d.Replaces,
-			State: kind, CreatedAt: at, UpdatedAt: at, Seq: seq,
+			State: to, CreatedAt: at, UpdatedAt: at, Seq: seq,
 		}
 		return put(ctx, kv, id, v)
-	}
-	if !exists {
-		// Only requested creates a proxy. Anything else for a missing key is
-		// late (for example an unhealthy observation racing the deletion) and
-		// must not resurrect a deleted proxy.
-		log.Debug("event for a proxy that is not in the view; skipped")
-		return nil
 	}
 	v := cur
 	switch kind {
@@ -328,10 +351,6 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		}
 		v.Reason, v.FailureClass, v.Streak = "", "", 0
 	case events.ProxyReady:
-		if retired(v.State) {
-			log.Debug("ready for a proxy that is " + v.State + "; skipped")
-			return nil
-		}
 		var d events.ProxyReadyData
 		if err := env.DecodeData(&d); err != nil {
 			return skip(err)
@@ -340,10 +359,6 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		v.LatencyMS, v.EgressIP = d.LatencyMS, d.EgressIP
 		v.Reason, v.FailureClass, v.Streak = "", "", 0
 	case events.ProxyUnhealthy:
-		if retired(v.State) {
-			log.Debug("unhealthy for a proxy that is " + v.State + "; skipped")
-			return nil
-		}
 		var d events.ProxyUnhealthyData
 		if err := env.DecodeData(&d); err != nil {
 			return skip(err)
@@ -368,21 +383,41 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		log.Warn("unknown proxy event; skipped")
 		return nil
 	}
-	v.State, v.UpdatedAt, v.Seq = kind, at, seq
-	if cur.State == events.ProxyRetiring && (kind == events.ProxyProvisioning || kind == events.ProxyRunning) {
-		// A create finishing after the planner decided to retire the proxy:
-		// record what the agent saw, but the proxy stays retiring until it
-		// is deleted (and is not probed meanwhile).
-		v.State, v.Reason = events.ProxyRetiring, cur.Reason
+	v.State, v.UpdatedAt, v.Seq = to, at, seq
+	if to != kind {
+		// A create finishing after the planner decided to fail or retire
+		// the proxy: what the agent saw is recorded (the delete needs the
+		// provider id), but the proxy keeps its state and the reason for
+		// it (and is not probed meanwhile).
+		v.Reason, v.FailureClass = cur.Reason, cur.FailureClass
 	}
 	return put(ctx, kv, id, v)
 }
 
-// retired reports whether health's ready/unhealthy observations no longer
-// apply: a probe that raced the planner's decision must not make a retiring
-// or failed proxy look serviceable again.
-func retired(state string) bool {
-	return state == events.ProxyRetiring || state == events.ProxyFailed
+// ended reports whether the proxy's key was deleted: the projection applied
+// its deleted or abandoned event. The key's delete marker stays in the
+// bucket (History 1, no TTL) and is rebuilt by a replay in log order.
+func (p *Projector) ended(ctx context.Context, id string) (bool, error) {
+	if p.proxiesStream == nil {
+		st, err := p.conn.JS.Stream(ctx, "KV_"+bus.BucketProxies)
+		if err != nil {
+			return false, err
+		}
+		p.proxiesStream = st
+	}
+	raw, err := p.proxiesStream.GetLastMsgForSubject(ctx, "$KV."+bus.BucketProxies+"."+id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	// The KV protocol marks deletes and purges with this header.
+	switch raw.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return true, nil
+	}
+	return false, nil
 }
 
 func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string, env events.Envelope) error {

@@ -24,11 +24,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // env is one test's NATS, event store and running projector.
 type env struct {
-	t     *testing.T
-	ctx   context.Context
-	conn  *bus.Conn
-	store *bus.EventStore
-	stop  func()
+	t    *testing.T
+	ctx  context.Context
+	conn *bus.Conn
+	stop func()
 }
 
 func start(t *testing.T) *env {
@@ -36,7 +35,7 @@ func start(t *testing.T) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	c := bustest.Start(t)
-	e := &env{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil)}
+	e := &env{t: t, ctx: ctx, conn: c}
 	e.run()
 	t.Cleanup(func() { e.stop() })
 	return e
@@ -62,7 +61,7 @@ func (e *env) append(id, kind string, data any) uint64 {
 	if isPoolData(data) {
 		agg = events.AggregatePool
 	}
-	seq, err := e.store.Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.%d", id, kind, time.Now().UnixNano()), data, nil)
+	seq, err := bus.NewEventStore(e.conn, bustest.Source(agg, kind), nil).Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.%d", id, kind, time.Now().UnixNano()), data, nil)
 	if err != nil {
 		e.t.Fatalf("append %s %s: %v", id, kind, err)
 	}
@@ -312,19 +311,20 @@ func TestBadEventsAreSkipped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Each body names its writer's source, so it is its data that is tested.
 	raw("fleet.evt.proxy.p1.running", `{not json`)
 	raw("fleet.evt.proxy.p1.teleported", `{"specversion":"1.0","id":"x1","source":"t","type":"proxyfleet.proxy.teleported.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
 	raw("fleet.evt.widget.w1.made", `{"specversion":"1.0","id":"x2","source":"t","type":"proxyfleet.widget.made.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
-	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x3","source":"t","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","data":{"address":42}}`)
-	raw("fleet.evt.proxy.p2.requested", `{"specversion":"1.0","id":"x4","source":"t","type":"proxyfleet.proxy.requested.v1","time":"2026-01-01T00:00:00Z","data":{"pool":"BAD NAME"}}`)
-	raw("fleet.evt.pool.demo.applied", `{"specversion":"1.0","id":"x5","source":"t","type":"proxyfleet.pool.applied.v1","time":"2026-01-01T00:00:00Z","data":{"spec":{"name":"demo"},"revision":0}}`)
+	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x3","source":"proxyfleet/agent/local/host1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","data":{"address":42}}`)
+	raw("fleet.evt.proxy.p2.requested", `{"specversion":"1.0","id":"x4","source":"proxyfleet/planner","type":"proxyfleet.proxy.requested.v1","time":"2026-01-01T00:00:00Z","data":{"pool":"BAD NAME"}}`)
+	raw("fleet.evt.pool.demo.applied", `{"specversion":"1.0","id":"x5","source":"proxyfleet/planner","type":"proxyfleet.pool.applied.v1","time":"2026-01-01T00:00:00Z","data":{"spec":{"name":"demo"},"revision":0}}`)
 	// A running event with a field added by a newer writer still applies.
-	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x6","source":"t","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","newattr":"kept","data":{"address":"127.0.0.1:9","attempt":1,"zone":"new"}}`)
-	s := e.append("p1", events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:9", LatencyMS: 3})
+	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x6","source":"proxyfleet/agent/local/host1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","newattr":"kept","data":{"address":"127.0.0.1:9","attempt":1,"zone":"new"}}`)
+	s := e.append("p1", events.ProxyReady, events.ProxyReadyData{LatencyMS: 3})
 
 	got := e.waitProxy("p1", s)
 	if got.State != events.ProxyReady || got.Address != "127.0.0.1:9" {
-		t.Fatalf("got state %q address %q, want ready at 127.0.0.1:9", got.State, got.Address)
+		t.Fatalf("got state %q address %q, want ready at 127.0.0.1:9 (the address of x6)", got.State, got.Address)
 	}
 	e.caughtUp()
 	d := e.dump()

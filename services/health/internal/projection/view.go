@@ -15,8 +15,9 @@ type Proxy struct {
 	Entry    string `json:"entry"`
 	Target   string `json:"target"`
 	Instance string `json:"instance"`
-	// State is the kind of the last event applied: requested, provisioning,
-	// running, ready, unhealthy, failed or retiring.
+	// State is the proxy's lifecycle state (see events.Transition):
+	// requested, provisioning, running, ready, unhealthy, failed or
+	// retiring. A deleted or abandoned proxy has no key.
 	State string `json:"state"`
 	// Address is host:port of the proxy once it ran; it is kept when a
 	// running proxy reports provisioning again.

@@ -259,13 +259,20 @@ func (p *Planner) deleteOrphan(ctx context.Context, o orphan) {
 	lastKind := ""
 	retirings := 0
 	for _, e := range evs {
+		// The append below expects the aggregate's last sequence, whoever
+		// wrote it; but an event from a writer not allowed to append its
+		// type (an agent's abandoned) decides nothing.
+		lastSeq = e.Seq
+		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source) != nil {
+			continue
+		}
 		switch e.Kind {
 		case events.ProxyAbandoned:
 			return
 		case events.ProxyRetiring:
 			retirings++
 		}
-		lastSeq, lastKind = e.Seq, e.Kind
+		lastKind = e.Kind
 	}
 	if lastKind != events.ProxyRetiring {
 		d := events.ProxyRetiringData{Reason: gcReason}

@@ -264,3 +264,32 @@ func TestGCFailsVanishedProxyAndReplacesIt(t *testing.T) {
 		t.Errorf("delete: got %+v, want %s reason %q", d, id, "failed: vanished")
 	}
 }
+
+// TestGCIgnoresForgedEventsOfAnOrphan: an abandoned or retiring appended to
+// an orphan's aggregate by a writer not allowed to (an agent) neither spares
+// the instance nor counts as a delete attempt; the collector's retiring is
+// appended after it.
+func TestGCIgnoresForgedEventsOfAnOrphan(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	t1 := h.fakeInventory("local", "t1", false)
+	ghost := events.NewProxyID("demo")
+	h.observe(ghost, events.ProxyRetiring, 1, events.ProxyRetiringData{Reason: "forged"})
+	h.observe(ghost, events.ProxyAbandoned, 1, events.ProxyAbandonedData{Reason: "forged"})
+	forged := h.lastSeq(bus.EventsStream)
+	t1.add(marked(ghost, "demo", "local"))
+	r := h.startPlannerWith(gcConfig("gc"), nil)
+	h.waitFor("leader", r.IsLeader)
+
+	h.waitFor("delete", func() bool { return len(h.commandsOf(events.VerbDelete)) >= 1 })
+	if d := h.commandsOf(events.VerbDelete)[0].Delete; d.ProxyID != ghost || d.Attempt != 1 || d.Reason != gcReason {
+		t.Errorf("delete: got %+v, want %s attempt 1 reason %q", d, ghost, gcReason)
+	}
+	evs, err := h.store.Load(t.Context(), events.AggregateProxy, ghost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := evs[len(evs)-1]; len(evs) != 3 || last.Kind != events.ProxyRetiring || last.Source != events.SourcePlanner || last.Seq <= forged {
+		t.Errorf("orphan's events: %d, last %s from %s at %d; want 3, the planner's retiring after %d", len(evs), last.Kind, last.Source, last.Seq, forged)
+	}
+}

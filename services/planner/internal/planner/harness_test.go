@@ -47,7 +47,7 @@ func newHarness(t *testing.T) *harness {
 	t.Helper()
 	c := bustest.Start(t)
 	ctx := context.Background()
-	h := &harness{t: t, c: c, store: bus.NewEventStore(c, "test", nil), hbs: map[string]agent.Info{}}
+	h := &harness{t: t, c: c, store: bus.NewEventStore(c, events.SourcePlanner, nil), hbs: map[string]agent.Info{}}
 	var err error
 	if h.agents, err = c.JS.KeyValue(ctx, bus.BucketAgents); err != nil {
 		t.Fatal(err)
@@ -385,10 +385,14 @@ func (h *harness) commandsOf(verb string) []command {
 }
 
 // observe appends a fact about a proxy as an agent or the health service
-// would: Msg-Id only, no expectation.
+// would: with that writer's source, Msg-Id only, no expectation.
 func (h *harness) observe(id, kind string, n uint64, data any) {
 	h.t.Helper()
-	if _, err := h.store.Append(context.Background(), events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, nil); err != nil {
+	source := events.AgentSource("local", "t1")
+	if kind == events.ProxyReady || kind == events.ProxyUnhealthy {
+		source = events.SourceHealth
+	}
+	if _, err := bus.NewEventStore(h.c, source, nil).Append(context.Background(), events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, nil); err != nil {
 		h.t.Fatal(err)
 	}
 }

@@ -38,7 +38,7 @@ import (
 )
 
 // Source is the CloudEvents source of everything the planner writes.
-const Source = "proxyfleet/planner"
+const Source = events.SourcePlanner
 
 // leaderKey is the fleet-planner key of the leader lease.
 const leaderKey = "leader"

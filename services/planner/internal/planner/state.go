@@ -121,6 +121,8 @@ type state struct {
 	// proxies off a target for a while: quota, or a create stuck for
 	// MaxCreateAttempts attempts.
 	avoid map[string]avoidance
+	// rejects reports events that break the event contract.
+	rejects *bus.Rejects
 }
 
 // avoidance is one failure that keeps placement off a target: its class
@@ -137,6 +139,7 @@ func newState(log *slog.Logger) *state {
 		proxies: map[string]*Proxy{},
 		targets: map[string]map[string]bool{},
 		avoid:   map[string]avoidance{},
+		rejects: bus.NewRejects(log, 0),
 	}
 }
 
@@ -196,6 +199,10 @@ func (s *state) apply(ev bus.Event) bool {
 	if ev.Seq > s.seq {
 		s.seq = ev.Seq
 	}
+	if fe := events.CheckEvent(ev.Aggregate, ev.ID, ev.Kind, ev.Source); fe != nil {
+		s.reject(ev, fe)
+		return false
+	}
 	switch ev.Aggregate {
 	case events.AggregatePool:
 		return s.applyPool(ev)
@@ -208,6 +215,23 @@ func (s *state) apply(ev bus.Event) bool {
 func (s *state) skip(ev bus.Event, err error) bool {
 	s.log.Warn("skipping event the planner cannot read", "seq", ev.Seq, "aggregate", ev.Aggregate, "id", ev.ID, "type", ev.Kind, "err", err)
 	return false
+}
+
+// reject skips an event with an id that breaks the identifier rule or from
+// a writer not allowed to append its type. The aggregate's last sequence
+// still moves on: decisions are appended expecting it.
+func (s *state) reject(ev bus.Event, fe *events.FieldError) {
+	switch ev.Aggregate {
+	case events.AggregateProxy:
+		if x := s.proxies[ev.ID]; x != nil {
+			x.LastSeq = ev.Seq
+		}
+	case events.AggregatePool:
+		if p := s.pools[ev.ID]; p != nil {
+			p.LastSeq = ev.Seq
+		}
+	}
+	s.rejects.Report(ev.Seq, ev.Aggregate, ev.ID, ev.Kind, ev.Source, fe)
 }
 
 func (s *state) applyPool(ev bus.Event) bool {
@@ -278,13 +302,32 @@ func (s *state) setState(x *Proxy, to string) {
 
 func (s *state) applyProxy(ev bus.Event) bool {
 	x := s.proxies[ev.ID]
-	if x == nil && ev.Kind != events.ProxyRequested {
-		s.log.Debug("event for a proxy the planner never requested", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind)
-		return false
-	}
+	from := ""
 	if x != nil {
 		x.LastSeq = ev.Seq
 		x.Updated = ev.Time
+		from = x.State
+	}
+	if err := events.CheckProxyData(ev.Kind, ev.Envelope); err != nil {
+		return s.skip(ev, err)
+	}
+	if x != nil && ev.Kind == events.ProxyFailed {
+		// A quota failure or a stuck create is a fact about the target,
+		// whatever the proxy's state.
+		var d events.ProxyFailedData
+		if ev.DecodeData(&d) == nil && (d.Class == events.ClassQuota || d.Class == events.ClassStuck) {
+			s.avoid[x.Entry+"."+x.Target] = avoidance{class: d.Class, at: ev.Time}
+		}
+	}
+	// The lifecycle is events.Transition, shared with health's projection.
+	to, ok := events.Transition(from, ev.Kind)
+	if !ok {
+		if x == nil {
+			s.log.Debug("event for a proxy the planner never requested", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind)
+		} else {
+			s.log.Debug("event ignored in the proxy's state", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind, "state", from)
+		}
+		return false
 	}
 	switch ev.Kind {
 	case events.ProxyRequested:
@@ -308,13 +351,11 @@ func (s *state) applyProxy(ev bus.Event) bool {
 			}
 			s.noteTarget(d.Entry, d.Target)
 			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
-			s.setState(x, events.ProxyRequested)
+			s.setState(x, to)
 			return true
 		}
 		// A re-issued create: a later attempt of the same decision.
-		if x.State == events.ProxyRequested {
-			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
-		}
+		x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
 		return false
 	case events.ProxyProvisioning:
 		var d events.ProxyProvisioningData
@@ -346,47 +387,31 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	case events.ProxyFailed:
 		var d events.ProxyFailedData
 		_ = ev.DecodeData(&d)
-		if d.Class == events.ClassQuota || d.Class == events.ClassStuck {
-			s.avoid[x.Entry+"."+x.Target] = avoidance{class: d.Class, at: ev.Time}
-		}
-		if isActive(x.State) {
-			x.FailClass, x.Reason = d.Class, d.Reason
-			s.setState(x, events.ProxyFailed)
-			return true
-		}
-		return false
+		x.FailClass, x.Reason = d.Class, d.Reason
+		s.setState(x, to)
+		return true
 	case events.ProxyRetiring:
 		var d events.ProxyRetiringData
 		_ = ev.DecodeData(&d)
-		if events.IsTerminal(x.State) {
-			return false
-		}
 		x.Reason = d.Reason
 		x.SkipCleanup = x.SkipCleanup || d.SkipCleanup
 		x.DeleteAttempt++
-		s.setState(x, events.ProxyRetiring)
+		s.setState(x, to)
 		return true
 	case events.ProxyDeleted, events.ProxyAbandoned:
-		if events.IsTerminal(x.State) {
-			return false
-		}
-		s.setState(x, ev.Kind)
+		s.setState(x, to)
 		return true
 	default:
 		return false
 	}
-	// Observations of progress move an active proxy only: once failed or
-	// retiring, a late fact from an agent or the health service must not
-	// make it count toward the pool again.
-	if isActive(x.State) {
-		changed := x.State != ev.Kind
-		s.setState(x, ev.Kind)
-		if x.State != events.ProxyUnhealthy {
-			x.UnhealthySince = time.Time{}
-		}
-		return changed
+	// Observations of progress: once failed or retiring, a late fact from
+	// an agent is recorded but the proxy stays where it is (to).
+	changed := x.State != to
+	s.setState(x, to)
+	if x.State != events.ProxyUnhealthy {
+		x.UnhealthySince = time.Time{}
 	}
-	return false
+	return changed
 }
 
 // PoolView is the API's answer about one pool.

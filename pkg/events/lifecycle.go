@@ -1,0 +1,191 @@
+package events
+
+import "strings"
+
+// Writers: the roles that append events, named by an event's CloudEvents
+// source.
+const (
+	WriterPlanner = "planner"
+	WriterAgent   = "agent"
+	WriterHealth  = "health"
+)
+
+// CloudEvents sources of the writers.
+const (
+	// SourcePlanner is the source of every planner decision.
+	SourcePlanner = "proxyfleet/planner"
+	// SourceHealth is the source of the health service's observations.
+	SourceHealth = "proxyfleet/health"
+
+	agentSourcePrefix = "proxyfleet/agent/"
+)
+
+// AgentSource returns "proxyfleet/agent/<entry>/<target>", the source of the
+// observations of the agent serving one target.
+func AgentSource(entry, target string) string { return agentSourcePrefix + entry + "/" + target }
+
+// WriterOf returns the role that source names: [WriterPlanner],
+// [WriterAgent] (for "proxyfleet/agent/<entry>/<target>" with both names
+// satisfying the identifier rule) or [WriterHealth]; "" for anything else.
+func WriterOf(source string) string {
+	switch source {
+	case SourcePlanner:
+		return WriterPlanner
+	case SourceHealth:
+		return WriterHealth
+	}
+	rest, ok := strings.CutPrefix(source, agentSourcePrefix)
+	if !ok {
+		return ""
+	}
+	entry, target, ok := strings.Cut(rest, "/")
+	if !ok || !IsIdentifier(entry) || !IsIdentifier(target) {
+		return ""
+	}
+	return WriterAgent
+}
+
+// writers lists, per event type, the roles allowed to append it. Types not
+// listed here are not checked (a reader that does not know a type ignores
+// it anyway).
+var writers = map[string]map[string][]string{
+	AggregateProxy: {
+		ProxyRequested:    {WriterPlanner},
+		ProxyProvisioning: {WriterAgent},
+		ProxyRunning:      {WriterAgent},
+		ProxyReady:        {WriterHealth},
+		ProxyUnhealthy:    {WriterHealth},
+		// Agents record what their backend refused or lost; the planner
+		// records timeouts, dead letters and vanished instances.
+		ProxyFailed:    {WriterPlanner, WriterAgent},
+		ProxyRetiring:  {WriterPlanner},
+		ProxyDeleted:   {WriterAgent},
+		ProxyAbandoned: {WriterPlanner},
+	},
+	AggregatePool: {
+		PoolApplied:   {WriterPlanner},
+		PoolDeleted:   {WriterPlanner},
+		PoolCondition: {WriterPlanner},
+	},
+}
+
+// Writers returns the roles allowed to append events of type typ to an
+// aggregate of kind aggregate, or nil when the type is not a known one.
+func Writers(aggregate, typ string) []string { return writers[aggregate][typ] }
+
+// CheckEvent reports whether an event read from the log may enter a
+// reader's state: the id of a proxy or pool in its subject must satisfy the
+// identifier rule, and a known event type must come from one of its
+// [Writers]. It returns a [*FieldError] naming "id" or "source" otherwise.
+// Every reader of FLEET_EVENTS skips such events. Other aggregates are left
+// to their readers.
+func CheckEvent(aggregate, id, typ, source string) *FieldError {
+	if aggregate != AggregateProxy && aggregate != AggregatePool {
+		return nil
+	}
+	if fe := CheckIdentifier("id", id); fe != nil {
+		return fe
+	}
+	allowed := Writers(aggregate, typ)
+	if allowed == nil {
+		return nil
+	}
+	w := WriterOf(source)
+	for _, a := range allowed {
+		if w == a {
+			return nil
+		}
+	}
+	return &FieldError{Field: "source", Reason: "may not write " + aggregate + " " + typ + " events (writers: " + strings.Join(allowed, ", ") + ")", Value: source}
+}
+
+// Transition is the proxy lifecycle: what event does to a proxy in state
+// from. ok false means the event is ignored in that state: it changes
+// nothing, neither the state nor any other recorded data. ok true means the
+// event is applied: its data is recorded (addresses, provider ids,
+// attempts, reasons) and the proxy is in state to afterwards, which may be
+// from itself (a late provisioning or running on a failed or retiring proxy
+// still records the provider id and address, so the delete finds the
+// instance, but does not revive the proxy).
+//
+// from is "" for a proxy no event has created yet. The rules:
+//   - only requested creates a proxy; a re-issued requested on a requested
+//     proxy is a new attempt of the same create; in any other state it is a
+//     stale decision and is ignored;
+//   - while a proxy is active (requested, provisioning, running, ready,
+//     unhealthy) every observation of progress moves it to that state
+//     (provisioning after running is a new create attempt; ready ⇄
+//     unhealthy), and failed, retiring, deleted and abandoned end it;
+//   - failed and retiring are decisions: late observations never revive the
+//     proxy (provisioning and running are recorded, ready and unhealthy
+//     ignored); a second failure is ignored (the first one stands); a
+//     retiring proxy does not fail (it is on its way out already); failed
+//     goes to retiring, and both end in deleted or abandoned; a re-issued
+//     retiring on a retiring proxy is a new delete attempt;
+//   - deleted and abandoned are terminal and absorb every event.
+//
+// Both the planner's fold and the health service's projection apply events
+// through Transition, so they never disagree about a proxy's state.
+func Transition(from, event string) (to string, ok bool) {
+	if Writers(AggregateProxy, event) == nil {
+		return from, false
+	}
+	switch from {
+	case "":
+		if event == ProxyRequested {
+			return ProxyRequested, true
+		}
+	case ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy:
+		if event != ProxyRequested || from == ProxyRequested {
+			return event, true
+		}
+	case ProxyFailed, ProxyRetiring:
+		switch event {
+		case ProxyProvisioning, ProxyRunning:
+			return from, true
+		case ProxyRetiring, ProxyDeleted, ProxyAbandoned:
+			return event, true
+		}
+	}
+	return from, false
+}
+
+// CheckProxyData decodes and validates the data of a proxy event of type
+// typ. Every reader skips a proxy event whose data does not decode, before
+// [Transition], so a malformed fact moves no reader. Unknown types are not
+// checked.
+func CheckProxyData(typ string, e Envelope) error {
+	var d any
+	switch typ {
+	case ProxyRequested:
+		d = &ProxyRequestedData{}
+	case ProxyProvisioning:
+		d = &ProxyProvisioningData{}
+	case ProxyRunning:
+		d = &ProxyRunningData{}
+	case ProxyReady:
+		d = &ProxyReadyData{}
+	case ProxyUnhealthy:
+		d = &ProxyUnhealthyData{}
+	case ProxyFailed:
+		d = &ProxyFailedData{}
+	case ProxyRetiring:
+		d = &ProxyRetiringData{}
+	case ProxyDeleted:
+		d = &ProxyDeletedData{}
+	case ProxyAbandoned:
+		d = &ProxyAbandonedData{}
+	default:
+		return nil
+	}
+	return e.DecodeData(d)
+}
+
+// ProxyStates returns the states of a proxy in lifecycle order; they are
+// also the proxy event types.
+func ProxyStates() []string {
+	return []string{
+		ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy,
+		ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned,
+	}
+}

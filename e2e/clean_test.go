@@ -34,9 +34,10 @@ func cleanScript(t *testing.T, mode, runDir string) (int, string) {
 	return 0, ""
 }
 
-// TestCleanRefusesWhileProxiesRun: after the services of a run stop, the
-// proxy processes they made keep running; `clean.sh check` (make clean)
-// refuses, naming each instance and how to delete it, and `clean.sh stop`
+// TestCleanRefusesWhileProxiesRun: `clean.sh check` (make clean) refuses
+// while the services of a run still run, naming them. After they stop, the
+// proxy processes they made keep running; the check refuses, naming each
+// instance and how to delete it, and `clean.sh stop`
 // (make clean-proxies) stops them and removes their state, after which the
 // check passes. A state file whose pid now belongs to another process (pid
 // reuse: the start time differs) is never taken for a proxy, nor signalled.
@@ -44,6 +45,7 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	runDir := t.TempDir()
+	f.dir = runDir // the services' data directories, as make run lays them out
 	f.stateDir = filepath.Join(runDir, "local-agent", "proxies")
 	if err := os.MkdirAll(f.stateDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -56,6 +58,20 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 	f.startAll()
 	f.mustReq("fleet.api.pool.apply", `{"name":"left","provider":"local","size":2}`)
 	ready := f.waitPool("left", 2, "ready", 60*time.Second)
+
+	// While the services run, their state must stay.
+	code, out := cleanScript(t, "check", runDir)
+	if code != 1 || !strings.Contains(out, "refusing to clean: services of make run still run") {
+		t.Fatalf("check with the services running: exit %d, want 1 naming them\n%s", code, out)
+	}
+	for _, name := range []string{"planner", "health", "local-agent"} {
+		f.mu.Lock()
+		pid := f.procs[name].Process.Pid
+		f.mu.Unlock()
+		if want := fmt.Sprintf("  %s (pid %d)\n", name, pid); !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
 	for _, name := range []string{"planner", "health", "local-agent"} {
 		f.stop(name)
 	}
@@ -99,7 +115,7 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = unrecorded.Process.Kill(); _ = unrecorded.Wait() })
 
-	code, out := cleanScript(t, "check", runDir)
+	code, out = cleanScript(t, "check", runDir)
 	if code != 1 {
 		t.Fatalf("check with 3 instances running: exit %d, want 1\n%s", code, out)
 	}

@@ -6,6 +6,7 @@
 # every process of the instance.
 #
 #   scripts/clean.sh check [run-dir]   exit 1, listing them, while any runs
+#                                      (or while make run's services run)
 #   scripts/clean.sh stop  [run-dir]   stop them (TERM, then KILL) and
 #                                      remove their state
 #
@@ -23,6 +24,37 @@ check | stop) ;;
 	exit 2
 	;;
 esac
+
+# The services of make run (started with --data-dir <run-dir>/<service>)
+# must be stopped first: their state is what clean removes.
+if [ "$mode" = check ] && run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
+	services=()
+	for d in /proc/[0-9]*; do
+		mapfile -d '' -t args < <({ cat "$d/cmdline"; } 2>/dev/null) || continue
+		for ((i = 0; i < ${#args[@]}; i++)); do
+			case "${args[$i]}" in
+			--data-dir | -data-dir) dir=${args[$((i + 1))]:-} ;;
+			--data-dir=* | -data-dir=*) dir=${args[$i]#*=} ;;
+			*) continue ;;
+			esac
+			case "$dir" in
+			/*) ;;
+			*) dir="$(readlink "$d/cwd" 2>/dev/null)/$dir" ;;
+			esac
+			parent=$(cd "$(dirname "$dir")" 2>/dev/null && pwd -P) || continue
+			if [ "$parent" = "$run_abs" ]; then services+=("$(basename "${args[0]}") (pid ${d#/proc/})"); fi
+		done
+	done
+	if [ ${#services[@]} -gt 0 ]; then
+		{
+			echo "refusing to clean: services of make run still run with their state in $RUN:"
+			printf '  %s\n' "${services[@]}"
+			echo "Stop make run first (Ctrl-C in its terminal), then run make clean again."
+		} >&2
+		exit 1
+	fi
+fi
+
 [ -d "$STATE" ] || exit 0
 
 # The agent records absolute paths; match both spellings of the directory.

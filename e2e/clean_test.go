@@ -50,7 +50,12 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 	if err := os.MkdirAll(f.stateDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cleanScript(t, "stop", runDir) }) // nothing left behind on failure
+	t.Cleanup(func() { // nothing left behind on failure
+		for _, name := range []string{"planner", "health", "local-agent"} {
+			f.stop(name)
+		}
+		cleanScript(t, "stop", runDir)
+	})
 
 	if code, out := cleanScript(t, "check", runDir); code != 0 {
 		t.Fatalf("check of an empty run: exit %d, want 0\n%s", code, out)
@@ -63,6 +68,12 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 	code, out := cleanScript(t, "check", runDir)
 	if code != 1 || !strings.Contains(out, "refusing to clean: services of make run still run") {
 		t.Fatalf("check with the services running: exit %d, want 1 naming them\n%s", code, out)
+	}
+	if code, stopOut := cleanScript(t, "stop", runDir); code != 1 || !strings.Contains(stopOut, "refusing to stop proxies: services of make run still run") {
+		t.Fatalf("stop with the services running: exit %d, want 1\n%s", code, stopOut)
+	}
+	if n := len(f.proxyProcs()); n != 2 {
+		t.Fatalf("proxy processes after a refused stop: %d, want 2", n)
 	}
 	for _, name := range []string{"planner", "health", "local-agent"} {
 		f.mu.Lock()

@@ -6,7 +6,8 @@
 # every process of the instance.
 #
 #   scripts/clean.sh check [run-dir]   exit 1, listing them, while any runs
-#                                      (or while make run's services run)
+#                                      (or while make run's services run:
+#                                      both modes refuse then)
 #   scripts/clean.sh stop  [run-dir]   stop them (TERM, then KILL) and
 #                                      remove their state
 #
@@ -27,7 +28,7 @@ esac
 
 # The services of make run (started with --data-dir <run-dir>/<service>)
 # must be stopped first: their state is what clean removes.
-if [ "$mode" = check ] && run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
+if run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
 	services=()
 	for d in /proc/[0-9]*; do
 		mapfile -d '' -t args < <({ cat "$d/cmdline"; } 2>/dev/null) || continue
@@ -47,9 +48,10 @@ if [ "$mode" = check ] && run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
 	done
 	if [ ${#services[@]} -gt 0 ]; then
 		{
-			echo "refusing to clean: services of make run still run with their state in $RUN:"
+			if [ "$mode" = check ]; then what=clean; else what="stop proxies"; fi
+			echo "refusing to $what: services of make run still run with their state in $RUN:"
 			printf '  %s\n' "${services[@]}"
-			echo "Stop make run first (Ctrl-C in its terminal), then run make clean again."
+			echo "Stop make run first (Ctrl-C in its terminal), then try again."
 		} >&2
 		exit 1
 	fi

@@ -69,7 +69,15 @@ bench: ## Go benchmarks of every module, with ratios against baselines measured 
 	@for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done | tee $(BIN)/bench.txt
 	@awk -f scripts/bench-ratios.awk $(BIN)/bench.txt
 
+# make run's state directory (scripts/run.sh reads the same variable).
+RUN_DIR ?= $(or $(PROXYFLEET_RUN_DIR),.run)
+
 .PHONY: clean
-clean: ## remove ./bin and the make-run state in ./.run
-	rm -rf $(BIN) .run
+clean: ## remove ./bin and make run's state (./.run); refuses while proxies of make run still run
+	@./scripts/clean.sh check "$(RUN_DIR)"
+	rm -rf $(BIN) "$(RUN_DIR)"
+
+.PHONY: clean-proxies
+clean-proxies: ## stop the proxy processes make run left running and remove their state
+	@./scripts/clean.sh stop "$(RUN_DIR)"
 

@@ -21,7 +21,7 @@ stop() {
 	echo "stopping services..."
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	echo "stopped. Proxy processes keep running; run 'make run' again to manage them, or delete the pool first."
+	echo "stopped. Proxy processes keep running; run 'make run' again to manage them, delete their pools first, or stop them with 'make clean-proxies'."
 }
 trap stop INT TERM EXIT
 

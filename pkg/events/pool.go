@@ -22,7 +22,8 @@ const (
 
 // PoolSpec is what an operator asks for: a named group of proxies. It is the
 // body of fleet.api.pool.apply. UserData and Auth.Password are secrets: they
-// never appear in events or logs (see [PoolSpec.Public]).
+// never appear in events or logs (see [PoolSpec.Public]). pool.apply
+// requires Size to be present and not null: its zero value empties a pool.
 type PoolSpec struct {
 	Name     string     `json:"name"`
 	Provider string     `json:"provider"`

@@ -37,6 +37,9 @@ It answers the operator API as the NATS micro service "fleet-planner":
   fleet.api.proxy.report-ban {"id":"...","reason":"403 from example.com"}
                           (retires a banned proxy at once, reason
                           "banned: <reason>", and requests its replacement)
+  fleet.api.instance.delete {"entry":"local","target":"t1","name":"px-..."}
+                          (deletes a marked instance no live proxy owns,
+                          such as one left by skipCleanup)
 
 It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
 One replica at a time (the holder of the lease in KV fleet-planner)

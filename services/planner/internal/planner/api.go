@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,12 +58,15 @@ type APIError struct {
 
 func (e *APIError) Error() string { return e.Code + ": " + e.Message }
 
+// badRequest refuses a request that cannot be read. field is the path of
+// the offending value ("auth.username", "targets[1]"), or "" for the body
+// as a whole; the message starts with it.
 func badRequest(field, msg string) *APIError {
-	e := &APIError{status: "400", Code: CodeBadRequest, Message: msg}
-	if field != "" {
-		e.Fields = []events.FieldError{{Field: field, Reason: msg}}
+	if field == "" {
+		field = bodyPath
 	}
-	return e
+	return &APIError{status: "400", Code: CodeBadRequest, Message: field + ": " + msg,
+		Fields: []events.FieldError{{Field: field, Reason: msg}}}
 }
 
 func invalid(fields []events.FieldError) *APIError {
@@ -76,7 +78,7 @@ func invalid(fields []events.FieldError) *APIError {
 }
 
 func notFound(field, what, value string) *APIError {
-	return &APIError{status: "422", Code: CodeNotFound, Message: what + " " + strconv.Quote(value),
+	return &APIError{status: "422", Code: CodeNotFound, Message: field + ": " + what + " " + strconv.Quote(value),
 		Fields: []events.FieldError{{Field: field, Reason: what, Value: value}}}
 }
 
@@ -154,6 +156,7 @@ func (p *Planner) startAPI() (micro.Service, error) {
 		{"proxy", "delete", p.proxyDelete},
 		{"proxy", "recycle", p.proxyRecycle},
 		{"proxy", "report-ban", p.proxyReportBan},
+		{"instance", "delete", p.instanceDelete},
 	}
 	groups := map[string]micro.Group{}
 	for _, e := range endpoints {
@@ -198,93 +201,23 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 	})
 }
 
-// decodeStrict decodes a JSON object into out, refusing unknown fields. Its
-// errors name the offending field.
-func decodeStrict(data []byte, out any, allowEmpty bool) *APIError {
-	if len(bytes.TrimSpace(data)) == 0 {
-		if allowEmpty {
-			return nil
-		}
-		return badRequest("", "request body is empty; send a JSON object")
-	}
-	var probe map[string]json.RawMessage
-	if err := json.Unmarshal(data, &probe); err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return badRequest("", fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, se.Error()))
-		}
-		return badRequest("", "request body must be a JSON object")
-	}
-	if probe == nil {
-		return badRequest("", "request body must be a JSON object, not null")
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(out)
-	if err == nil {
-		return nil
-	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		field := te.Field
-		if field == "" {
-			field = "(body)"
-		}
-		return badRequest(field, fmt.Sprintf("must be %s, got %s", jsonKind(te.Type), te.Value))
-	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		if uq, uerr := strconv.Unquote(name); uerr == nil {
-			name = uq
-		}
-		return badRequest(name, "unknown field")
-	}
-	// A field's own decoder refused its value (a duration, say): find which.
-	keys := make([]string, 0, len(probe))
-	for k := range probe {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		one, _ := json.Marshal(map[string]json.RawMessage{k: probe[k]})
-		if ferr := json.Unmarshal(one, reflect.New(reflect.TypeOf(out).Elem()).Interface()); ferr != nil {
-			return badRequest(k, ferr.Error())
-		}
-	}
-	return badRequest("", err.Error())
-}
-
-func jsonKind(t reflect.Type) string {
-	if t == nil {
-		return "another type"
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Struct, reflect.Map, reflect.Pointer:
-		return "an object"
-	}
-	return t.String()
-}
-
 // poolApply accepts a pool spec: it validates it, writes its secrets to
 // fleet-secrets and appends pool applied with the next revision. An
 // unchanged spec appends nothing.
 func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 	var spec events.PoolSpec
-	if aerr := decodeStrict(body, &spec, false); aerr != nil {
+	present, aerr := decodeStrictPresent(body, &spec, false)
+	if aerr != nil {
 		return nil, aerr
 	}
+	var required []events.FieldError
+	if !present["size"] {
+		// encoding/json would leave it 0: a re-apply that forgot the size
+		// must not empty the pool.
+		required = append(required, events.FieldError{Field: "size", Reason: "is required (send 0 to empty the pool)"})
+	}
 	spec.Normalize()
-	if aerr := p.validateSpec(ctx, &spec); aerr != nil {
+	if aerr := p.validateSpec(ctx, &spec, required...); aerr != nil {
 		return nil, aerr
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", spec.Name))
@@ -358,9 +291,10 @@ func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec e
 }
 
 // validateSpec checks the spec's fields, then that its provider entry and
-// targets are known to the fleet.
-func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec) *APIError {
-	var fields []events.FieldError
+// targets are known to the fleet. required lists the problems the decode
+// found (fields left out); they are reported with the others.
+func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec, required ...events.FieldError) *APIError {
+	fields := append([]events.FieldError(nil), required...)
 	var ve *events.ValidationError
 	if err := spec.Validate(); errors.As(err, &ve) {
 		fields = append(fields, ve.Fields...)
@@ -459,8 +393,10 @@ func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
 	return out, nil
 }
 
-// poolDelete appends pool deleted; the reconciler then retires every proxy
-// of the pool. Deleting a deleted pool changes nothing.
+// poolDelete appends pool deleted, then removes the pool's secrets from
+// fleet-secrets; the reconciler retires every proxy of the pool (deletes
+// need no secrets). Deleting a deleted pool appends nothing and removes
+// secrets a crash left behind.
 func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) {
 	var req NameRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
@@ -472,6 +408,10 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 			return nil, aerr
 		}
 		if cur.Deleted {
+			// A repeat after a crash between the event and the removal.
+			if aerr := p.removeSecrets(ctx, req.Name, cur.Revision); aerr != nil {
+				return nil, aerr
+			}
 			return p.poolView(req.Name), nil
 		}
 		rev := cur.Revision + 1
@@ -488,6 +428,9 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 			return nil, internal("could not record the deletion; retry")
 		}
 		p.log.InfoContext(ctx, "pool deleted", "pool", req.Name, "revision", rev)
+		if aerr := p.removeSecrets(ctx, req.Name, rev); aerr != nil {
+			return nil, aerr
+		}
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("deletion recorded but not yet visible; get the pool again")
 		}

@@ -403,6 +403,10 @@ func eligible(pool Pool, a agentSeen) bool {
 // poolSecrets reads the pool's secrets from fleet-secrets, checking they
 // belong to the applied revision (their digest is in the event).
 func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.PoolSecrets, bool) {
+	if pool.Deleted {
+		// pool.delete removed them; a deleted pool creates nothing.
+		return events.PoolSecrets{}, false
+	}
 	if s, ok := r.secrets[pool.Name]; ok {
 		return s, true
 	}

@@ -1,0 +1,106 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/events"
+)
+
+// TestAbandonedInstanceIsDeletedThroughTheAPI: a proxy deleted with
+// skipCleanup leaves its process running; instance.delete for its instance
+// stops the process and removes its state (the agent records deleted),
+// while instance.delete for a live proxy's instance is refused and that
+// proxy keeps serving.
+func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
+	f := newFleet(t)
+	f.dumpLogsOnFailure()
+	f.startAll()
+	org := origin(t)
+
+	f.mustReq("fleet.api.pool.apply", `{"name":"keep","provider":"local","size":1}`)
+	first := f.waitPool("keep", 1, "ready", 60*time.Second)[0]
+	pids := f.proxyProcs()
+	if len(pids) != 1 {
+		t.Fatalf("%d proxy processes run, want 1", len(pids))
+	}
+	abandonedPID := pids[0]
+
+	var x struct {
+		State string `json:"state"`
+	}
+	parseJSON(t, f.mustReq("fleet.api.proxy.delete", `{"id":"`+first.ID+`","skipCleanup":true}`), &x)
+	if x.State != "abandoned" {
+		t.Fatalf("skip-cleanup delete: state %q, want abandoned", x.State)
+	}
+	second := f.waitPool("keep", 1, "ready", 60*time.Second)[0]
+	if second.ID == first.ID {
+		t.Fatalf("the abandoned proxy %s is still in the view", first.ID)
+	}
+	waitFor(t, 30*time.Second, "the abandoned process beside the replacement", func() bool {
+		return len(f.proxyProcs()) == 2
+	})
+	if !slices.Contains(f.proxyProcs(), abandonedPID) {
+		t.Fatalf("the abandoned proxy's process %d stopped; skipCleanup must leave it", abandonedPID)
+	}
+	name := events.InstanceName(first.ID)
+	if _, err := os.Stat(filepath.Join(f.stateDir, name+".json")); err != nil {
+		t.Fatalf("state of the abandoned instance: %v", err)
+	}
+
+	// A live proxy's instance is refused, and nothing happens to it.
+	before := f.lastSeq("FLEET_EVENTS")
+	r := f.req("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+events.InstanceName(second.ID)+`"}`, nil)
+	if r.Code != "422" {
+		t.Fatalf("instance.delete of a live proxy's instance: code %q (%s), want 422", r.Code, r.Data)
+	}
+	if after := f.lastSeq("FLEET_EVENTS"); after != before {
+		t.Errorf("refused instance.delete appended events: last seq %d -> %d", before, after)
+	}
+
+	var rep struct {
+		ProxyID  string `json:"proxyID"`
+		Previous string `json:"previous"`
+	}
+	parseJSON(t, f.mustReq("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+name+`"}`), &rep)
+	if rep.ProxyID != first.ID || rep.Previous != "abandoned" {
+		t.Fatalf("instance.delete reply: got %+v, want proxy %s previously abandoned", rep, first.ID)
+	}
+	waitFor(t, 30*time.Second, "the abandoned proxy's deleted event", func() bool {
+		return f.eventCount("fleet.evt.proxy."+first.ID+".deleted") == 1
+	})
+	waitFor(t, 10*time.Second, "the abandoned process to exit", func() bool {
+		return !slices.Contains(f.proxyProcs(), abandonedPID)
+	})
+	if _, err := os.Stat(filepath.Join(f.stateDir, name+".json")); !os.IsNotExist(err) {
+		t.Errorf("state of the deleted instance: got %v, want it removed", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.stateDir, name)); !os.IsNotExist(err) {
+		t.Errorf("files of the deleted instance: got %v, want them removed", err)
+	}
+	if got := f.proxyProcs(); len(got) != 1 {
+		t.Errorf("proxy processes: got %v, want only the replacement's", got)
+	}
+	if code, _, err := getThrough(second.Address, org.URL, nil); err != nil || code != 200 {
+		t.Errorf("the live proxy stopped working: %d %v", code, err)
+	}
+	// The proxy stays out of the views, and the instance, gone, cannot be
+	// deleted again.
+	if _, ok := f.views("fleet-proxies")[first.ID]; ok {
+		t.Errorf("the deleted instance's proxy came back into fleet-proxies")
+	}
+	r = f.req("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+name+`"}`, nil)
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(r.Data, &body)
+	if r.Code != "422" || body.Error.Message == "" {
+		t.Errorf("instance.delete of a deleted instance: code %q %s, want 422 with a message", r.Code, r.Data)
+	}
+}

@@ -1,0 +1,175 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// instanceDeleteReason is the retiring reason recorded when an operator
+// deletes an instance through instance.delete.
+const instanceDeleteReason = "instance deleted by operator"
+
+// InstanceDeleteRequest is the body of instance.delete: one instance on one
+// target of an entry, by its backend name ("px-…").
+type InstanceDeleteRequest struct {
+	Entry  string `json:"entry"`
+	Target string `json:"target"`
+	Name   string `json:"name"`
+}
+
+// InstanceDeleteReply is the answer of instance.delete: the delete command
+// sent for the instance. The agent records the outcome on the proxy's
+// subject (deleted, or failed with the reason).
+type InstanceDeleteReply struct {
+	Entry    string `json:"entry"`
+	Target   string `json:"target"`
+	Name     string `json:"name"`
+	ProxyID  string `json:"proxyID"`
+	Pool     string `json:"pool,omitempty"`
+	Attempt  int    `json:"attempt"`
+	Previous string `json:"previous"` // what the planner knew of the proxy: abandoned, deleted or unknown
+}
+
+// instanceDelete deletes an instance no live proxy owns, typically one left
+// behind on purpose by proxy.delete with skipCleanup. It asks the target's
+// agent for its inventory and refuses an instance that is not listed (the
+// inventory lists marked instances only, so an unmarked one is never
+// found), whose marker names no proxy or another entry, or whose proxy is
+// still live: such a proxy is deleted with proxy.delete. Otherwise it
+// appends retiring to the proxy's aggregate (after its abandoned or
+// deleted event; the planner's fold and the health views keep a finished
+// proxy finished) and sends a delete command, which the agent executes
+// because the proxy's last event is no longer terminal. The driver checks
+// the marker again before it deletes. Repeating the request re-sends the
+// same command (same Msg-Id).
+func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIError) {
+	var req InstanceDeleteRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	var v events.ValidationError
+	v.AddField(events.CheckIdentifier("entry", req.Entry))
+	v.AddField(events.CheckIdentifier("target", req.Target))
+	v.AddField(events.CheckIdentifier("name", req.Name))
+	var ve *events.ValidationError
+	if err := v.Err(); errors.As(err, &ve) {
+		return nil, invalid(ve.Fields)
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("entry", req.Entry),
+		attribute.String("target", req.Target), attribute.String("instance", req.Name))
+	where := req.Entry + "/" + req.Target
+
+	list, err := p.requestInventory(ctx, agentSeen{Entry: req.Entry, Target: req.Target})
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, unprocessable("target", fmt.Sprintf("no agent serves %s; start its agent to list and delete its instances", where), req.Target)
+	}
+	if err != nil {
+		p.log.WarnContext(ctx, "instance.delete: inventory request", "entry", req.Entry, "target", req.Target, "err", err)
+		return nil, &APIError{status: "503", Code: CodeUnavailable,
+			Message: "target: the agent of " + where + " did not answer the inventory request; retry"}
+	}
+	var inst agent.Instance
+	found := false
+	for _, i := range list {
+		if i.Name == req.Name {
+			inst, found = i, true
+			break
+		}
+	}
+	if !found {
+		return nil, unprocessable("name", "no marked instance of that name on "+where+
+			" (its inventory lists only instances that carry the proxyfleet marker; unmarked instances are never touched)", req.Name)
+	}
+	id := inst.Marker.ProxyID
+	switch {
+	case id == "":
+		return nil, unprocessable("name", "the instance carries no proxy id in its marker; unmarked instances are never touched", req.Name)
+	case inst.Marker.Entry != req.Entry:
+		return nil, unprocessable("name", "the instance's marker names entry "+strconv.Quote(inst.Marker.Entry)+", not "+strconv.Quote(req.Entry)+"; it is left alone", req.Name)
+	case !events.IsIdentifier(id) || events.InstanceName(id) != inst.Name:
+		return nil, unprocessable("name", "the instance's name does not derive from the proxy id in its marker; it is left alone", req.Name)
+	}
+	previous := "unknown"
+	p.mu.Lock()
+	if x := p.st.proxies[id]; x != nil {
+		previous = x.State
+	}
+	p.mu.Unlock()
+	if previous != "unknown" && !events.IsTerminal(previous) {
+		return nil, unprocessable("name", fmt.Sprintf("the instance belongs to proxy %s, which is %s; delete the proxy with fleet.api.proxy.delete instead", id, previous), req.Name)
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
+
+	attempt, aerr := p.retireInstance(ctx, id)
+	if aerr != nil {
+		return nil, aerr
+	}
+	cmd := events.DeleteCommand{
+		ProxyID: id, Pool: inst.Marker.Pool, Entry: req.Entry, Target: req.Target, Instance: inst.Name,
+		ProviderID: inst.ProviderID, Attempt: attempt, Reason: instanceDeleteReason,
+	}
+	if err := p.publishCommand(ctx, pending{del: &cmd}); err != nil {
+		p.log.WarnContext(ctx, "instance.delete: publish delete", "proxy", id, "err", err)
+		return nil, internal("the deletion is recorded but its command could not be sent; send instance.delete again")
+	}
+	p.log.InfoContext(ctx, "instance delete sent", "proxy", id, "pool", inst.Marker.Pool, "entry", req.Entry,
+		"target", req.Target, "instance", inst.Name, "previous", previous, "attempt", attempt)
+	return InstanceDeleteReply{Entry: req.Entry, Target: req.Target, Name: inst.Name, ProxyID: id,
+		Pool: inst.Marker.Pool, Attempt: attempt, Previous: previous}, nil
+}
+
+// retireInstance makes the proxy's last event retiring (appending it,
+// expecting the aggregate's last sequence, unless it already is) and
+// returns the delete attempt: the number of retiring events, so a repeated
+// request re-sends the same command and a request after a failed delete
+// sends a new one. This is the garbage collector's path for orphans (see
+// [Planner.deleteOrphan]), open here to abandoned proxies too.
+func (p *Planner) retireInstance(ctx context.Context, id string) (int, *APIError) {
+	for range maxConflictRetries {
+		evs, err := p.store.Load(ctx, events.AggregateProxy, id)
+		if err != nil {
+			p.log.WarnContext(ctx, "instance.delete: read the proxy's events", "proxy", id, "err", err)
+			return 0, internal("could not read the proxy's events; retry")
+		}
+		var lastSeq uint64
+		lastKind := ""
+		retirings := 0
+		for _, e := range evs {
+			if e.Kind == events.ProxyRetiring {
+				retirings++
+			}
+			lastSeq, lastKind = e.Seq, e.Kind
+		}
+		if lastKind == events.ProxyRetiring {
+			return retirings, nil
+		}
+		d := events.ProxyRetiringData{Reason: instanceDeleteReason}
+		_, err = p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRetiring,
+			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
+		if errors.Is(err, bus.ErrConflict) {
+			continue // re-read: the collector or a repeated request got there first
+		}
+		if err != nil {
+			p.log.ErrorContext(ctx, "instance.delete: append retiring", "proxy", id, "err", err)
+			return 0, internal("could not record the deletion; retry")
+		}
+		return retirings + 1, nil
+	}
+	return 0, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
+}
+
+// unprocessable refuses a well-formed request naming something that cannot
+// be acted on: 422 naming field.
+func unprocessable(field, reason, value string) *APIError {
+	return invalid([]events.FieldError{{Field: field, Reason: reason, Value: value}})
+}

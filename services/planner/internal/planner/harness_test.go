@@ -251,8 +251,9 @@ func (h *harness) lastSeq(stream string) uint64 {
 	return info.State.LastSeq
 }
 
-// events returns every event in FLEET_EVENTS, read by sequence (no
-// consumer, so polling it is cheap).
+// events returns every domain event in FLEET_EVENTS (not the planner's
+// leader terms and fences), read by sequence (no consumer, so polling it is
+// cheap).
 func (h *harness) events() []bus.Event {
 	h.t.Helper()
 	ctx := context.Background()
@@ -264,12 +265,18 @@ func (h *harness) events() []bus.Event {
 	last := h.lastSeq(bus.EventsStream)
 	for seq := uint64(1); seq <= last; seq++ {
 		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // an expired fence message
+		}
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
 		agg, id, kind, ok := events.ParseEventSubject(m.Subject)
 		if !ok {
 			h.t.Fatalf("event %d: subject %q", seq, m.Subject)
+		}
+		if agg == events.AggregatePlanner {
+			continue // leader terms and fences are no domain events
 		}
 		env, err := events.DecodeEnvelope(m.Data)
 		if err != nil {
@@ -278,6 +285,17 @@ func (h *harness) events() []bus.Event {
 		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, Header: m.Header})
 	}
 	return out
+}
+
+// lastEventSeq is the sequence of the last domain event: unlike the
+// stream's last sequence, it does not move when a replica opens a leader
+// term.
+func (h *harness) lastEventSeq() uint64 {
+	evs := h.events()
+	if len(evs) == 0 {
+		return 0
+	}
+	return evs[len(evs)-1].Seq
 }
 
 // eventsOf returns the events of one type, in order.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,10 @@ import (
 // FenceTTL is the per-message TTL of fence messages: they matter only at the
 // instant their batch commits.
 const FenceTTL = "1s"
+
+// verdictTimeout bounds the wait for the server's answer to a fenced
+// append, and the reads that explain a refusal.
+const verdictTimeout = 10 * time.Second
 
 // ErrFenced is returned by [EventStore.AppendFenced] when a newer leader
 // term has opened: the caller is no longer the leader and must stop
@@ -169,6 +174,9 @@ func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id,
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, events.AggregateFilter(aggregate, id))
 	}
 
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("append %s: %w", subject, err)
+	}
 	// The staged message needs no acknowledgement: the commit's reply says
 	// whether the whole batch was stored, and one connection keeps the
 	// order of the two.
@@ -176,7 +184,12 @@ func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id,
 	if err := nc.PublishMsg(fence); err != nil {
 		return 0, fmt.Errorf("append %s: %w", subject, err)
 	}
-	ack, err := s.js.PublishMsg(ctx, msg)
+	// Once the batch is on its way its outcome is decided by the server:
+	// wait for the verdict even when ctx ends meanwhile, so the caller
+	// learns whether it was stored, refused or deposed.
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verdictTimeout)
+	defer cancel()
+	ack, err := s.js.PublishMsg(vctx, msg)
 	if err == nil {
 		return ack.Sequence, nil
 	}
@@ -189,11 +202,11 @@ func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id,
 		// Either expectation failed, or the Msg-Id is a retry of an
 		// earlier success (a batch refuses duplicates instead of
 		// acknowledging them).
-		cur, terr := s.CurrentTerm(ctx)
+		cur, terr := s.CurrentTerm(vctx)
 		if terr != nil {
 			return 0, fmt.Errorf("append %s: %w (reading the planner term: %v)", subject, err, terr)
 		}
-		last, lerr := s.Last(ctx, aggregate, id)
+		last, lerr := s.Last(vctx, aggregate, id)
 		if lerr == nil && last != nil && last.Envelope.ID == msgID {
 			return last.Seq, nil
 		}

@@ -51,9 +51,12 @@ func (p *Planner) appendDecision(ctx context.Context, aggregate, id, typ, msgID 
 			return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errLeaseExpired)
 		}
 	}
+	p.beforeFencedAppend()
 	seq, err := p.store.AppendFenced(ctx, l.term, aggregate, id, typ, msgID, data, expect)
 	if errors.Is(err, bus.ErrFenced) {
-		p.depose(l, "the event log refused a decision: a newer planner term has opened")
+		p.log.WarnContext(ctx, "decision refused by the event log: a newer planner term has opened",
+			"term", l.term.Number, "decision", typ, aggregate, id)
+		p.depose(l, "a decision was refused: a newer planner term has opened")
 	}
 	return seq, err
 }

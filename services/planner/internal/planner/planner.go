@@ -140,10 +140,12 @@ type Planner struct {
 	leading atomic.Pointer[leadership]
 	deposed chan *leadership
 	// renewed is when the last successful lease create or update was sent.
-	renewed  atomic.Pointer[time.Time]
-	rounds   atomic.Int64 // completed reconcile rounds
-	gcRounds atomic.Int64 // completed garbage-collection rounds
-	kick     chan struct{}
+	renewed atomic.Pointer[time.Time]
+	// decisions counts fenced appends, for the failpoint build only.
+	decisions atomic.Int64
+	rounds    atomic.Int64 // completed reconcile rounds
+	gcRounds  atomic.Int64 // completed garbage-collection rounds
+	kick      chan struct{}
 
 	// reconciler-only state (one goroutine).
 	ownSeq   uint64

@@ -2,5 +2,10 @@
 
 package planner
 
-// beforeFencedAppend is a failpoint for tests; see failpoint_on.go.
-func (p *Planner) beforeFencedAppend() {}
+import "log/slog"
+
+// failpoints are test failpoints, compiled in only with -tags failpoint
+// (see failpoint_on.go); here they do nothing.
+type failpoints struct{}
+
+func (*failpoints) beforeFencedAppend(*slog.Logger) {}

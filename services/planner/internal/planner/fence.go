@@ -51,7 +51,7 @@ func (p *Planner) appendDecision(ctx context.Context, aggregate, id, typ, msgID 
 			return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errLeaseExpired)
 		}
 	}
-	p.beforeFencedAppend()
+	p.fp.beforeFencedAppend(p.log)
 	seq, err := p.store.AppendFenced(ctx, l.term, aggregate, id, typ, msgID, data, expect)
 	if errors.Is(err, bus.ErrFenced) {
 		p.log.WarnContext(ctx, "decision refused by the event log: a newer planner term has opened",

@@ -140,12 +140,11 @@ type Planner struct {
 	leading atomic.Pointer[leadership]
 	deposed chan *leadership
 	// renewed is when the last successful lease create or update was sent.
-	renewed atomic.Pointer[time.Time]
-	// decisions counts fenced appends, for the failpoint build only.
-	decisions atomic.Int64
-	rounds    atomic.Int64 // completed reconcile rounds
-	gcRounds  atomic.Int64 // completed garbage-collection rounds
-	kick      chan struct{}
+	renewed  atomic.Pointer[time.Time]
+	fp       failpoints   // test failpoints; empty in normal builds
+	rounds   atomic.Int64 // completed reconcile rounds
+	gcRounds atomic.Int64 // completed garbage-collection rounds
+	kick     chan struct{}
 
 	// reconciler-only state (one goroutine).
 	ownSeq   uint64
@@ -467,6 +466,9 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 		p.leader.Store(false)
 	}
 	release := func() {
+		if rev == 0 {
+			return
+		}
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		// Only the revision this replica holds is deleted: a lease some

@@ -35,8 +35,10 @@ It answers the operator API as the NATS micro service "fleet-planner":
                           (retires a banned proxy; reason "banned: <reason>")
 
 It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
-One replica at a time (the holder of the lease in KV fleet-planner)
-reconciles: it places missing proxies on live agent targets, retires excess
+One replica at a time (the holder of the lease in KV fleet-planner, which
+opens a leader term in the event log; the log refuses the decisions of a
+replica whose term was superseded, so a leader paused past its lease
+cannot decide when it resumes) reconciles: it places missing proxies on live agent targets, retires excess
 and failed ones, rotates proxies older than their pool's maxAge (plus a
 per-proxy jitter of up to 10%; the replacement is created and ready before
 the aged proxy is retired), and re-issues stuck commands. Every

@@ -51,9 +51,9 @@ var ErrFenced = errors.New("a newer planner term has opened: this replica was de
 
 // JetStream error codes of atomic batch publishing.
 const (
-	jsErrWrongLastSequenceConstant  = 10164
-	jsErrAtomicPublishDisabled      = 10174
-	jsErrAtomicPublishDuplicateInID = 10201
+	jsErrWrongLastSequenceConstant = 10164
+	jsErrAtomicPublishDisabled     = 10174
+	jsErrAtomicPublishDuplicate    = 10201
 )
 
 // Header names of atomic batch publishing (nats-server 2.12+).
@@ -198,7 +198,7 @@ func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id,
 		return 0, fmt.Errorf("append %s: %w", subject, err)
 	}
 	switch apiErr.ErrorCode {
-	case jsErrWrongLastSequence, jsErrWrongLastSequenceConstant, jsErrAtomicPublishDuplicateInID:
+	case jsErrWrongLastSequence, jsErrWrongLastSequenceConstant, jsErrAtomicPublishDuplicate:
 		// Either expectation failed, or the Msg-Id is a retry of an
 		// earlier success (a batch refuses duplicates instead of
 		// acknowledging them).

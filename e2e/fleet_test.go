@@ -169,6 +169,18 @@ func (f *fleet) startAll() {
 	f.startHealth()
 	f.startAgent()
 	f.waitAgent("local", "t1")
+	f.waitLeader()
+}
+
+// waitLeader waits until a planner has opened a leader term, so that the
+// term event is in the log before a test counts events.
+func (f *fleet) waitLeader() {
+	f.t.Helper()
+	store := bus.NewEventStore(f.conn, "e2e", nil)
+	waitFor(f.t, 30*time.Second, "a planner to lead", func() bool {
+		cur, err := store.CurrentTerm(context.Background())
+		return err == nil && cur != nil
+	})
 }
 
 // stop ends a service with SIGTERM and waits for it.

@@ -83,10 +83,23 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 		return err == nil && last != nil && last.Kind == events.ProxyRunning
 	})
 
-	// The agent may not decide (requested) nor command.
+	// The planner opens a leader term and appends fenced decisions (atomic
+	// batches) with its permissions.
+	term, err := store.ClaimTerm(ctx, "planner-1", 1)
+	if err != nil {
+		t.Fatalf("planner cannot open a leader term: %v", err)
+	}
+	if _, err := store.AppendFenced(ctx, term, events.AggregateProxy, "perm-4", events.ProxyRequested, "perm-4.requested.1", map[string]string{}, &bus.Expect{Seq: 0}); err != nil {
+		t.Fatalf("planner cannot append a fenced decision: %v", err)
+	}
+
+	// The agent may not decide (requested) nor command, nor open a term.
 	agentStore := bus.NewEventStore(agentConn, "agent", nil)
 	short, scancel := context.WithTimeout(ctx, 2*time.Second)
 	defer scancel()
+	if _, err := agentStore.ClaimTerm(short, "agent", 1); err == nil {
+		t.Fatal("the agent user could open a leader term")
+	}
 	if _, err := agentStore.Append(short, events.AggregateProxy, "perm-2", events.ProxyRequested, "perm-2.requested.1", map[string]string{}, nil); err == nil {
 		t.Fatal("the agent user could append a planner decision")
 	}

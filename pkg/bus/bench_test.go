@@ -17,8 +17,10 @@ import (
 // baseline is a bare JetStream publish with a Msg-Id of a payload of the same
 // size; "observation" is EventStore.Append (envelope, trace headers,
 // Msg-Id); "decision" adds the expected last sequence of the aggregate's
-// wildcard, as the planner appends. `make bench` prints each as a ratio of
-// the baseline.
+// wildcard, as API handlers append operator intent; "fenced" is the
+// reconciler's decision (EventStore.AppendFenced: an atomic batch of a fence
+// message checked against the leader's term and the decision). `make bench`
+// prints each as a ratio of the baseline.
 func BenchmarkAppend(b *testing.B) {
 	ctx := context.Background()
 	c := bustest.Start(b)
@@ -47,6 +49,18 @@ func BenchmarkAppend(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			id := fmt.Sprintf("dec-%d", i)
 			if _, err := s.Append(ctx, events.AggregateProxy, id, events.ProxyRunning, id+".running.1", data, &bus.Expect{Seq: 0}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fenced", func(b *testing.B) {
+		term, err := s.ClaimTerm(ctx, "bench", 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < b.N; i++ {
+			id := fmt.Sprintf("fen-%d", i)
+			if _, err := s.AppendFenced(ctx, term, events.AggregateProxy, id, events.ProxyRunning, id+".running.1", data, &bus.Expect{Seq: 0}); err != nil {
 				b.Fatal(err)
 			}
 		}

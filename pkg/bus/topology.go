@@ -53,7 +53,11 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 			DenyDelete:  true,
 			DenyPurge:   true,
 			AllowDirect: true,
-			Replicas:    r,
+			// Leader fencing (fence.go): decisions are atomic batches
+			// with a fence message that expires on its own.
+			AllowAtomicPublish: true,
+			AllowMsgTTL:        true,
+			Replicas:           r,
 		},
 		{
 			Name:        CommandsStream,

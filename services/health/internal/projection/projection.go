@@ -242,6 +242,10 @@ func (p *Projector) Apply(ctx context.Context, seq uint64, subject string, data 
 		p.log.Error("event subject has the wrong shape; skipped", "seq", seq, "subject", subject)
 		return nil
 	}
+	if agg == events.AggregatePlanner {
+		// Leader terms and decision fences: no view shows them.
+		return nil
+	}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
 		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)

@@ -42,13 +42,19 @@ It answers the operator API as the NATS micro service "fleet-planner":
                           such as one left by skipCleanup)
 
 It rebuilds its state from the FLEET_EVENTS stream at start and follows it.
-One replica at a time (the holder of the lease in KV fleet-planner)
-reconciles: it places missing proxies on live agent targets, retires excess
-and failed ones, replaces proxies unhealthy for longer than their pool's
-unhealthyAfter (replacement first; the unhealthy one is retired when it is
-ready, or after unhealthyAfter more), rotates proxies older than their pool's maxAge (plus a
+One replica at a time reconciles: the holder of the lease in KV
+fleet-planner, which opens a leader term in the event log; the log refuses
+the decisions of a replica whose term was superseded, so a leader paused
+past its lease cannot decide when it resumes. It places missing proxies on
+live agent targets, retires excess and failed ones, replaces proxies
+unhealthy for longer than their pool's unhealthyAfter (replacement first;
+the unhealthy one is retired when it is ready, or after unhealthyAfter
+more), rotates proxies older than their pool's maxAge (plus a
 per-proxy jitter of up to 10%; the replacement is created and ready before
-the aged proxy is retired), and re-issues stuck commands. Every
+the aged proxy is retired), re-issues stuck commands (a create issued
+--max-create-attempts times without starting fails with class stuck and
+goes to another target), and records each pool's conditions (Ready, Placed,
+Progressing) when they change. Every
 --gc-interval it asks each live agent for its inventory: a marked instance
 that no live proxy owns for longer than --gc-grace is deleted (instances of
 abandoned proxies and unmarked ones are never touched), and a running proxy

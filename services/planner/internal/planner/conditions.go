@@ -27,7 +27,7 @@ func (p *Planner) updateConditions(ctx context.Context, r *round, pool Pool, wan
 			cur.Status == d.Status && cur.Reason == d.Reason && cur.Message == d.Message {
 			continue
 		}
-		seq, err := p.store.Append(ctx, events.AggregatePool, pool.Name, events.PoolCondition,
+		seq, err := p.appendDecision(ctx, events.AggregatePool, pool.Name, events.PoolCondition,
 			decisionID(pool.Name, events.PoolCondition, last, d), d, &bus.Expect{Seq: last})
 		if errors.Is(err, bus.ErrConflict) {
 			return

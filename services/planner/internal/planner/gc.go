@@ -276,7 +276,7 @@ func (p *Planner) deleteOrphan(ctx context.Context, o orphan) {
 	}
 	if lastKind != events.ProxyRetiring {
 		d := events.ProxyRetiringData{Reason: gcReason}
-		seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRetiring,
+		seq, err := p.appendDecision(ctx, events.AggregateProxy, id, events.ProxyRetiring,
 			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			log.Debug("orphan's aggregate changed since it was read; deciding again next round")

@@ -239,9 +239,10 @@ func (h *harness) ok(subject, body string, out any) {
 }
 
 // lastSeq returns the stream's last sequence. For FLEET_EVENTS it skips
-// pool condition events: the leader appends those on its own whenever a
-// pool's condition changes, so "this request appended nothing" compares
-// the other events only (conditions have tests of their own).
+// the planner's terms and fences and pool condition events: a leader
+// appends those on its own (when it takes over, with each decision, when a
+// pool's condition changes), so "this request appended nothing" compares
+// the other events only (they have tests of their own).
 func (h *harness) lastSeq(stream string) uint64 {
 	h.t.Helper()
 	ctx := context.Background()
@@ -265,7 +266,8 @@ func (h *harness) lastSeq(stream string) uint64 {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		if agg, _, kind, _ := events.ParseEventSubject(m.Subject); agg != events.AggregatePool || kind != events.PoolCondition {
+		agg, _, kind, _ := events.ParseEventSubject(m.Subject)
+		if agg != events.AggregatePlanner && (agg != events.AggregatePool || kind != events.PoolCondition) {
 			return seq
 		}
 	}
@@ -286,8 +288,9 @@ func (h *harness) streamSeq(stream string) uint64 {
 	return info.State.LastSeq
 }
 
-// events returns every event in FLEET_EVENTS, read by sequence (no
-// consumer, so polling it is cheap).
+// events returns every domain event in FLEET_EVENTS (not the planner's
+// leader terms and fences), read by sequence (no consumer, so polling it is
+// cheap).
 func (h *harness) events() []bus.Event {
 	h.t.Helper()
 	ctx := context.Background()
@@ -299,12 +302,18 @@ func (h *harness) events() []bus.Event {
 	last := h.streamSeq(bus.EventsStream)
 	for seq := uint64(1); seq <= last; seq++ {
 		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // an expired fence message
+		}
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
 		agg, id, kind, ok := events.ParseEventSubject(m.Subject)
 		if !ok {
 			h.t.Fatalf("event %d: subject %q", seq, m.Subject)
+		}
+		if agg == events.AggregatePlanner {
+			continue // leader terms and fences are no domain events
 		}
 		env, err := events.DecodeEnvelope(m.Data)
 		if err != nil {
@@ -314,6 +323,11 @@ func (h *harness) events() []bus.Event {
 	}
 	return out
 }
+
+// lastEventSeq is the sequence of the last domain event that is not a pool
+// condition: unlike the stream's last sequence, it does not move when a
+// replica opens a leader term or records a condition.
+func (h *harness) lastEventSeq() uint64 { return h.lastSeq(bus.EventsStream) }
 
 // eventsOf returns the events of one type, in order.
 func (h *harness) eventsOf(aggregate, kind string) []bus.Event {

@@ -12,8 +12,11 @@
 // proxy owns and fails proxies whose instance vanished.
 //
 // Every decision is appended with the aggregate's expected last sequence,
-// so two deciders never both win; commands carry deterministic Nats-Msg-Ids,
-// so re-publishing after a crash is a no-op inside the duplicate window.
+// so two deciders never both win; reconciler decisions are also fenced by
+// the leader's term (fence.go), so a leader paused past its lease cannot
+// append one after another replica took over; commands carry deterministic
+// Nats-Msg-Ids, so re-publishing after a crash is a no-op inside the
+// duplicate window.
 package planner
 
 import (
@@ -140,6 +143,13 @@ type Planner struct {
 
 	caughtUp atomic.Bool
 	leader   atomic.Bool
+	// leading is this replica's current leader term, nil when it does not
+	// lead; deposed carries a term that [Planner.depose] ended to lead.
+	leading atomic.Pointer[leadership]
+	deposed chan *leadership
+	// renewed is when the last successful lease create or update was sent.
+	renewed  atomic.Pointer[time.Time]
+	fp       failpoints   // test failpoints; empty in normal builds
 	rounds   atomic.Int64 // completed reconcile rounds
 	gcRounds atomic.Int64 // completed garbage-collection rounds
 	kick     chan struct{}
@@ -180,6 +190,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 		seen:       map[string]map[string]bool{},
 		progressed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
+		deposed:    make(chan *leadership, 1),
 	}, nil
 }
 
@@ -270,6 +281,9 @@ func (p *Planner) onEvent(ev bus.Event) error {
 	close(p.progressed)
 	p.progressed = make(chan struct{})
 	p.mu.Unlock()
+	if ev.Aggregate == events.AggregatePlanner && ev.Kind == events.PlannerTerm {
+		p.noteTerm(ev.Seq)
+	}
 	if relevant && p.caughtUp.Load() {
 		p.poke()
 	}
@@ -439,55 +453,84 @@ func (p *Planner) knownEntriesLocked() []string {
 	return sortedKeys(set)
 }
 
-// lead competes for the leader lease and runs the reconciler while holding
-// it. On shutdown it releases the lease so another replica takes over at
-// once.
+// lead competes for the leader lease and, holding it, opens a leader term
+// and runs the reconciler of that term. It steps down when the lease cannot
+// be renewed or the term is deposed (see fence.go); a deposed replica gives
+// the lease back so that the replicas elect a leader with a fresh term. On
+// shutdown it releases the lease so another replica takes over at once.
 func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 	t := time.NewTicker(p.cfg.LeaseTTL / 3)
 	defer t.Stop()
 	var rev uint64
-	var stop func()
+	var cur *leadership
+	var done chan struct{}
 	stepDown := func() {
-		if stop != nil {
-			stop()
-			stop = nil
+		if cur != nil {
+			p.leading.CompareAndSwap(cur, nil)
+			cur.cancel()
+			<-done
+			cur, done = nil, nil
 		}
 		p.leader.Store(false)
 	}
-	for {
+	release := func() {
 		if rev == 0 {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		// Only the revision this replica holds is deleted: a lease some
+		// other replica acquired meanwhile is left alone.
+		if err := kv.Delete(dctx, leaderKey, jetstream.LastRevision(rev)); err != nil {
+			p.log.Debug("release leader lease", "err", err)
+		} else {
+			p.log.Info("leader lease released")
+		}
+		rev = 0
+	}
+	for {
+		if cur != nil && p.leading.Load() != cur {
+			// Deposed (the signal may have been consumed already).
+			stepDown()
+			release()
+		}
+		if rev == 0 {
+			sent := time.Now()
 			if r, err := kv.Create(ctx, leaderKey, []byte(p.cfg.ID)); err == nil {
 				rev = r
-				p.leader.Store(true)
-				p.log.Info("leader lease acquired; reconciling")
-				rctx, cancel := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() { defer close(done); p.reconcileLoop(rctx) }()
-				stop = func() { cancel(); <-done }
+				p.renewed.Store(&sent)
+				if cur, done, err = p.startTerm(ctx, rev); err != nil {
+					if ctx.Err() == nil {
+						p.log.Warn("leader lease acquired but no planner term could be opened; giving the lease back", "err", err)
+					}
+					release()
+				}
 			} else if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
 				p.log.Warn("leader lease", "err", err)
 			}
-		} else if r, err := kv.Update(ctx, leaderKey, []byte(p.cfg.ID), rev); err == nil {
-			rev = r
-		} else if ctx.Err() == nil {
-			p.log.Warn("leader lease lost; no longer reconciling", "err", err)
-			rev = 0
-			stepDown()
+		} else {
+			sent := time.Now()
+			if r, err := kv.Update(ctx, leaderKey, []byte(p.cfg.ID), rev); err == nil {
+				rev = r
+				p.renewed.Store(&sent)
+			} else if ctx.Err() == nil {
+				p.log.Warn("leader lease lost; no longer reconciling", "err", err)
+				rev = 0
+				stepDown()
+			}
 		}
 		select {
 		case <-t.C:
+			continue
+		case <-p.deposed:
+			// Handled at the top of the loop; a stale signal of an
+			// earlier term changes nothing.
 			continue
 		case <-ctx.Done():
 		}
 		stepDown()
 		if rev != 0 {
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			if err := kv.Delete(dctx, leaderKey, jetstream.LastRevision(rev)); err != nil {
-				p.log.Warn("release leader lease", "err", err)
-			} else {
-				p.log.Info("leader lease released")
-			}
+			release()
 		}
 		return
 	}

@@ -418,11 +418,11 @@ func TestRestartEmitsNothing(t *testing.T) {
 	h.ok(poolGet, `{"name":"demo"}`, &before)
 	first.stop()
 
-	evSeq, cmdSeq := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
+	evSeq, cmdSeq := h.lastEventSeq(), h.lastSeq(bus.CommandsStream)
 	second := h.startPlanner("p2", nil)
 	h.waitFor("new leader", second.IsLeader)
 	h.settle(second, 5)
-	if got := h.lastSeq(bus.EventsStream); got != evSeq {
+	if got := h.lastEventSeq(); got != evSeq {
 		t.Errorf("FLEET_EVENTS last seq after restart: got %d, want %d", got, evSeq)
 	}
 	if got := h.lastSeq(bus.CommandsStream); got != cmdSeq {
@@ -659,6 +659,12 @@ func (h *harness) manualPlanner() *Planner {
 	}
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
+	// It decides as the leader would: in a term of its own.
+	term, err := p.store.ClaimTerm(context.Background(), "manual", 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	p.leading.Store(&leadership{term: term, cancel: func() {}})
 	h.feed(p)
 	p.caughtUp.Store(true)
 	agents, _ := h.agents.ListKeys(context.Background())
@@ -798,7 +804,7 @@ func TestLeaderRecoversUnsentCommands(t *testing.T) {
 	decide(x, events.ProxyRequested, 1, req(x), 0)
 	seq := decide(y, events.ProxyRequested, 1, req(y), 0)
 	decide(y, events.ProxyRetiring, 1, events.ProxyRetiringData{Reason: "scaled down"}, seq)
-	evSeq := h.lastSeq(bus.EventsStream)
+	evSeq := h.lastEventSeq()
 
 	second := h.startPlanner("p2", nil)
 	h.waitFor("leader", second.IsLeader)
@@ -820,7 +826,7 @@ func TestLeaderRecoversUnsentCommands(t *testing.T) {
 			}
 		}
 	}
-	if got := h.lastSeq(bus.EventsStream); got != evSeq {
+	if got := h.lastEventSeq(); got != evSeq {
 		t.Errorf("events appended by the new leader: last seq %d, want %d", got, evSeq)
 	}
 }

@@ -511,7 +511,7 @@ func (p *Planner) noteOwn(seq uint64) {
 // sequence. A conflict means x changed meanwhile; the next round decides
 // again from the newer state.
 func (p *Planner) decide(ctx context.Context, x Proxy, typ, msgID string, data any) (uint64, bool) {
-	seq, err := p.store.Append(ctx, events.AggregateProxy, x.ID, typ, msgID, data, &bus.Expect{Seq: x.LastSeq})
+	seq, err := p.appendDecision(ctx, events.AggregateProxy, x.ID, typ, msgID, data, &bus.Expect{Seq: x.LastSeq})
 	if errors.Is(err, bus.ErrConflict) {
 		p.log.DebugContext(ctx, "proxy changed since it was read; deciding again next round", "proxy", x.ID, "decision", typ)
 		return 0, false
@@ -613,7 +613,7 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen,
 		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
 	defer span.End()
 	d := requestedData(id, pool, a, replaces, why)
-	seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested,
+	seq, err := p.appendDecision(ctx, events.AggregateProxy, id, events.ProxyRequested,
 		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
 	if err != nil {
 		if ctx.Err() == nil {

@@ -1,0 +1,202 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+var (
+	failpointOnce sync.Once
+	failpointErr  error
+)
+
+// failpointPlanner builds the planner with its test failpoints compiled in
+// (-tags failpoint) and returns the binary's path.
+func failpointPlanner(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(binDir, "planner-failpoint")
+	failpointOnce.Do(func() {
+		cmd := exec.Command("go", "build", "-tags", "failpoint", "-o", bin, "proxyfleet/services/planner/cmd/planner")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			failpointErr = fmt.Errorf("build planner with failpoints: %v\n%s", err, out)
+		}
+	})
+	if failpointErr != nil {
+		t.Fatal(failpointErr)
+	}
+	return bin
+}
+
+// startPlannerAs starts the planner binary bin as replica id with the extra
+// environment env, logging to planner-<id>.log; the fleet's cleanup stops
+// it.
+func (f *fleet) startPlannerAs(bin, id string, env ...string) *exec.Cmd {
+	f.t.Helper()
+	name := "planner-" + id
+	args := []string{"--nats-url", f.conn.ClientURL(), "--data-dir", filepath.Join(f.dir, name), "--log-level", "debug",
+		"--id", id, "--reconcile-interval", "200ms"}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logf, err := os.OpenFile(filepath.Join(f.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start %s: %v", name, err)
+	}
+	f.mu.Lock()
+	f.procs[name] = cmd
+	f.mu.Unlock()
+	return cmd
+}
+
+// isStopped reports whether process pid is stopped by a signal.
+func isStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+}
+
+// TestPausedLeaderIsFenced is the acceptance test of leader fencing: two
+// planner processes; the leader stops (SIGSTOP) in the middle of a round of
+// creates, past its lease, at the worst moment: after its lease check and
+// right before it publishes a decision (a failpoint compiled into this
+// test's planner binary raises the SIGSTOP there). The other replica takes
+// over and fills the pool; then the stale leader gets SIGCONT and publishes
+// the decision it was about to — the create of a new proxy, which no
+// aggregate expectation can stop. The pool must never hold more than
+// size+1 active proxies, and no decision of the stale leader may be in the
+// log after the other replica's term began.
+func TestPausedLeaderIsFenced(t *testing.T) {
+	f := newFleet(t)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, n := range []string{"planner-a", "planner-b", "local-agent"} {
+			l := f.log(n)
+			if len(l) > 8000 {
+				l = l[len(l)-8000:]
+			}
+			t.Logf("---- %s log (tail) ----\n%s", n, l)
+		}
+	})
+	ctx := context.Background()
+	store := bus.NewEventStore(f.conn, "e2e", nil)
+	termOf := func(leader string) func() bool {
+		return func() bool {
+			cur, err := store.CurrentTerm(ctx)
+			return err == nil && cur != nil && cur.Leader == leader
+		}
+	}
+	// requested counts the proxies of the pool requested so far, by leader.
+	requested := func() map[string]int {
+		n := map[string]int{}
+		_ = store.Replay(ctx, 0, func(e bus.Event) error {
+			if e.Aggregate == events.AggregateProxy && e.Kind == events.ProxyRequested {
+				if _, leader, ok := e.Leader(); ok {
+					n[leader]++
+				}
+			}
+			return nil
+		})
+		return n
+	}
+
+	const size = 8
+	// a stops itself before its third decision: two creates in.
+	a := f.startPlannerAs(failpointPlanner(t), "a", "PF_FAILPOINT_STOP_BEFORE_DECISION=3")
+	var resumeOnce sync.Once
+	resume := func() { resumeOnce.Do(func() { _ = a.Process.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(resume) // a stopped process would not stop on SIGTERM
+	waitFor(t, 30*time.Second, "planner a to lead", termOf("a"))
+	f.startHealth()
+	f.startAgent()
+	f.waitAgent("local", "t1")
+	f.startPlannerAs(filepath.Join(binDir, "planner"), "b")
+
+	f.mustReq("fleet.api.pool.apply", `{"name":"fence","provider":"local","size":8}`)
+	waitFor(t, 30*time.Second, "planner a to stop before a decision", func() bool { return isStopped(a.Process.Pid) })
+	waitFor(t, 30*time.Second, "planner b to take over", termOf("b"))
+	bTerm, err := store.CurrentTerm(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "planner b to fill the pool", func() bool {
+		n := requested()
+		return n["a"]+n["b"] >= size
+	})
+	byA := requested()["a"]
+	resume()
+
+	// The stale leader notices and stops deciding.
+	waitFor(t, 30*time.Second, "planner a to stop reconciling", func() bool {
+		return strings.Contains(f.log("planner-a"), "no longer reconciling")
+	})
+	f.waitPool("fence", size, "ready", 90*time.Second)
+	// Let the resumed replica run beside the leader a little longer.
+	time.Sleep(3 * time.Second)
+
+	// Read the whole log.
+	var stale []string
+	state := map[string]string{} // proxy id → last event type
+	maxActive := 0
+	active := func() int {
+		n := 0
+		for _, s := range state {
+			switch s {
+			case events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
+				n++
+			}
+		}
+		return n
+	}
+	if err := store.Replay(ctx, 0, func(e bus.Event) error {
+		if term, leader, ok := e.Leader(); ok && leader == "a" && e.Seq > bTerm.Seq {
+			stale = append(stale, e.Subject+" ("+e.Kind+", term "+strconv.FormatUint(term, 10)+", seq "+strconv.FormatUint(e.Seq, 10)+")")
+		}
+		if e.Aggregate != events.AggregateProxy {
+			return nil
+		}
+		if _, known := state[e.ID]; known || e.Kind == events.ProxyRequested {
+			state[e.ID] = e.Kind
+			maxActive = max(maxActive, active())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(stale) > 0 {
+		t.Errorf("decisions of the deposed leader a appended after b's term began (seq %d):\n  %s", bTerm.Seq, strings.Join(stale, "\n  "))
+	}
+	if maxActive > size+1 {
+		t.Errorf("the pool held %d active proxies at one point; want at most size+1 = %d", maxActive, size+1)
+	}
+	if !termOf("b")() {
+		t.Errorf("b no longer holds the latest term")
+	}
+	t.Logf("a requested %d of %d proxies before it was stopped; b's term began at seq %d; most active proxies in the log: %d", byA, size, bTerm.Seq, maxActive)
+	for _, l := range strings.Split(f.log("planner-a"), "\n") {
+		if strings.Contains(l, "reconciling") || strings.Contains(l, "deposed") || strings.Contains(l, "refused") || strings.Contains(l, "failpoint") {
+			t.Logf("planner a: %s", l)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"proxyfleet/pkg/bus"
+)
+
+// Leader fencing.
+//
+// The lease in KV fleet-planner elects the leader, but a lease alone cannot
+// stop a leader that was paused (SIGSTOP, a long GC or VM pause) past its
+// TTL and resumes while another replica leads: it still believes it leads
+// until it next looks at the lease, and anything it was about to publish
+// goes out when it resumes. So a replica that acquires the lease first opens
+// a term in the event log ([bus.EventStore.ClaimTerm]), and every reconciler
+// decision is appended with [bus.EventStore.AppendFenced], which the server
+// stores only while that term is the latest one. A leader whose fenced
+// append is refused is deposed: it stops its reconciler at once and gives
+// the lease back (if it still holds it), and the replicas compete again.
+
+// leadership is one term of this replica as leader.
+type leadership struct {
+	term bus.Term
+	// cancel stops the reconciler of this term.
+	cancel context.CancelFunc
+}
+
+var (
+	errNotLeading   = errors.New("this replica does not lead")
+	errLeaseExpired = errors.New("the leader lease was not renewed within its TTL")
+)
+
+// appendDecision appends one reconciler decision, fenced by this replica's
+// leader term. It fails, storing nothing, when this replica does not lead,
+// when its lease went unrenewed for a whole TTL (a cheap early check), and
+// when the store refuses the decision because another term opened
+// ([bus.ErrFenced]); in the last two cases the replica is deposed: the
+// reconciler's context is cancelled and the lease is given back.
+func (p *Planner) appendDecision(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error) {
+	l := p.leading.Load()
+	if l == nil {
+		return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errNotLeading)
+	}
+	if at := p.renewed.Load(); at != nil {
+		if age := time.Since(*at); age >= p.cfg.LeaseTTL {
+			p.depose(l, "leader lease not renewed for "+age.Round(time.Millisecond).String())
+			return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errLeaseExpired)
+		}
+	}
+	p.fp.beforeFencedAppend(p.log)
+	seq, err := p.store.AppendFenced(ctx, l.term, aggregate, id, typ, msgID, data, expect)
+	if errors.Is(err, bus.ErrFenced) {
+		p.log.WarnContext(ctx, "decision refused by the event log: a newer planner term has opened",
+			"term", l.term.Number, "decision", typ, aggregate, id)
+		p.depose(l, "a decision was refused: a newer planner term has opened")
+	}
+	return seq, err
+}
+
+// startTerm opens a leader term for the lease at revision lease and starts
+// the reconciler of that term. done is closed when the reconciler returned.
+func (p *Planner) startTerm(ctx context.Context, lease uint64) (l *leadership, done chan struct{}, err error) {
+	term, err := p.store.ClaimTerm(ctx, p.cfg.ID, lease)
+	if err != nil {
+		return nil, nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	l = &leadership{term: term, cancel: cancel}
+	p.leading.Store(l)
+	p.leader.Store(true)
+	p.log.Info("leader lease acquired; reconciling", "term", term.Number, "termSeq", term.Seq, "lease", lease)
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		// Every decision of an earlier term precedes this term's event
+		// in the log (later ones are refused), so a projection that
+		// holds the term event holds them all: decide only from there.
+		if err := p.waitSeq(rctx, term.Seq); err != nil {
+			return
+		}
+		p.reconcileLoop(rctx)
+	}()
+	return l, done, nil
+}
+
+// depose ends term l of this replica: its reconciler stops deciding at once
+// and lead gives the lease back. Only the first call for a term acts.
+func (p *Planner) depose(l *leadership, why string) {
+	if !p.leading.CompareAndSwap(l, nil) {
+		return
+	}
+	p.leader.Store(false)
+	p.log.Warn("deposed: no longer reconciling", "term", l.term.Number, "why", why)
+	l.cancel()
+	select {
+	case p.deposed <- l:
+	default:
+	}
+}
+
+// noteTerm is called for every term event the projection reads: a term
+// newer than this replica's own means another replica leads now.
+func (p *Planner) noteTerm(seq uint64) {
+	if l := p.leading.Load(); l != nil && seq > l.term.Seq {
+		p.depose(l, "another replica opened a newer planner term")
+	}
+}

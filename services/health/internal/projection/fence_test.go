@@ -19,7 +19,7 @@ import (
 func TestPlannerTermsAndFencesAreSkippedQuietly(t *testing.T) {
 	ctx := context.Background()
 	c := bustest.Start(t)
-	store := bus.NewEventStore(c, "planner", nil)
+	store := bus.NewEventStore(c, events.SourcePlanner, nil)
 	term, err := store.ClaimTerm(ctx, "p1", 1)
 	if err != nil {
 		t.Fatal(err)

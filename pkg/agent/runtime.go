@@ -304,7 +304,9 @@ func (r *Runtime) resume(ctx context.Context) {
 			wctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 			defer cancel()
 			ref := Ref{ProxyID: inst.Marker.ProxyID, Name: inst.Name, ProviderID: firstNonEmpty(prov.ProviderID, inst.ProviderID)}
-			got, err := r.waitRunning(wctx, ref, inst)
+			// List's cheap state is not the word on a proxy's start: watch
+			// it through Get, which also lets a driver record what it finds.
+			got, err := r.waitRunning(wctx, ref, Instance{Name: inst.Name, ProviderID: inst.ProviderID, Marker: inst.Marker})
 			if err != nil {
 				r.log.Warn("resume: instance did not reach running; its command will be retried", "proxy", ref.ProxyID, "err", err)
 				return

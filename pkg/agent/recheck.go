@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"time"
 
@@ -123,4 +124,11 @@ func (r *Runtime) appendTerminated(ctx context.Context, last *bus.Event, proxyID
 		return
 	}
 	r.log.Warn("proxy failed: its instance no longer runs", "proxy", proxyID, "class", events.ClassTerminated, "reason", reason)
+}
+
+// RecheckFlag registers --recheck-interval on fs, the flag every agent
+// binary offers for [Config.RecheckInterval].
+func RecheckFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("recheck-interval", DefaultRecheckInterval,
+		"how often the agent lists its instances to fail proxies whose instance terminated or disappeared behind its back; it bounds that detection delay (negative: off)")
 }

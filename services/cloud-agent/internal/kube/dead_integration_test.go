@@ -27,10 +27,13 @@ import (
 func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 	e := newKubeEnv(t)
 	ns := e.namespace("dead")
-	d := &countingDriver{Driver: e.driver("k8s", ns)}
+	// An entry of its own: other tests list every marked Pod of theirs
+	// cluster-wide.
+	const entry = "k8s-dead"
+	d := &countingDriver{Driver: e.driver(entry, ns)}
 	conn := bustest.Start(t)
 	rt, err := agent.New(bustest.Dial(t, conn), d, agent.Config{
-		Info:          agent.Info{Entry: "k8s", Target: ns, Type: "kubernetes"},
+		Info:          agent.Info{Entry: entry, Target: ns, Type: "kubernetes"},
 		WatchInterval: 50 * time.Millisecond,
 		// Heartbeats list too: keep them out of the count of rechecks.
 		HeartbeatInterval: time.Hour,
@@ -43,8 +46,13 @@ func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-k-ends", "pool-k-gone"}
+	t.Cleanup(func() {
+		for _, id := range ids {
+			_ = d.Delete(context.Background(), agent.Ref{ProxyID: id, Name: events.InstanceName(id), ProviderID: ProviderID(ns, events.InstanceName(id))})
+		}
+	})
 	for i, id := range ids {
-		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
+		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: entry, Target: ns, Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
 		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
 		must(t, err)
 		name := events.InstanceName(id)

@@ -16,7 +16,7 @@ KVM_GUEST_DIR ?= $(CURDIR)/bin/kvm-guest
 e2e-kvm: ## boot a guest through the kvm-agent under TCG, get its address, HTTP through its proxy (root)
 	@$(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR)
 	@KVM_TEST_GUEST_IMAGE=$(KVM_GUEST_DIR)/guest.qcow2 KVM_TEST_GATEWAY=192.168.150.1 \
-		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 10m -run TestGuestBootsAndProxies -v ./integration/'
+		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 15m -run "TestGuestBootsAndProxies|TestDestroyedDomainIsReplaced" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm
 

@@ -43,5 +43,13 @@ func (q *keyedQueue) run(key string, fn func()) {
 	}
 }
 
+// Busy reports whether a function of key is running or waiting.
+func (q *keyedQueue) Busy(key string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, busy := q.pending[key]
+	return busy
+}
+
 // Wait blocks until every submitted function has returned.
 func (q *keyedQueue) Wait() { q.wg.Wait() }

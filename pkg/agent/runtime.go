@@ -40,7 +40,16 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// CheckTimeout bounds one check request (default 15s).
 	CheckTimeout time.Duration
+	// RecheckInterval is how often the agent lists its instances to find
+	// proxies whose instance terminated or disappeared behind its back
+	// (default [DefaultRecheckInterval]; negative turns the recheck off).
+	// It bounds how long a dead instance goes unnoticed by its agent: the
+	// failed event follows within one interval plus one List call.
+	RecheckInterval time.Duration
 }
+
+// DefaultRecheckInterval is the default [Config.RecheckInterval].
+const DefaultRecheckInterval = 10 * time.Second
 
 func (c *Config) defaults() {
 	if c.CommandTimeout <= 0 {
@@ -57,6 +66,9 @@ func (c *Config) defaults() {
 	}
 	if c.CheckTimeout <= 0 {
 		c.CheckTimeout = 15 * time.Second
+	}
+	if c.RecheckInterval == 0 {
+		c.RecheckInterval = DefaultRecheckInterval
 	}
 }
 
@@ -175,6 +187,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}()
 
 	r.resume(ctx)
+	recheckDone := make(chan struct{})
+	go func() { defer close(recheckDone); r.recheckLoop(ctx) }()
 
 	cc, err := cons.Consume(func(msg jetstream.Msg) { r.dispatch(ctx, msg) },
 		jetstream.PullMaxMessages(r.cfg.Concurrency*2))
@@ -184,6 +198,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.log.Info("agent started", "type", info.Type, "consumer", bus.AgentConsumerName(info.Entry, info.Target))
 	<-ctx.Done()
 	cc.Stop()
+	<-recheckDone
 	r.queue.Wait()
 	<-hbDone
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -289,7 +304,9 @@ func (r *Runtime) resume(ctx context.Context) {
 			wctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 			defer cancel()
 			ref := Ref{ProxyID: inst.Marker.ProxyID, Name: inst.Name, ProviderID: firstNonEmpty(prov.ProviderID, inst.ProviderID)}
-			got, err := r.waitRunning(wctx, ref, inst)
+			// List's cheap state is not the word on a proxy's start: watch
+			// it through Get, which also lets a driver record what it finds.
+			got, err := r.waitRunning(wctx, ref, Instance{Name: inst.Name, ProviderID: inst.ProviderID, Marker: inst.Marker})
 			if err != nil {
 				r.log.Warn("resume: instance did not reach running; its command will be retried", "proxy", ref.ProxyID, "err", err)
 				return
@@ -317,7 +334,9 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
+		stop := keepAlive(ctx, msg)
 		r.queue.Submit(cmd.ProxyID, func() {
+			defer stop()
 			r.withSlot(func() {
 				started := time.Now()
 				r.record(ctx, verb, r.handleCreate(ctx, msg, cmd), started)
@@ -330,7 +349,9 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
+		stop := keepAlive(ctx, msg)
 		r.queue.Submit(cmd.ProxyID, func() {
+			defer stop()
 			r.withSlot(func() {
 				started := time.Now()
 				r.record(ctx, verb, r.handleDelete(ctx, msg, cmd), started)
@@ -348,8 +369,10 @@ func (r *Runtime) withSlot(fn func()) {
 	fn()
 }
 
-// keepAlive tells JetStream the command is still being worked on, so a long
-// create is not redelivered to another attempt.
+// keepAlive tells JetStream the command is still being worked on, so it is
+// not redelivered while it waits in its proxy's queue or for a concurrency
+// slot, nor while a long create runs. dispatch starts it the moment the
+// command is taken; the handler's end stops it.
 func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -446,17 +469,16 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 }
 
 // begin starts the handling of one command: the trace continues the
-// command's, a span covers the work, the log carries the proxy, and
-// InProgress keeps the command from being redelivered meanwhile. done ends
-// all of it.
+// command's, a span covers the work and the log carries the proxy. done
+// ends the span. (InProgress is kept up by dispatch, from the moment the
+// command was taken.)
 func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, pool string, attempt int) (context.Context, trace.Span, *slog.Logger, func()) {
 	ctx = telemetry.Extract(ctx, msg.Headers())
 	ctx, span := r.tracer.Start(ctx, "agent."+verb, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("pool", pool),
 			attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target), attribute.Int("attempt", attempt)))
 	log := r.log.With("proxy", proxyID, "pool", pool, "attempt", attempt)
-	stop := keepAlive(ctx, msg)
-	return ctx, span, log, func() { stop(); span.End() }
+	return ctx, span, log, func() { span.End() }
 }
 
 func (r *Runtime) appendRunning(ctx context.Context, proxyID string, attempt int, inst Instance) error {

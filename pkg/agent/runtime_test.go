@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,10 @@ type memDriver struct {
 	order      []string
 	// block makes Create of a proxy wait until the channel is closed.
 	block map[string]chan struct{}
+	// lists counts List calls.
+	lists int
+	// blocked records the proxies whose Create is waiting on block.
+	blocked map[string]bool
 }
 
 func newMemDriver() *memDriver {
@@ -38,6 +43,12 @@ func newMemDriver() *memDriver {
 func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, error) {
 	d.mu.Lock()
 	wait := d.block[s.ProxyID]
+	if wait != nil {
+		if d.blocked == nil {
+			d.blocked = map[string]bool{}
+		}
+		d.blocked[s.ProxyID] = true
+	}
 	d.mu.Unlock()
 	if wait != nil {
 		select {
@@ -99,6 +110,7 @@ func (d *memDriver) Delete(ctx context.Context, r agent.Ref) error {
 func (d *memDriver) List(ctx context.Context) ([]agent.Instance, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.lists++
 	var out []agent.Instance
 	for _, i := range d.instances {
 		out = append(out, *i)
@@ -144,6 +156,7 @@ func (h *harness) run(drv agent.Driver) context.CancelFunc {
 	rt, err := agent.New(bustest.Dial(h.t, h.conn), drv, agent.Config{
 		Info:          agent.Info{Entry: "mem", Target: "t1", Type: "memory"},
 		WatchInterval: 10 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+		RecheckInterval: 50 * time.Millisecond,
 	}, nil, nil)
 	if err != nil {
 		h.t.Fatal(err)
@@ -174,7 +187,13 @@ func (h *harness) delete(id string, attempt int) {
 // waitKinds waits until proxy id's events end with kind and returns them.
 func (h *harness) waitFor(id, kind string) []bus.Event {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	return h.waitForWithin(id, kind, 20*time.Second)
+}
+
+// waitForWithin is waitFor with its own deadline.
+func (h *harness) waitForWithin(id, kind string, within time.Duration) []bus.Event {
+	h.t.Helper()
+	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		evs, err := h.store.Load(context.Background(), events.AggregateProxy, id)
 		if err != nil {
@@ -442,5 +461,50 @@ func TestStuckProxyDoesNotStallOthers(t *testing.T) {
 	evs = h.waitFor("stuck-1", events.ProxyDeleted)
 	if got := kinds(evs); len(got) != 3 || got[1] != events.ProxyRunning {
 		t.Fatalf("stuck proxy events = %v, want [provisioning running deleted]", got)
+	}
+}
+
+// TestQueuedCommandIsNotRedelivered: a delete waiting in its proxy's queue
+// behind a create that takes 60 s (four times the consumer's AckWait) is
+// kept alive from the moment it is taken, so JetStream delivers each
+// command exactly once and both complete.
+func TestQueuedCommandIsNotRedelivered(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 60 s")
+	}
+	d := newMemDriver()
+	release := make(chan struct{})
+	d.block = map[string]chan struct{}{"slow-1": release}
+	h := start(t, d)
+	h.create("slow-1", 1)
+	h.delete("slow-1", 1)
+	waitCond(t, "the create to block in the driver", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.blocked["slow-1"]
+	})
+	slow := time.AfterFunc(60*time.Second, func() { close(release) })
+	defer slow.Stop()
+	evs := h.waitForWithin("slow-1", events.ProxyDeleted, 90*time.Second)
+	if got := kinds(evs); len(got) != 3 || got[1] != events.ProxyRunning {
+		t.Fatalf("events = %v, want [provisioning running deleted]", got)
+	}
+	h.waitQueueEmpty()
+	cons, err := h.conn.JS.Consumer(context.Background(), bus.CommandsStream, bus.AgentConsumerName("mem", "t1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The consumer sequence counts every delivery, redeliveries included.
+	if info.Delivered.Consumer != 2 || info.NumRedelivered != 0 {
+		t.Fatalf("consumer delivered %d times (%d redelivered) for 2 commands; want exactly 2", info.Delivered.Consumer, info.NumRedelivered)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if got := strings.Join(d.order, " "); got != "create:slow-1 delete:slow-1" {
+		t.Fatalf("driver calls %q, want one create then one delete", got)
 	}
 }

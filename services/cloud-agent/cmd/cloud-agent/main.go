@@ -35,6 +35,7 @@ func run(args []string, stderr io.Writer) int {
 	configPath := fs.String("config", os.Getenv("PROXYFLEET_CLOUD_CONFIG"),
 		"config file listing the entries this agent serves (env PROXYFLEET_CLOUD_CONFIG)")
 	check := fs.Bool("check-config", false, "validate the config file, print its entries and targets, and exit")
+	recheck := agent.RecheckFlag(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: %s --config FILE [flags]
 
@@ -95,10 +96,10 @@ Flags:
 		}
 		return 0
 	}
-	return serve(common, cfg)
+	return serve(common, cfg, *recheck)
 }
 
-func serve(common service.Flags, cfg *config.File) int {
+func serve(common service.Flags, cfg *config.File, recheck time.Duration) int {
 	ctx, stop := service.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, name, common)
@@ -142,7 +143,7 @@ func serve(common service.Flags, cfg *config.File) int {
 		}
 		for _, target := range e.Targets {
 			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: e.ImageKeys(), Profiles: e.ProfileKeys(), Capacity: e.Capacity}
-			rt, err := agent.New(base.Conn, drivers[target], agent.Config{Info: info, CommandTimeout: time.Duration(e.CommandTimeout)}, base.Log, base.Tel.Tracer)
+			rt, err := agent.New(base.Conn, drivers[target], agent.Config{Info: info, CommandTimeout: time.Duration(e.CommandTimeout), RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
 			if err != nil {
 				base.Log.Error("agent runtime", "entry", e.Name, "target", target, "err", err)
 				return 1

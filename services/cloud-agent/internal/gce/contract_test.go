@@ -124,6 +124,7 @@ func TestContractAgainstDiscovery(t *testing.T) {
 		t.Fatalf("list = %v, %v", list, err)
 	}
 	drv.Check(ctx(t))
+	stopBehindTheBack(t, drv, "zone-a", s.Name)
 	f.failInsertOp("zone-a", codeStockout)
 	if _, err := drv.Create(ctx(t), spec("px-contract-3", 1)); !errors.Is(err, agent.ErrQuotaExceeded) {
 		t.Fatalf("stockout: %v", err)

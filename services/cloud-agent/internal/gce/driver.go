@@ -385,7 +385,10 @@ func (d *Driver) toInstance(inst *compute.Instance) agent.Instance {
 		out.State = agent.StateRunning
 		out.Address = ip + ":" + port
 	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED":
+		// Stopped, suspended or preempted: nothing here starts a proxy's
+		// instance again, so it is dead for the fleet.
 		out.State = agent.StateTerminated
+		out.Detail = "instance is " + inst.Status
 		if inst.StatusMessage != "" {
 			out.Detail += ": " + inst.StatusMessage
 		}

@@ -89,6 +89,7 @@ var (
 	reInstance   = regexp.MustCompile(`^projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$`)
 	reAggregated = regexp.MustCompile(`^projects/([^/]+)/aggregated/instances$`)
 	reWait       = regexp.MustCompile(`^projects/([^/]+)/zones/([^/]+)/operations/([^/]+)/wait$`)
+	reStop       = regexp.MustCompile(`^projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/stop$`)
 	reName       = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	reLabelKey   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 	reLabelValue = regexp.MustCompile(`^[a-z0-9_-]{0,63}$`)
@@ -105,6 +106,9 @@ var fakeRoutes = map[string][2]string{
 	"compute.instances.delete":         {"DELETE", "projects/{project}/zones/{zone}/instances/{instance}"},
 	"compute.instances.aggregatedList": {"GET", "projects/{project}/aggregated/instances"},
 	"compute.zoneOperations.wait":      {"POST", "projects/{project}/zones/{zone}/operations/{operation}/wait"},
+	// Not called by the driver: an operator (or a host event) stopping an
+	// instance behind the agent's back.
+	"compute.instances.stop": {"POST", "projects/{project}/zones/{zone}/instances/{instance}/stop"},
 }
 
 type recorder struct {
@@ -218,6 +222,12 @@ func (f *fakeCompute) route(w http.ResponseWriter, r *http.Request, path string)
 			return ""
 		}
 		return f.aggregated(w, r)
+	case r.Method == "POST" && reStop.MatchString(path):
+		m = reStop.FindStringSubmatch(path)
+		if !project() || !zone(m[2]) || pop("stop") {
+			return ""
+		}
+		return f.stop(w, r, m[2], m[3])
 	case r.Method == "POST" && reWait.MatchString(path):
 		m = reWait.FindStringSubmatch(path)
 		if !project() || !zone(m[2]) || pop("wait") {
@@ -393,6 +403,37 @@ func (f *fakeCompute) delete(w http.ResponseWriter, r *http.Request, zone, name 
 	}
 	inst.Status = "STOPPING"
 	op := f.newOp(zone, "delete", inst.SelfLink, rid, func() { delete(f.instances[zone], name) })
+	op.op.TargetId = inst.Id
+	f.reply(w, op.op)
+	return "Operation"
+}
+
+// stop powers an instance off as the API does: STOPPING while its
+// operation runs, then TERMINATED, keeping its disks and internal address
+// and releasing an ephemeral external one. Stopping a TERMINATED instance
+// succeeds without change.
+func (f *fakeCompute) stop(w http.ResponseWriter, r *http.Request, zone, name string) string {
+	rid := r.URL.Query().Get("requestId")
+	if opName, ok := f.requestIDs[rid]; ok && rid != "" {
+		f.reply(w, f.ops[opName].op)
+		return "Operation"
+	}
+	inst, ok := f.instances[zone][name]
+	if !ok {
+		f.apiError(w, 404, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", f.project, zone, name))
+		return ""
+	}
+	if inst.Status != "TERMINATED" {
+		inst.Status = "STOPPING"
+	}
+	op := f.newOp(zone, "stop", inst.SelfLink, rid, func() {
+		inst.Status = "TERMINATED"
+		for _, nic := range inst.NetworkInterfaces {
+			for _, ac := range nic.AccessConfigs {
+				ac.NatIP = ""
+			}
+		}
+	})
 	op.op.TargetId = inst.Id
 	f.reply(w, op.op)
 	return "Operation"

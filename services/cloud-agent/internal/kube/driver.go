@@ -408,7 +408,10 @@ func (d *Driver) toInstance(p *corev1.Pod) agent.Instance {
 	case p.Status.Phase == corev1.PodRunning:
 		out.State, out.Detail = agent.StateProvisioning, "Running without a Pod IP yet"
 	case p.Status.Phase == corev1.PodSucceeded, p.Status.Phase == corev1.PodFailed, p.Status.Phase == corev1.PodUnknown:
+		// Containers restart inside a running Pod; a Pod that ended
+		// (evicted, its node lost) stays ended.
 		out.State = agent.StateTerminated
+		out.Detail = "Pod phase " + string(p.Status.Phase)
 		if p.Status.Reason != "" || p.Status.Message != "" {
 			out.Detail += ": " + strings.TrimSpace(p.Status.Reason+" "+p.Status.Message)
 		}

@@ -30,6 +30,7 @@ func run(args []string, stderr io.Writer) int {
 	common.Register(fs, name)
 	cfgPath := fs.String("config", "/etc/proxyfleet/kvm-agent.yaml", "configuration file (YAML): entry, target, libvirt connection, pool, network, images, profiles")
 	check := fs.Bool("check-config", false, "validate the configuration file and exit")
+	recheck := agent.RecheckFlag(fs)
 	verbose := fs.Bool("log-libvirt-xml", false, "log domain and volume XML with each libvirt call (never user-data or upload bodies)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: %s [flags]
@@ -68,7 +69,7 @@ Flags:
 	defer base.Close()
 	stack := kvm.Open(cfg, kvm.Options{Log: base.Log, Tracer: base.Tel.Tracer, Publish: base.Conn.NC.Publish, VerboseRPC: *verbose})
 	defer stack.Close()
-	rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(version)}, base.Log, base.Tel.Tracer)
+	rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(version), RecheckInterval: *recheck}, base.Log, base.Tel.Tracer)
 	if err != nil {
 		base.Log.Error("agent runtime", "err", err)
 		return 1

@@ -233,11 +233,11 @@ func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error)
 	case libvirt.DomainRunning, libvirt.DomainBlocked:
 	case libvirt.DomainShutoff, libvirt.DomainCrashed, libvirt.DomainShutdown:
 		inst.State = agent.StateTerminated
-		inst.Detail = fmt.Sprintf("domain state %d", st)
+		inst.Detail = "domain " + stateName(st)
 		return inst, nil
 	default:
 		inst.State = agent.StateProvisioning
-		inst.Detail = fmt.Sprintf("domain state %d", st)
+		inst.Detail = "domain " + stateName(st)
 		return inst, nil
 	}
 	ip, err := d.address(ctx, dom, macFor(ref.Name))
@@ -351,8 +351,34 @@ func (d *Driver) removeVolume(ctx context.Context, pool libvirt.StoragePool, nam
 	return nil
 }
 
+// stateName names a virDomainState as virsh does.
+func stateName(st int32) string {
+	switch st {
+	case libvirt.DomainRunning:
+		return "running"
+	case libvirt.DomainBlocked:
+		return "blocked"
+	case libvirt.DomainPaused:
+		return "paused"
+	case libvirt.DomainShutdown:
+		return "shutting down"
+	case libvirt.DomainShutoff:
+		return "shut off"
+	case libvirt.DomainCrashed:
+		return "crashed"
+	case libvirt.DomainPmsuspended:
+		return "suspended by guest power management"
+	}
+	return fmt.Sprintf("in state %d", st)
+}
+
 // List returns the domains carrying this entry's marker, without state or
-// address lookups.
+// address lookups: one virConnectListAllDomains plus one metadata read per
+// domain. The listing carries each domain's id, which libvirt sets to -1
+// for an inactive domain, so a shut-off domain (also one that crashed:
+// domains are defined with on_crash=destroy) is reported terminated at no
+// extra cost. An active domain's State is left empty: telling running from
+// booting needs Get's state and address calls.
 func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	doms, err := d.rpc.ConnectListAllDomains(ctx)
 	if err != nil {
@@ -376,7 +402,11 @@ func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 		if err != nil || m.Entry != d.cfg.Entry {
 			continue
 		}
-		out = append(out, agent.Instance{Name: dom.Name, ProviderID: d.providerID(dom.Name), Marker: m.agentMarker()})
+		inst := agent.Instance{Name: dom.Name, ProviderID: d.providerID(dom.Name), Marker: m.agentMarker()}
+		if dom.ID < 0 {
+			inst.State, inst.Detail = agent.StateTerminated, "domain shut off"
+		}
+		out = append(out, inst)
 	}
 	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
@@ -39,6 +40,7 @@ func run(args []string, stderr io.Writer) int {
 	stateDir := fs.String("state-dir", "", "state directory: one <instance>.json per proxy, the marker that finds proxies again after a restart (default <data-dir>/proxies)")
 	squid := fs.String("squid", "", "path of the squid binary (e.g. /usr/sbin/squid) to run each proxy as Squid; empty runs the built-in proxy")
 	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range")
+	recheck := agent.RecheckFlag(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: %s [flags]
        %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
@@ -89,10 +91,10 @@ Flags:
 		fmt.Fprintf(stderr, "%s: see --help\n", name)
 		return 2
 	}
-	return serve(common, cfg)
+	return serve(common, cfg, *recheck)
 }
 
-func serve(common service.Flags, cfg local.Config) int {
+func serve(common service.Flags, cfg local.Config, recheck time.Duration) int {
 	ctx, stop := service.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, name, common)
@@ -107,7 +109,7 @@ func serve(common service.Flags, cfg local.Config) int {
 		return 1
 	}
 	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
-	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info}, base.Log, base.Tel.Tracer)
+	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
 	if err != nil {
 		base.Log.Error("agent runtime", "err", err)
 		return 1

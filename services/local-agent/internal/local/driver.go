@@ -36,6 +36,10 @@ type Driver struct {
 	states stateStore
 	log    *slog.Logger
 
+	// startGrace is how long a live process may go without listening
+	// before it counts as terminated (startTimeout; tests shorten it).
+	startGrace time.Duration
+
 	allocMu sync.Mutex // held from choosing a port to writing its state
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex
@@ -60,7 +64,7 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Driver{cfg: cfg, states: stateStore{dir: dir}, log: log, locks: map[string]*sync.Mutex{}}
+	d := &Driver{cfg: cfg, states: stateStore{dir: dir}, log: log, locks: map[string]*sync.Mutex{}, startGrace: startTimeout}
 	if cfg.Squid != "" && os.Geteuid() == 0 {
 		if v := d.checkSquidAccess(); !v.OK {
 			return nil, agent.Wrapf(agent.ErrPermanent, "squid mode: %s; make the state directory and its parents searchable (chmod o+x) or choose another state directory", v.Detail)
@@ -247,13 +251,35 @@ func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error)
 			return agent.Instance{}, err
 		}
 		if !found {
-			return d.instance(s, agent.StateTerminated, "proxy process is not running"), nil
+			return d.instance(s, agent.StateTerminated, gone(s)), nil
 		}
 	}
 	if !accepts(ctx, joinHostPort(dialHost(s.Bind), s.Port)) {
+		if d.pastStart(s) {
+			return d.instance(s, agent.StateTerminated, deaf(s)), nil
+		}
 		return d.instance(s, agent.StateProvisioning, "port does not accept connections yet"), nil
 	}
 	return d.instance(s, agent.StateRunning, ""), nil
+}
+
+// gone and deaf are the details of a terminated instance.
+func gone(s *state) string {
+	if s.PID == 0 {
+		return "proxy process was never recorded and none runs"
+	}
+	return fmt.Sprintf("proxy process %d is gone", s.PID)
+}
+
+func deaf(s *state) string {
+	return fmt.Sprintf("proxy process %d runs but does not listen on %s", s.PID, s.address())
+}
+
+// pastStart reports whether the process of s has run longer than a start
+// may take, so not listening means it is broken, not starting.
+func (d *Driver) pastStart(s *state) bool {
+	age, err := processAge(s.StartTime)
+	return err == nil && age > d.startGrace
 }
 
 // Delete stops the instance's processes, verifies they are gone, and
@@ -287,16 +313,50 @@ func (d *Driver) Delete(ctx context.Context, ref agent.Ref) error {
 	return nil
 }
 
-// List returns the instances recorded in the state directory. It reads
-// only the directory (no process or port checks), so State is empty.
+// List returns the instances recorded in the state directory with their
+// state, cheaply: no connection to any proxy and no lock. A process is
+// checked by its /proc entry and its port by the kernel's listening
+// sockets (/proc/net/tcp and tcp6, read once per call). Running means the
+// process lives and a socket listens on its port; terminated means no
+// process of the instance runs (a pid the state lacks is looked for by its
+// marker, as Get does), or it has run longer than a start may take without
+// listening; anything else is provisioning.
 func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	states, err := d.states.list()
 	if err != nil {
 		return nil, err
 	}
+	var listening map[int]bool
 	out := make([]agent.Instance, 0, len(states))
 	for _, s := range states {
-		out = append(out, d.instance(s, "", ""))
+		if !alive(s.PID, s.StartTime) {
+			leaders, _ := markedProcesses(d.states.path(s.Name))
+			if len(leaders) == 0 {
+				out = append(out, d.instance(s, agent.StateTerminated, gone(s)))
+				continue
+			}
+			p, err := readProc(leaders[0])
+			if err != nil {
+				out = append(out, d.instance(s, agent.StateProvisioning, "proxy process not recorded yet"))
+				continue
+			}
+			found := *s
+			found.PID, found.StartTime = leaders[0], p.StartTime
+			s = &found
+		}
+		if listening == nil {
+			if listening, err = listeningPorts(); err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case listening[s.Port]:
+			out = append(out, d.instance(s, agent.StateRunning, ""))
+		case d.pastStart(s):
+			out = append(out, d.instance(s, agent.StateTerminated, deaf(s)))
+		default:
+			out = append(out, d.instance(s, agent.StateProvisioning, "port does not accept connections yet"))
+		}
 	}
 	return out, nil
 }

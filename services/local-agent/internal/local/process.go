@@ -191,6 +191,58 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
 	}
 }
 
+// processAge returns how long the process that started at startTime
+// (clock ticks since boot, /proc/<pid>/stat field 22) has run. /proc counts
+// in USER_HZ, which Linux fixes at 100 for user space.
+func processAge(startTime uint64) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, errors.New("/proc/uptime: unexpected format")
+	}
+	up, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/uptime: %w", err)
+	}
+	const userHZ = 100
+	return time.Duration((up - float64(startTime)/userHZ) * float64(time.Second)), nil
+}
+
+// listeningPorts returns the TCP ports with a listening socket in this
+// network namespace, from /proc/net/tcp and /proc/net/tcp6 (one read each,
+// no connection to anything).
+func listeningPorts() (map[int]bool, error) {
+	ports := map[int]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			// "  0: 0100007F:4E20 00000000:0000 0A ...": local address, remote
+			// address, state (0A is LISTEN).
+			fields := strings.Fields(line)
+			if len(fields) < 4 || fields[3] != "0A" {
+				continue
+			}
+			i := strings.LastIndexByte(fields[1], ':')
+			if i < 0 {
+				continue
+			}
+			if port, err := strconv.ParseUint(fields[1][i+1:], 16, 16); err == nil {
+				ports[int(port)] = true
+			}
+		}
+	}
+	return ports, nil
+}
+
 // accepts reports whether something accepts TCP connections at addr.
 func accepts(ctx context.Context, addr string) bool {
 	d := net.Dialer{Timeout: time.Second}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -37,6 +38,7 @@ func run(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "/etc/proxyfleet/proxmox-agent.yaml",
 		"configuration file (YAML): entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles")
 	check := fs.Bool("check-config", false, "validate the configuration file and exit")
+	recheck := agent.RecheckFlag(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: %s [flags]
 
@@ -90,11 +92,11 @@ Flags:
 		base.Log.Error("VMID bucket", "bucket", bus.BucketVMIDs, "err", err)
 		return 1
 	}
-	return runNodes(ctx, base, cfg, client, kv)
+	return runNodes(ctx, base, cfg, client, kv, *recheck)
 }
 
 // runNodes runs one agent runtime per configured node until ctx ends.
-func runNodes(ctx context.Context, base *service.Base, cfg *config.Config, client *pve.Client, kv jetstream.KeyValue) int {
+func runNodes(ctx context.Context, base *service.Base, cfg *config.Config, client *pve.Client, kv jetstream.KeyValue, recheck time.Duration) int {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -108,7 +110,7 @@ func runNodes(ctx context.Context, base *service.Base, cfg *config.Config, clien
 		rt, err := agent.New(base.Conn, drv, agent.Config{Info: agent.Info{
 			Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(), Profiles: cfg.ProfileNames(),
 			Capacity: cfg.Capacity, Version: version,
-		}}, base.Log, base.Tel.Tracer)
+		}, RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
 		if err != nil {
 			base.Log.Error("agent runtime", "node", node, "err", err)
 			return 1

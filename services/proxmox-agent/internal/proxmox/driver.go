@@ -727,13 +727,16 @@ func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 		if !ok || r.Node != d.node || m.Entry != d.cfg.Entry || r.Template == 1 {
 			continue
 		}
-		inst := agent.Instance{Name: r.Name, ProviderID: strconv.Itoa(r.VMID), Marker: m, Detail: r.Status}
+		inst := agent.Instance{Name: r.Name, ProviderID: strconv.Itoa(r.VMID), Marker: m, Detail: "VM is " + r.Status}
 		switch {
 		case r.Lock != "":
 			inst.State = agent.StateProvisioning
+			inst.Detail += " (lock " + r.Lock + ")"
 		case r.Status == "running":
 			inst.State = agent.StateProvisioning // the address needs the guest agent: see Get
 		case r.Status == "stopped":
+			// Stopped for good as far as we know: nothing here starts a
+			// proxy's VM again. "unknown" (an offline node) is no verdict.
 			inst.State = agent.StateTerminated
 		}
 		out = append(out, inst)

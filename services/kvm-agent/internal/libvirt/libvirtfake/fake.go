@@ -32,12 +32,18 @@ type Fake struct {
 	// per source make it fail.
 	Addresses map[uint32][]libvirt.DomainInterface
 	AddrErrs  map[uint32]error
+	lastID    int32
 }
 
+// domain is one defined domain; id is its libvirt id while it runs, -1
+// while it is inactive (as libvirtd numbers them).
 type domain struct {
 	xml     string
 	running bool
+	id      int32
 }
+
+func (d *domain) ref(name string) libvirt.Domain { return libvirt.Domain{Name: name, ID: d.id} }
 
 // New returns a host with the named running pools.
 func New(pools ...string) *Fake {
@@ -91,7 +97,7 @@ func (f *Fake) Volumes(pool string) []string {
 func (f *Fake) DefineRaw(name, xml string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.domains[name] = &domain{xml: xml}
+	f.domains[name] = &domain{xml: xml, id: -1}
 }
 
 // DomainXML returns the XML a domain was defined with.
@@ -120,8 +126,8 @@ func (f *Fake) ConnectListAllDomains(ctx context.Context) ([]libvirt.Domain, err
 		return nil, err
 	}
 	var out []libvirt.Domain
-	for n := range f.domains {
-		out = append(out, libvirt.Domain{Name: n})
+	for n, d := range f.domains {
+		out = append(out, d.ref(n))
 	}
 	return out, nil
 }
@@ -249,10 +255,11 @@ func (f *Fake) DomainLookupByName(ctx context.Context, name string) (libvirt.Dom
 	if err := f.call(ctx, "virDomainLookupByName"); err != nil {
 		return libvirt.Domain{}, err
 	}
-	if _, err := f.domain("virDomainLookupByName", name); err != nil {
+	d, err := f.domain("virDomainLookupByName", name)
+	if err != nil {
 		return libvirt.Domain{}, err
 	}
-	return libvirt.Domain{Name: name}, nil
+	return d.ref(name), nil
 }
 
 func (f *Fake) DomainDefineXML(ctx context.Context, xml string) (libvirt.Domain, error) {
@@ -265,12 +272,14 @@ func (f *Fake) DomainDefineXML(ctx context.Context, xml string) (libvirt.Domain,
 	if m == nil {
 		return libvirt.Domain{}, lerr("virDomainDefineXML", golibvirt.ErrXMLError, "missing name")
 	}
-	if d, ok := f.domains[m[1]]; ok {
+	d, ok := f.domains[m[1]]
+	if ok {
 		d.xml = xml
 	} else {
-		f.domains[m[1]] = &domain{xml: xml}
+		d = &domain{xml: xml, id: -1}
+		f.domains[m[1]] = d
 	}
-	return libvirt.Domain{Name: m[1]}, nil
+	return d.ref(m[1]), nil
 }
 
 func (f *Fake) DomainCreate(ctx context.Context, dom libvirt.Domain) error {
@@ -286,7 +295,8 @@ func (f *Fake) DomainCreate(ctx context.Context, dom libvirt.Domain) error {
 	if d.running {
 		return lerr("virDomainCreate", golibvirt.ErrOperationInvalid, "Requested operation is not valid: domain is already running")
 	}
-	d.running = true
+	f.lastID++
+	d.running, d.id = true, f.lastID
 	return nil
 }
 
@@ -319,7 +329,7 @@ func (f *Fake) DomainDestroy(ctx context.Context, dom libvirt.Domain) error {
 	if !d.running {
 		return lerr("virDomainDestroy", golibvirt.ErrOperationInvalid, "Requested operation is not valid: domain is not running")
 	}
-	d.running = false
+	d.running, d.id = false, -1
 	return nil
 }
 

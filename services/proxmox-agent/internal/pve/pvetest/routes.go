@@ -209,6 +209,11 @@ func (s *Server) resources(_ pathArgs, q url.Values) (any, *apiError) {
 			if v.running {
 				r["status"] = "running"
 			}
+			if s.offline[v.node] {
+				// The cluster has no fresh word from an offline node: its
+				// guests show as unknown, whatever they do.
+				r["status"] = "unknown"
+			}
 			if l := v.conf["lock"]; l != "" {
 				r["lock"] = l
 			}

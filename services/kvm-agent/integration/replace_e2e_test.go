@@ -1,0 +1,215 @@
+//go:build e2e
+
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testgate"
+	"proxyfleet/services/kvm-agent/internal/config"
+	"proxyfleet/services/kvm-agent/internal/kvm"
+)
+
+// TestDestroyedDomainIsReplaced is the fleet healing a dead VM on a real
+// libvirtd: a planner, the health service and the kvm agent run a pool of
+// one booted guest; `virsh destroy` of its domain behind the agent's back →
+// the agent's recheck records failed (class terminated), the planner
+// retires the proxy and requests a replacement, the agent deletes the dead
+// domain and boots the replacement, which health finds ready.
+func TestDestroyedDomainIsReplaced(t *testing.T) {
+	socket, pool, network := needLibvirt(t)
+	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
+	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
+	gateway := os.Getenv("KVM_TEST_GATEWAY")
+	testgate.Need(t, gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
+
+	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
+	il, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = imgSrv.Serve(il) }()
+	defer imgSrv.Close()
+
+	entry := randomEntry(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+entry: %s
+target: ci
+libvirt: {socket: %s}
+pool: %s
+network: %s
+domainType: qemu
+images:
+  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
+profiles:
+  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
+`, entry, socket, pool, network, il.Addr())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := bustest.Start(t)
+	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
+	defer stack.Close()
+	// The default recheck interval: the delay logged below is the one an
+	// operator gets.
+	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info("e2e"), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rt.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	startHealth(t, conn.ClientURL(), gateway)
+	startPlanner(t, conn.ClientURL())
+
+	const poolName = "kvmheal"
+	spec := map[string]any{"name": poolName, "provider": entry, "size": 1, "image": "guest", "profile": "tiny", "port": 3128,
+		"userData": "#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n"}
+	apply(t, conn, "fleet.api.pool.apply", spec)
+	store := bus.NewEventStore(conn, "e2e", nil)
+	start := time.Now()
+	var first string
+	eventually(t, "one ready proxy in the pool", 5*time.Minute, func() bool {
+		ready := proxiesIn(t, store, poolName, events.ProxyReady)
+		if len(ready) == 1 {
+			first = ready[0]
+		}
+		return first != ""
+	})
+	name := events.InstanceName(first)
+	fmt.Printf("kvm e2e: pool apply to a ready proxy %s\n", time.Since(start).Round(time.Millisecond))
+
+	if out, err := virsh(t, "destroy", name); err != nil {
+		t.Fatalf("virsh destroy %s: %v: %s", name, err, out)
+	}
+	killed := time.Now()
+	var failed *bus.Event
+	eventually(t, "the agent's failed event", 2*agent.DefaultRecheckInterval+30*time.Second, func() bool {
+		failed, _ = store.LastOf(ctx, events.AggregateProxy, first, events.ProxyFailed)
+		return failed != nil
+	})
+	var f events.ProxyFailedData
+	if err := failed.DecodeData(&f); err != nil || f.Class != events.ClassTerminated {
+		t.Fatalf("failed = %+v, %v; want class %s", f, err, events.ClassTerminated)
+	}
+	fmt.Printf("kvm e2e: destroyed domain to failed (%s) %s (recheck interval %s)\n", f.Reason, failed.Time.Sub(killed).Round(time.Millisecond), agent.DefaultRecheckInterval)
+	eventually(t, "the planner to retire the dead proxy and the agent to delete it", time.Minute, func() bool {
+		last, err := store.Last(ctx, events.AggregateProxy, first)
+		return err == nil && last != nil && last.Kind == events.ProxyDeleted
+	})
+	if r, _ := store.LastOf(ctx, events.AggregateProxy, first, events.ProxyRetiring); r == nil {
+		t.Fatal("the dead proxy was deleted without a retiring decision")
+	}
+	if st := domState(t, name); st != "absent" {
+		t.Errorf("dead domain %s is %q after delete, want absent", name, st)
+	}
+	var second string
+	eventually(t, "a ready replacement", 5*time.Minute, func() bool {
+		for _, id := range proxiesIn(t, store, poolName, events.ProxyReady) {
+			if id != first {
+				second = id
+			}
+		}
+		return second != ""
+	})
+	fmt.Printf("kvm e2e: destroyed domain to a ready replacement %s\n", time.Since(killed).Round(time.Millisecond))
+
+	apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": poolName})
+	eventually(t, "the replacement deleted with its pool", 2*time.Minute, func() bool {
+		last, err := store.Last(ctx, events.AggregateProxy, second)
+		return err == nil && last != nil && last.Kind == events.ProxyDeleted
+	})
+}
+
+// proxiesIn replays the log and returns the proxies of pool whose last
+// event is kind.
+func proxiesIn(t *testing.T, store *bus.EventStore, pool, kind string) []string {
+	t.Helper()
+	member := map[string]bool{}
+	last := map[string]string{}
+	err := store.Replay(context.Background(), 0, func(e bus.Event) error {
+		if e.Aggregate != events.AggregateProxy {
+			return nil
+		}
+		if e.Kind == events.ProxyRequested {
+			var r events.ProxyRequestedData
+			if e.DecodeData(&r) == nil && r.Pool == pool {
+				member[e.ID] = true
+			}
+		}
+		last[e.ID] = e.Kind
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for id := range member {
+		if last[id] == kind {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// apply sends one planner API request, retrying while the planner starts.
+func apply(t *testing.T, conn *bus.Conn, subject string, body any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	var last error
+	for i := 0; i < 100; i++ {
+		msg, err := conn.NC.Request(subject, b, 5*time.Second)
+		if err == nil {
+			if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
+				t.Fatalf("%s: error %s: %s", subject, code, msg.Data)
+			}
+			return
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond) // the planner may still be starting
+	}
+	t.Fatalf("%s: %v", subject, last)
+}
+
+// startPlanner builds and runs the planner against the test's NATS server.
+func startPlanner(t *testing.T, natsURL string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "planner")
+	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/planner/cmd/planner").CombinedOutput(); err != nil {
+		t.Fatalf("build planner: %v\n%s", err, out)
+	}
+	logf, err := os.Create(filepath.Join(dir, "planner.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--nats-url", natsURL, "--data-dir", filepath.Join(dir, "data"), "--reconcile-interval", "500ms")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("planner log:\n%s", b)
+		}
+		logf.Close()
+	})
+}

@@ -1,0 +1,70 @@
+package local
+
+import (
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+)
+
+// TestDeadInstancesAreTerminated: Get and List report an instance whose
+// process is gone, or has run past its start without listening on its
+// port, as terminated with a detail saying which; a live listening one is
+// running, and a young one that does not listen yet is provisioning.
+func TestDeadInstancesAreTerminated(t *testing.T) {
+	cases := []struct {
+		name       string
+		grace      time.Duration
+		breakIt    func(t *testing.T, d *Driver, s *state)
+		want       agent.State
+		wantDetail string
+	}{
+		{"live and listening", time.Hour, func(*testing.T, *Driver, *state) {}, agent.StateRunning, ""},
+		{"process killed", time.Hour, func(t *testing.T, d *Driver, s *state) {
+			if err := syscall.Kill(s.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "killed proxy to exit", func() bool { return processGone(s.PID) })
+		}, agent.StateTerminated, "is gone"},
+		{"not listening past its start", 0, deafen, agent.StateTerminated, "does not listen on"},
+		{"not listening yet", time.Hour, deafen, agent.StateProvisioning, ""},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := newDriver(t, Config{})
+			d.startGrace = c.grace
+			ctx := ctxT(t)
+			sp := spec("dead-" + string(rune('a'+i)) + "aaa")
+			if _, err := d.Create(ctx, sp); err != nil {
+				t.Fatalf("Create: %v", err)
+			}
+			c.breakIt(t, d, readState(t, d, sp.Name))
+			got, err := d.Get(ctx, agent.Ref{ProxyID: sp.ProxyID, Name: sp.Name})
+			if err != nil || got.State != c.want || !strings.Contains(got.Detail, c.wantDetail) {
+				t.Errorf("Get = %+v, %v; want %s with detail containing %q", got, err, c.want, c.wantDetail)
+			}
+			list, err := d.List(ctx)
+			if err != nil || len(list) != 1 || list[0].State != c.want || !strings.Contains(list[0].Detail, c.wantDetail) || list[0].Marker != sp.Marker() {
+				t.Errorf("List = %+v, %v; want one %s with detail containing %q", list, err, c.want, c.wantDetail)
+			}
+		})
+	}
+}
+
+// deafen points the instance's state at a port nothing listens on, as if
+// its live process had closed its listener.
+func deafen(t *testing.T, d *Driver, s *state) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Port = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	if err := d.states.write(s); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -295,38 +295,6 @@ func TestRollAndRotationCompleteWithAnUnhealthyMember(t *testing.T) {
 	}
 }
 
-// checkSurgeActive folds the log of pool and fails the test if it ever had
-// more than size+1 active proxies.
-func (h *harness) checkSurgeActive(pool string, size int) {
-	h.t.Helper()
-	state := map[string]string{}
-	of := map[string]string{}
-	for _, e := range h.events() {
-		if e.Aggregate != events.AggregateProxy {
-			continue
-		}
-		if e.Kind == events.ProxyRequested {
-			var rd events.ProxyRequestedData
-			_ = e.DecodeData(&rd)
-			of[e.ID] = rd.Pool
-		}
-		if of[e.ID] != pool {
-			continue
-		}
-		if isActive(state[e.ID]) || state[e.ID] == "" || !isActive(e.Kind) {
-			state[e.ID] = e.Kind
-		}
-		active := 0
-		for _, s := range state {
-			if isActive(s) {
-				active++
-			}
-		}
-		if active > size+1 {
-			h.t.Errorf("seq %d: %d active proxies, want at most size+1 = %d", e.Seq, active, size+1)
-		}
-	}
-}
 
 // TestRollDoesNotWaitForAnUnhealthyCurrentMember: the outdated members are
 // rolled although a member that is already current stays unhealthy: each

@@ -295,7 +295,6 @@ func TestRollAndRotationCompleteWithAnUnhealthyMember(t *testing.T) {
 	}
 }
 
-
 // TestRollDoesNotWaitForAnUnhealthyCurrentMember: the outdated members are
 // rolled although a member that is already current stays unhealthy: each
 // is retired once its own replacement is ready, not when the pool has size

@@ -165,7 +165,9 @@ func (p *Planner) startAPI() (micro.Service, error) {
 			g = svc.AddGroup(events.APIGroup(e.noun))
 			groups[e.noun] = g
 		}
-		if err := g.AddEndpoint(e.verb, p.handler(e.noun+"."+e.verb, e.fn)); err != nil {
+		// Endpoint names are "<noun>-<verb>", unique in the service, so
+		// nats micro info tells pool.get from proxy.get.
+		if err := g.AddEndpoint(e.noun+"-"+e.verb, p.handler(e.noun+"."+e.verb, e.fn), micro.WithEndpointSubject(e.verb)); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("endpoint %s: %w", events.APISubject(e.noun, e.verb), err)
 		}

@@ -101,7 +101,10 @@ func AgentConsumerName(entry, target string) string { return "agent-" + entry + 
 // before it is redelivered.
 const AgentAckWait = 15 * time.Second
 
-// AgentMaxDeliver bounds redeliveries; past it the planner hears an advisory.
+// AgentMaxDeliver bounds deliveries of one command: on the last one the
+// agent records a transient failure as failed (class dead-letter). A
+// command never delivered again is covered by the planner's create and
+// retire timeouts, which re-issue it.
 const AgentMaxDeliver = 10
 
 // EnsureAgentConsumer creates or updates the durable pull consumer that

@@ -11,6 +11,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -278,7 +279,6 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 	if exists && cur.Seq >= seq {
 		return nil // applied before: a redelivery
 	}
-	at := env.Time.UTC()
 	skip := func(err error) error {
 		log.Error("invalid event data; skipped", "err", err)
 		return nil
@@ -311,91 +311,45 @@ func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string,
 		log.Debug("event ignored in the proxy's state", "state", from)
 		return nil
 	}
-	if kind == events.ProxyRequested {
-		var d events.ProxyRequestedData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v := Proxy{
-			ID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
-			Revision: d.Revision, Port: d.Port, Image: d.Image, Profile: d.Profile,
-			Username: d.Username, Replaces: d.Replaces,
-			State: to, CreatedAt: at, UpdatedAt: at, Seq: seq,
-		}
-		return put(ctx, kv, id, v)
-	}
-	v := cur
-	switch kind {
-	case events.ProxyDeleted, events.ProxyAbandoned:
+	if kind == events.ProxyDeleted || kind == events.ProxyAbandoned {
 		// The event kind alone is the fact: the proxy is gone.
 		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return err
 		}
 		return nil
-	case events.ProxyProvisioning:
-		var d events.ProxyProvisioningData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Entry = orKeep(d.Entry, v.Entry)
-		v.Target = orKeep(d.Target, v.Target)
-		v.Instance = orKeep(d.Instance, v.Instance)
-		v.ProviderID = orKeep(d.ProviderID, v.ProviderID)
-		v.Attempt = d.Attempt
-		v.Reason, v.FailureClass, v.Streak = "", "", 0
-	case events.ProxyRunning:
-		var d events.ProxyRunningData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Address = d.Address
-		v.ProviderID = orKeep(d.ProviderID, v.ProviderID)
-		if d.Attempt > 0 {
-			v.Attempt = d.Attempt
-		}
-		v.Reason, v.FailureClass, v.Streak = "", "", 0
-	case events.ProxyReady:
-		var d events.ProxyReadyData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Address = orKeep(d.Address, v.Address)
-		v.LatencyMS, v.EgressIP = d.LatencyMS, d.EgressIP
-		v.Reason, v.FailureClass, v.Streak = "", "", 0
-	case events.ProxyUnhealthy:
-		var d events.ProxyUnhealthyData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Reason, v.FailureClass, v.Streak = d.Reason, "", d.Streak
-	case events.ProxyFailed:
-		var d events.ProxyFailedData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Reason, v.FailureClass, v.Streak = d.Reason, d.Class, 0
-		if d.Attempt > 0 {
-			v.Attempt = d.Attempt
-		}
-	case events.ProxyRetiring:
-		var d events.ProxyRetiringData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		v.Reason, v.SkipCleanup, v.Streak = d.Reason, d.SkipCleanup, 0
-	default:
-		log.Warn("unknown proxy event; skipped")
-		return nil
 	}
-	v.State, v.UpdatedAt, v.Seq = to, at, seq
-	if to != kind {
-		// A create finishing after the planner decided to fail or retire
-		// the proxy: what the agent saw is recorded (the delete needs the
-		// provider id), but the proxy keeps its state and the reason for
-		// it (and is not probed meanwhile).
-		v.Reason, v.FailureClass = cur.Reason, cur.FailureClass
+	if kind == events.ProxyRequested && !exists {
+		var d events.ProxyRequestedData
+		if err := env.DecodeData(&d); err != nil {
+			return skip(err)
+		}
+		// The replaced proxy first: if this fails or the process dies, the
+		// event is delivered again and finds no key for this proxy yet.
+		if err := p.noteReplacement(ctx, kv, d.Replaces, id, d.ReplaceReason, log); err != nil {
+			return err
+		}
+		return put(ctx, kv, id, events.NewProxyView(id, env.ID, seq, env.Time, d))
+	}
+	v := cur
+	if err := v.Apply(to, seq, kind, env); err != nil {
+		return skip(err)
 	}
 	return put(ctx, kv, id, v)
+}
+
+// noteReplacement records on proxy old that proxy by replaces it. It is
+// idempotent and changes neither old's sequence nor its times: the fact
+// belongs to by's requested event.
+func (p *Projector) noteReplacement(ctx context.Context, kv jetstream.KeyValue, old, by, why string, log *slog.Logger) error {
+	if old == "" || old == by {
+		return nil
+	}
+	v, exists, err := load[Proxy](ctx, kv, old, log)
+	if err != nil || !exists || (v.ReplacedBy == by && v.ReplaceReason == why) {
+		return err
+	}
+	v.NoteReplacement(by, why)
+	return put(ctx, kv, old, v)
 }
 
 // ended reports whether the proxy's key was deleted: the projection applied
@@ -451,7 +405,7 @@ func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string
 			return nil
 		}
 		v := Pool{
-			Name: orKeep(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.Size,
+			Name: cmp.Or(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.Size,
 			Spec: d.Spec.Public(), Revision: d.Revision, SecretsDigest: d.SecretsDigest,
 			CreatedAt: at, UpdatedAt: at, Seq: seq,
 		}
@@ -554,11 +508,4 @@ func put(ctx context.Context, kv jetstream.KeyValue, key string, v any) error {
 	}
 	_, err = kv.Put(ctx, key, b)
 	return err
-}
-
-func orKeep(v, old string) string {
-	if v != "" {
-		return v
-	}
-	return old
 }

@@ -61,7 +61,7 @@ func (e *env) append(id, kind string, data any) uint64 {
 	if isPoolData(data) {
 		agg = events.AggregatePool
 	}
-	seq, err := bus.NewEventStore(e.conn, bustest.Source(agg, kind), nil).Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.%d", id, kind, time.Now().UnixNano()), data, nil)
+	seq, err := bus.NewEventStore(e.conn, bustest.Source(agg, kind), nil).Append(e.ctx, agg, id, kind, fmt.Sprintf("%s.%s.1.%d", id, kind, time.Now().UnixNano()), data, nil)
 	if err != nil {
 		e.t.Fatalf("append %s %s: %v", id, kind, err)
 	}
@@ -225,7 +225,7 @@ func TestProxyLifecycle(t *testing.T) {
 	t0 := e.eventTime(s1)
 	want := projection.Proxy{
 		ID: id, Pool: "demo", Entry: "local", Target: "host1", Instance: events.InstanceName(id),
-		State: events.ProxyRequested, Revision: 2, Port: 3128, Username: "crawler",
+		State: events.ProxyRequested, Revision: 2, Port: 3128, Username: "crawler", Attempt: 1,
 		CreatedAt: t0, UpdatedAt: t0, Seq: s1,
 	}
 	check := func(step string, seq uint64) {
@@ -239,7 +239,7 @@ func TestProxyLifecycle(t *testing.T) {
 	check("requested", s1)
 
 	s := e.append(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "host1", Instance: events.InstanceName(id), ProviderID: "pid-1", Attempt: 1})
-	want.State, want.ProviderID, want.Attempt = events.ProxyProvisioning, "pid-1", 1
+	want.State, want.ProviderID = events.ProxyProvisioning, "pid-1"
 	check("provisioning", s)
 
 	s = e.append(id, events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:40001", Attempt: 1})
@@ -255,12 +255,24 @@ func TestProxyLifecycle(t *testing.T) {
 	check("ready", s)
 
 	s = e.append(id, events.ProxyUnhealthy, events.ProxyUnhealthyData{Reason: "connect refused", Streak: 3})
-	want.State, want.Reason, want.Streak = events.ProxyUnhealthy, "connect refused", 3
+	want.State, want.Reason, want.Streak, want.UnhealthySince = events.ProxyUnhealthy, "connect refused", 3, e.eventTime(s)
 	check("unhealthy", s)
 
 	s = e.append(id, events.ProxyReady, events.ProxyReadyData{Address: "127.0.0.1:40001", LatencyMS: 9, EgressIP: "192.0.2.7"})
-	want.State, want.LatencyMS, want.Reason, want.Streak = events.ProxyReady, 9, "", 0
+	want.State, want.LatencyMS, want.Reason, want.Streak, want.UnhealthySince = events.ProxyReady, 9, "", 0, time.Time{}
 	check("ready again", s)
+
+	// A replacement requested for it is recorded on it, without moving
+	// its sequence.
+	repl := requested("demo")
+	repl.Instance, repl.Replaces, repl.ReplaceReason = events.InstanceName("demo-p2"), id, "recycled by operator"
+	s2 := e.append("demo-p2", events.ProxyRequested, repl)
+	e.waitProxy("demo-p2", s2)
+	got, _ := e.proxy(id)
+	if got.ReplacedBy != "demo-p2" || got.ReplaceReason != "recycled by operator" || got.Seq != s {
+		t.Fatalf("replaced proxy: got replacedBy %q reason %q seq %d, want demo-p2, recycled by operator, %d", got.ReplacedBy, got.ReplaceReason, got.Seq, s)
+	}
+	want.ReplacedBy, want.ReplaceReason = "demo-p2", "recycled by operator"
 
 	s = e.append(id, events.ProxyRetiring, events.ProxyRetiringData{Reason: "pool scaled down"})
 	want.State, want.Reason = events.ProxyRetiring, "pool scaled down"

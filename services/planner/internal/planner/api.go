@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,7 +128,7 @@ type (
 	}
 	// ProxyList is the reply of proxy.list.
 	ProxyList struct {
-		Proxies []Proxy `json:"proxies"`
+		Proxies []events.ProxyView `json:"proxies"`
 	}
 )
 
@@ -333,7 +335,7 @@ func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec, requi
 				f := fmt.Sprintf("targets[%d]", i)
 				if !bad[f] && !targets[t] {
 					fields = append(fields, events.FieldError{Field: f,
-						Reason: "not a target of entry " + spec.Provider + " (known: " + strings.Join(sortedKeys(targets), ", ") + ")", Value: t})
+						Reason: "not a target of entry " + spec.Provider + " (known: " + strings.Join(slices.Sorted(maps.Keys(targets)), ", ") + ")", Value: t})
 				}
 			}
 		}
@@ -464,7 +466,7 @@ func (p *Planner) proxyGet(_ context.Context, body []byte) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	return x, nil
+	return x.ProxyView, nil
 }
 
 func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
@@ -479,13 +481,13 @@ func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := ProxyList{Proxies: []Proxy{}}
+	out := ProxyList{Proxies: []events.ProxyView{}}
 	for _, pl := range p.st.sortedPools() {
 		if req.Pool != "" && pl.Name != req.Pool {
 			continue
 		}
 		for _, x := range pl.members {
-			out.Proxies = append(out.Proxies, *x)
+			out.Proxies = append(out.Proxies, x.ProxyView)
 		}
 	}
 	sort.Slice(out.Proxies, func(i, j int) bool { return out.Proxies[i].ID < out.Proxies[j].ID })
@@ -563,9 +565,9 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		}
 		switch {
 		case events.IsTerminal(x.State):
-			return x, nil
+			return x.ProxyView, nil
 		case x.State == events.ProxyRetiring && (!skipCleanup || x.SkipCleanup):
-			return x, nil
+			return x.ProxyView, nil
 		case x.State == events.ProxyRetiring:
 			// Already being deleted; the operator now wants it abandoned.
 			seq, err = abandon(x.LastSeq)
@@ -604,7 +606,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		if aerr != nil {
 			return nil, aerr
 		}
-		return x, nil
+		return x.ProxyView, nil
 	}
 	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
 }

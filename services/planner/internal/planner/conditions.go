@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -117,7 +118,7 @@ func (p *Planner) placeWhy(r *round, pool Pool) placeMiss {
 			p.mu.Lock()
 			known, _ := p.knownTargetsLocked(entry)
 			p.mu.Unlock()
-			considered = sortedKeys(known)
+			considered = slices.Sorted(maps.Keys(known))
 		}
 		msg := fmt.Sprintf("no live agent of entry %s", entry)
 		if len(considered) > 0 {

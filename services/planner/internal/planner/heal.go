@@ -33,12 +33,13 @@ func isSick(x Proxy, now time.Time, after time.Duration) bool {
 	return x.State == events.ProxyUnhealthy && !x.UnhealthySince.IsZero() && now.Sub(x.UnhealthySince) >= after
 }
 
-// unhealthyReason is the retiring reason of a sick proxy.
+// unhealthyReason is the retiring reason of a sick proxy: its reason is
+// the last probe error.
 func unhealthyReason(x Proxy) string {
-	if x.ProbeError == "" {
+	if x.Reason == "" {
 		return "unhealthy"
 	}
-	return "unhealthy: " + truncate(x.ProbeError, 160)
+	return "unhealthy: " + truncate(x.Reason, 160)
 }
 
 // replacement returns the live proxy requested to replace x, if any.
@@ -71,7 +72,7 @@ func (p *Planner) retireCondemned(ctx context.Context, r *round, pool Pool, pr *
 		why := x.ReplaceReason
 		sick2 := isSick(x, now, 2*after)
 		switch {
-		case sick2, strings.HasPrefix(why, "unhealthy"), why == "" && x.State == events.ProxyUnhealthy:
+		case x.State == events.ProxyUnhealthy && (sick2 || why == "" || strings.HasPrefix(why, "unhealthy")):
 			why = unhealthyReason(x)
 		case why == "":
 			why = "replaced"

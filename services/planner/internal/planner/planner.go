@@ -25,7 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -450,7 +451,7 @@ func (p *Planner) knownEntriesLocked() []string {
 	for e := range p.seen {
 		set[e] = true
 	}
-	return sortedKeys(set)
+	return slices.Sorted(maps.Keys(set))
 }
 
 // lead competes for the leader lease and, holding it, opens a leader term
@@ -540,13 +541,4 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 func splitAgentKey(key string) (entry, target string, ok bool) {
 	entry, target, ok = strings.Cut(key, ".")
 	return entry, target, ok && events.IsIdentifier(entry) && events.IsIdentifier(target)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

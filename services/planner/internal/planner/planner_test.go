@@ -753,7 +753,7 @@ func TestCreateForDeadTargetFails(t *testing.T) {
 	h.waitFor("failed", func() bool {
 		var x Proxy
 		h.ok(proxyGet, `{"id":"`+ids[0]+`"}`, &x)
-		return x.State == events.ProxyRetiring && x.FailClass == events.ClassTimeout
+		return x.State == events.ProxyRetiring && x.FailureClass == events.ClassTimeout
 	})
 	_, req := h.requested(2)
 	for id, d := range req {

@@ -218,10 +218,10 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 	pctx := traceCtx(ctx, pool.traceparent)
 	var active []Proxy
 	for _, x := range ps.members {
-		age := r.now.Sub(x.Updated)
+		age := r.now.Sub(x.UpdatedAt)
 		switch x.State {
 		case events.ProxyFailed:
-			p.retire(pctx, r, x, "failed: "+x.FailClass)
+			p.retire(pctx, r, x, "failed: "+x.FailureClass)
 		case events.ProxyRetiring:
 			if x.SkipCleanup {
 				ab := events.ProxyAbandonedData{Reason: x.Reason}
@@ -336,8 +336,8 @@ func (p *Planner) scaleDown(ctx context.Context, r *round, pool Pool, counted []
 		if oa, ob := pool.isOutdated(a), pool.isOutdated(b); oa != ob {
 			return oa
 		}
-		if !a.Created.Equal(b.Created) {
-			return a.Created.Before(b.Created)
+		if !a.CreatedAt.Equal(b.CreatedAt) {
+			return a.CreatedAt.Before(b.CreatedAt)
 		}
 		return a.ID < b.ID
 	})
@@ -622,7 +622,7 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen,
 		return false
 	}
 	p.noteOwn(seq)
-	x := Proxy{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}
+	x := Proxy{ProxyView: events.ProxyView{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}
 	r.count(x, 1)
 	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested, "entry", a.Entry, "target", a.Target, "replaces", replaces)
 	cmd := createCommand(id, d, 1, sec)

@@ -76,7 +76,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 		return nil, aerr
 	}
 	if !isActive(x.State) {
-		return x, nil
+		return x.ProxyView, nil
 	}
 	_, seq, err := p.requestReplacement(ctx, x, "recycled by operator")
 	if errors.Is(err, errNoTarget) {
@@ -94,5 +94,5 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	return x, nil
+	return x.ProxyView, nil
 }

@@ -25,10 +25,10 @@ func rotationJitter(id string, maxAge time.Duration) time.Duration {
 	return time.Duration(binary.BigEndian.Uint64(sum[:8]) % uint64(span+1))
 }
 
-// isAged reports whether proxy x, requested at x.Created, is older than
+// isAged reports whether proxy x, requested at x.CreatedAt, is older than
 // maxAge plus its jitter at now.
 func isAged(x Proxy, maxAge time.Duration, now time.Time) bool {
-	return now.Sub(x.Created) > maxAge+rotationJitter(x.ID, maxAge)
+	return now.Sub(x.CreatedAt) > maxAge+rotationJitter(x.ID, maxAge)
 }
 
 // Retiring reasons of rolled and rotated proxies start with these; a
@@ -89,7 +89,7 @@ func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, pr *poolRound
 	}
 	if p.create(ctx, r, pool, a, next.ID, why) {
 		p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
-			"why", why, "age", now.Sub(next.Created).Round(time.Second).String(),
+			"why", why, "age", now.Sub(next.CreatedAt).Round(time.Second).String(),
 			"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)
 	}
 }
@@ -101,8 +101,8 @@ func sickFirst(xs []Proxy) {
 		if ui != uj {
 			return ui
 		}
-		if !xs[i].Created.Equal(xs[j].Created) {
-			return xs[i].Created.Before(xs[j].Created)
+		if !xs[i].CreatedAt.Equal(xs[j].CreatedAt) {
+			return xs[i].CreatedAt.Before(xs[j].CreatedAt)
 		}
 		return xs[i].ID < xs[j].ID
 	})

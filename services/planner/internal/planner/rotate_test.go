@@ -34,7 +34,7 @@ func TestRotationJitterIsDeterministicAndBounded(t *testing.T) {
 
 	// A proxy is aged exactly past maxAge plus its jitter.
 	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	x := Proxy{ID: "demo-bbbbbbbbbb", Created: created}
+	x := Proxy{ProxyView: events.ProxyView{ID: "demo-bbbbbbbbbb", CreatedAt: created}}
 	edge := created.Add(maxAge + rotationJitter(x.ID, maxAge))
 	cases := []struct {
 		now  time.Time

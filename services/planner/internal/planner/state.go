@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"proxyfleet/pkg/bus"
@@ -15,36 +13,16 @@ import (
 )
 
 // Proxy is the planner's view of one proxy aggregate, folded from its
-// events.
+// events: the shared [events.ProxyView] (what fleet.api.proxy.get answers
+// and fleet-proxies holds) and the planner's own bookkeeping.
 type Proxy struct {
-	ID            string    `json:"id"`
-	Pool          string    `json:"pool"`
-	Entry         string    `json:"entry"`
-	Target        string    `json:"target"`
-	Instance      string    `json:"instance"`
-	State         string    `json:"state"`
-	Attempt       int       `json:"attempt"`
-	DeleteAttempt int       `json:"deleteAttempt,omitempty"`
-	Revision      int       `json:"revision"`
-	ProviderID    string    `json:"providerID,omitempty"`
-	Address       string    `json:"address,omitempty"`
-	FailClass     string    `json:"failClass,omitempty"`
-	Reason        string    `json:"reason,omitempty"`
-	SkipCleanup   bool      `json:"skipCleanup,omitempty"`
-	LastSeq       uint64    `json:"lastSeq"`
-	Created       time.Time `json:"created"`
-	Updated       time.Time `json:"updated"`
-	// UnhealthySince is when the proxy last became unhealthy (the time of
-	// the health service's event); zero unless it is unhealthy now.
-	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
-	// ProbeError is the last probe error the health service reported.
-	ProbeError string `json:"probeError,omitempty"`
-	// Replaces names the proxy this one was requested to replace.
-	Replaces string `json:"replaces,omitempty"`
-	// ReplacedBy names the proxy requested to replace this one, and
-	// ReplaceReason why: this one is retired once that one is ready.
-	ReplacedBy    string `json:"replacedBy,omitempty"`
-	ReplaceReason string `json:"replaceReason,omitempty"`
+	events.ProxyView
+	// LastSeq is the sequence of the aggregate's last event, applied or
+	// not: the planner's decisions on the proxy expect it.
+	LastSeq uint64 `json:"-"`
+	// DeleteAttempt counts the retiring decisions: the next delete
+	// command's attempt.
+	DeleteAttempt int `json:"-"`
 
 	// traceparent is the W3C trace context of the requested event.
 	traceparent string
@@ -164,22 +142,6 @@ func (s *state) pool(name string) *Pool {
 		s.pools[name] = p
 	}
 	return p
-}
-
-// attemptOf reads n from an event id "<proxy>.<type>.<n>[.<suffix>]".
-func attemptOf(id, proxyID, typ string) int {
-	rest, ok := strings.CutPrefix(id, proxyID+"."+typ+".")
-	if !ok {
-		return 1
-	}
-	if i := strings.IndexByte(rest, '.'); i >= 0 {
-		rest = rest[:i]
-	}
-	n, err := strconv.Atoi(rest)
-	if err != nil || n < 1 {
-		return 1
-	}
-	return n
 }
 
 // decisionID is the Msg-Id of a planner decision: "<id>.<type>.<n>.<hash>",
@@ -304,8 +266,9 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	x := s.proxies[ev.ID]
 	from := ""
 	if x != nil {
+		// Decisions expect the aggregate's last sequence, whether this
+		// fold applies the event or not.
 		x.LastSeq = ev.Seq
-		x.Updated = ev.Time
 		from = x.State
 	}
 	if err := events.CheckProxyData(ev.Kind, ev.Envelope); err != nil {
@@ -329,89 +292,45 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		}
 		return false
 	}
-	switch ev.Kind {
-	case events.ProxyRequested:
+	if x == nil {
 		var d events.ProxyRequestedData
 		if err := ev.DecodeData(&d); err != nil {
-			if x != nil {
-				return false
-			}
 			return s.skip(ev, err)
 		}
-		if x == nil {
-			x = &Proxy{
-				ID: ev.ID, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
-				Revision: d.Revision, Created: ev.Time, Updated: ev.Time, LastSeq: ev.Seq,
-				Replaces:    d.Replaces,
-				traceparent: ev.Header.Get("traceparent"), requested: d,
-			}
-			s.proxies[ev.ID] = x
-			if old := s.proxies[d.Replaces]; old != nil && d.Replaces != ev.ID && !events.IsTerminal(old.State) {
-				old.ReplacedBy, old.ReplaceReason = ev.ID, d.ReplaceReason
-			}
-			s.noteTarget(d.Entry, d.Target)
-			x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
-			s.setState(x, to)
-			return true
+		x = &Proxy{
+			ProxyView:   events.NewProxyView(ev.ID, ev.Envelope.ID, ev.Seq, ev.Time, d),
+			LastSeq:     ev.Seq,
+			traceparent: ev.Header.Get("traceparent"), requested: d,
 		}
+		x.State = ""
+		s.proxies[ev.ID] = x
+		if old := s.proxies[d.Replaces]; old != nil && d.Replaces != ev.ID && !events.IsTerminal(old.State) {
+			old.NoteReplacement(ev.ID, d.ReplaceReason)
+		}
+		s.noteTarget(d.Entry, d.Target)
+		s.setState(x, to)
+		return true
+	}
+	// The view's data, as health's projection records it.
+	v := x.ProxyView
+	if err := v.Apply(to, ev.Seq, ev.Kind, ev.Envelope); err != nil {
+		return s.skip(ev, err)
+	}
+	s.setState(x, to)
+	x.ProxyView = v
+	switch ev.Kind {
+	case events.ProxyRequested:
 		// A re-issued create: a later attempt of the same decision.
-		x.Attempt = attemptOf(ev.Envelope.ID, ev.ID, events.ProxyRequested)
 		return false
-	case events.ProxyProvisioning:
-		var d events.ProxyProvisioningData
-		if ev.DecodeData(&d) == nil {
-			if d.ProviderID != "" {
-				x.ProviderID = d.ProviderID
-			}
-			if d.Attempt > 0 {
-				x.Attempt = d.Attempt
-			}
-		}
-	case events.ProxyReady:
-	case events.ProxyUnhealthy:
-		var d events.ProxyUnhealthyData
-		if ev.DecodeData(&d) == nil && d.Reason != "" {
-			x.ProbeError = d.Reason
-		}
-		if x.State != events.ProxyUnhealthy && isActive(x.State) {
-			x.UnhealthySince = ev.Time
-		}
-	case events.ProxyRunning:
-		var d events.ProxyRunningData
-		if ev.DecodeData(&d) == nil {
-			x.Address = d.Address
-			if d.ProviderID != "" {
-				x.ProviderID = d.ProviderID
-			}
-		}
-	case events.ProxyFailed:
-		var d events.ProxyFailedData
-		_ = ev.DecodeData(&d)
-		x.FailClass, x.Reason = d.Class, d.Reason
-		s.setState(x, to)
-		return true
 	case events.ProxyRetiring:
-		var d events.ProxyRetiringData
-		_ = ev.DecodeData(&d)
-		x.Reason = d.Reason
-		x.SkipCleanup = x.SkipCleanup || d.SkipCleanup
 		x.DeleteAttempt++
-		s.setState(x, to)
 		return true
-	case events.ProxyDeleted, events.ProxyAbandoned:
-		s.setState(x, to)
+	case events.ProxyFailed, events.ProxyDeleted, events.ProxyAbandoned:
 		return true
-	default:
-		return false
 	}
 	// Observations of progress: once failed or retiring, a late fact from
 	// an agent is recorded but the proxy stays where it is (to).
-	changed := x.State != to
-	s.setState(x, to)
-	if x.State != events.ProxyUnhealthy {
-		x.UnhealthySince = time.Time{}
-	}
-	return changed
+	return from != to
 }
 
 // PoolView is the API's answer about one pool.

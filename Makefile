@@ -17,25 +17,50 @@ TEST_ALL_TIERS :=
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: build
-build: ## build every service binary into ./bin
-	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do \
-		if [ -d services/$$s/cmd/$$s ]; then \
-			echo "go build $$s"; (cd services/$$s && $(GO) build -o $(BIN)/$$s ./cmd/$$s) || exit 1; \
-		fi; \
-	done
+# The binaries make run starts; `make build` builds every service.
+RUN_SERVICES := planner health local-agent
 
-$(BIN)/nats:
+.PHONY: build
+build: $(addprefix build-,$(SERVICES)) ## build every service binary into ./bin
+
+# build-<service> builds one service into ./bin (go's build cache makes it
+# cheap when nothing changed).
+.PHONY: $(addprefix build-,$(SERVICES))
+$(addprefix build-,$(SERVICES)): build-%:
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+	@echo "go build $*"; cd services/$* && $(GO) build -o $(BIN)/$* ./cmd/$*
+
+# The pinned nats CLI is built once per machine into a cache outside the
+# checkout (like kube-apiserver in mk/cloud.mk), so `make clean` and fresh
+# clones do not rebuild it; ./bin/nats is a link to it.
+CACHE_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/proxyfleet
+NATSCLI_BIN := $(CACHE_DIR)/nats-$(NATSCLI_VERSION)
+
+$(NATSCLI_BIN):
+	@mkdir -p $(CACHE_DIR)
+	@echo "building the nats CLI $(NATSCLI_VERSION) into $(CACHE_DIR) (once per machine)"
+	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.nats-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+		GOBIN="$$tmp" $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \
+		mv -f "$$tmp/nats" $@
+
+$(BIN)/nats: $(NATSCLI_BIN)
+	@mkdir -p $(BIN)
+	@ln -sfn $(NATSCLI_BIN) $@
 
 .PHONY: nats
-nats: $(BIN)/nats ## build the pinned nats CLI into ./bin/nats
+nats: $(BIN)/nats ## link the pinned nats CLI into ./bin/nats (built once into ~/.cache/proxyfleet)
 
 .PHONY: run
-run: build $(BIN)/nats ## start NATS (embedded), planner, health and local-agent; Ctrl-C stops them
+run: $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## start NATS (embedded), planner, health and local-agent; Ctrl-C stops them (knobs: docs/local.md)
 	@./scripts/run.sh
+
+.PHONY: rebuild-views
+rebuild-views: ## have the running make run rebuild health's views from the event log
+	@./scripts/run.sh rebuild-views
+
+.PHONY: logs
+logs: ## the last warnings and errors of make run's services and of every proxy
+	@./scripts/logs.sh
 
 .PHONY: test
 test: ## unit and integration tests (embedded NATS, real processes), no root needed

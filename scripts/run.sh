@@ -18,6 +18,7 @@
 #   PROXYFLEET_ECHO_ADDR  health's echo endpoint (127.0.0.1:8480; port 0: a
 #                         free port)
 #   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
+#   PROXYFLEET_BIN        where planner, health, local-agent and nats are (./bin)
 #   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
@@ -29,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-serve}
-BIN=./bin
+BIN=${PROXYFLEET_BIN:-./bin}
 RUN=${PROXYFLEET_RUN_DIR:-.run}
 PIDFILE=$RUN/run.pid
 REBUILD_RESULT=$RUN/rebuild-views.result
@@ -98,12 +99,13 @@ unset $NATS_VARS PROXYFLEET_DATA_DIR
 
 for b in planner health local-agent nats; do
 	if [ ! -x "$BIN/$b" ]; then
-		echo "$BIN/$b is missing: run make run (it builds what it runs)" >&2
+		echo "$BIN/$b is missing: start make run, which builds what it runs" >&2
 		exit 1
 	fi
 done
 mkdir -p "$RUN/logs"
 abs_run=$(cd "$RUN" && pwd)
+abs_bin=$(cd "$BIN" && pwd)
 if pid=$(running_script); then
 	echo "make run already runs with its state in $RUN (pid $pid); stop it first or set PROXYFLEET_RUN_DIR" >&2
 	exit 1
@@ -274,7 +276,7 @@ fi
 
 cat >"$RUN/nats.env" <<EOT
 # Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
-export PATH="$PWD/bin:\$PATH"
+export PATH="$abs_bin:\$PATH"
 export NATS_URL=$url
 export NATS_CONTEXT=$abs_run/nats-context.json
 unset ${NATS_VARS#NATS_URL NATS_CONTEXT }

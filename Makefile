@@ -16,6 +16,11 @@ TEST_ALL_TIERS :=
 .PHONY: help
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo
+	@echo "make run's knobs (docs/local.md): PROXYFLEET_RUN_DIR (.run), PROXYFLEET_NATS_ADDR (127.0.0.1:4222),"
+	@echo "PROXYFLEET_ECHO_ADDR (127.0.0.1:8480), PROXYFLEET_PORTS (20000-20999), PROXYFLEET_LOG_LEVEL (info);"
+	@echo "port 0 lets the kernel pick. More flags per service: PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, e.g."
+	@echo '  make run AGENT_FLAGS="--source-addrs 203.0.113.10,203.0.113.11 --squid /usr/sbin/squid"'
 
 # The binaries make run starts; `make build` builds every service.
 RUN_SERVICES := planner health local-agent
@@ -62,8 +67,9 @@ rebuild-views: ## have the running make run rebuild health's views from the even
 logs: ## the last warnings and errors of make run's services and of every proxy
 	@./scripts/logs.sh
 
+# e2e/run_test.go drives scripts/run.sh, whose commands use the nats CLI.
 .PHONY: test
-test: ## unit and integration tests (embedded NATS, real processes), no root needed
+test: $(BIN)/nats ## unit and integration tests (embedded NATS, real processes), no root needed
 	@for m in $(MODULES); do \
 		echo "== go test $$m"; (cd $$m && $(GO) test $(GOTEST_FLAGS) ./...) || exit 1; \
 	done
@@ -98,7 +104,7 @@ bench: ## Go benchmarks of every module, with ratios against baselines measured 
 RUN_DIR ?= $(or $(PROXYFLEET_RUN_DIR),.run)
 
 .PHONY: clean
-clean: ## remove ./bin and make run's state (./.run); refuses while proxies of make run still run
+clean: ## remove ./bin and make run's state (./.run; the nats CLI stays cached); refuses while proxies of make run still run
 	@./scripts/clean.sh check "$(RUN_DIR)"
 	rm -rf $(BIN) "$(RUN_DIR)"
 

@@ -156,7 +156,7 @@ func bannerLine(t *testing.T, banner, prefix string) string {
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if strings.HasPrefix(line, prefix) {
-			line, _, _ = strings.Cut(line, "  #")
+			line, _, _ = strings.Cut(line, " # ")
 			return strings.TrimSpace(line)
 		}
 	}

@@ -282,21 +282,25 @@ export NATS_CONTEXT=$abs_run/nats-context.json
 unset ${NATS_VARS#NATS_URL NATS_CONTEXT }
 EOT
 
+# cmd COMMAND [COMMENT] prints one line of the banner's commands.
+cmd() {
+	if [ -n "${2:-}" ]; then printf '  %-48s # %s\n' "$1" "$2"; else printf '  %s\n' "$1"; fi
+}
+echo
+echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url"
+echo "In another terminal, in this directory, point the pinned nats CLI at it:"
+echo
+cmd ". $RUN/nats.env" "PATH with ./bin; NATS_URL and NATS_CONTEXT of this server"
+echo
+cmd "nats micro ls" "planner, health's agents: the fleet's services"
+cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3}'"
+cmd "nats kv watch fleet-proxies" "watch proxies go requested -> running -> ready"
+cmd "nats req fleet.api.proxy.list '{\"pool\":\"demo\"}'" "ids and addresses"
+cmd "curl -x http://<address> $echo_url" "a request through one proxy (address from the list)"
+cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":1}'" "scale down"
+cmd "nats req fleet.api.pool.delete '{\"name\":\"demo\"}'"
+cmd "nats sub --stream FLEET_EVENTS --all -T --raw" "the event log, the source of truth (JSON lines)"
 cat <<EOT
-
-proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url
-In another terminal, in this directory, point the pinned nats CLI at it:
-
-  . $RUN/nats.env                                    # PATH with ./bin, NATS_URL and a context of make run's server
-
-  nats micro ls                                      # planner, health's agents: the fleet's services
-  nats req fleet.api.pool.apply '{"name":"demo","provider":"local","size":3}'
-  nats kv watch fleet-proxies                        # watch proxies go requested -> running -> ready
-  nats req fleet.api.proxy.list '{"pool":"demo"}'    # ids and addresses
-  curl -x http://<address> $echo_url                 # a request through one proxy (address from the list)
-  nats req fleet.api.pool.apply '{"name":"demo","provider":"local","size":1}'   # scale down
-  nats req fleet.api.pool.delete '{"name":"demo"}'
-  nats sub --stream FLEET_EVENTS --all -T --raw      # the event log, the source of truth (JSON lines)
 
 Logs: $RUN/logs/<service>.log; each proxy's own log: $RUN/local-agent/proxies/px-…/proxy.log
 (make logs shows the last warnings and errors of every service and proxy).

@@ -171,7 +171,7 @@ func bannerLine(t *testing.T, banner, prefix string) string {
 // rebuild the views without the script taking health's stop for a crash,
 // and Ctrl-C (SIGINT to the script's process group, as a terminal sends it)
 // must stop the agent, health and the planner in that order and exit 0 with
-// one line.
+// one line. make logs shows a request the proxy failed.
 func TestRunScript(t *testing.T) {
 	r := startRunScript(t,
 		"NATS_URL=nats://127.0.0.1:1",
@@ -209,14 +209,26 @@ func TestRunScript(t *testing.T) {
 		t.Errorf("local-agent.log has no start as target t1: AGENT_FLAGS did not reach it")
 	}
 
+	// A request the proxy fails leaves its cause in the proxy's log, which
+	// make logs shows. Nothing listens on port 1 (tcpmux) of loopback.
+	p := proxies.Proxies[0]
+	if code, body, err := getThrough(p.Address, "http://127.0.0.1:1/", nil); err != nil || code != 502 {
+		t.Errorf("GET of a closed port through %s: %d %q %v, want 502", p.Address, code, body, err)
+	}
+	logs := exec.Command(filepath.Join("..", "scripts", "logs.sh"), r.runDir)
+	out, err := logs.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "== proxy "+p.ID+" of pool demo") ||
+		!strings.Contains(string(out), `"msg":"forward failed"`) {
+		t.Errorf("logs.sh: %v, want the proxy's forward failure under its id\n%s", err, out)
+	}
+
 	rebuild := exec.Command(filepath.Join("..", "scripts", "run.sh"), "rebuild-views")
 	rebuild.Env = r.env
 	if out, err := rebuild.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok: views rebuilt") {
 		t.Fatalf("run.sh rebuild-views: %v\n%s", err, out)
 	}
-	id := proxies.Proxies[0].ID
 	waitFor(t, 30*time.Second, "the rebuilt view to hold the ready proxy", func() bool {
-		out, err := r.shell(env + " && nats kv get fleet-proxies " + id + " --raw")
+		out, err := r.shell(env + " && nats kv get fleet-proxies " + p.ID + " --raw")
 		return err == nil && strings.Contains(out, `"state":"ready"`)
 	})
 

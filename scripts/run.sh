@@ -19,6 +19,7 @@
 #                         free port)
 #   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
 #   PROXYFLEET_BIN        where planner, health, local-agent and nats are (./bin)
+#   PROXYFLEET_LOG_LEVEL  every service's log level (info)
 #   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")

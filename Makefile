@@ -16,29 +16,60 @@ TEST_ALL_TIERS :=
 .PHONY: help
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo
+	@echo "make run's knobs (docs/local.md): PROXYFLEET_RUN_DIR (.run), PROXYFLEET_NATS_ADDR (127.0.0.1:4222),"
+	@echo "PROXYFLEET_ECHO_ADDR (127.0.0.1:8480), PROXYFLEET_PORTS (20000-20999), PROXYFLEET_LOG_LEVEL (info);"
+	@echo "port 0 lets the kernel pick. More flags per service: PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, e.g."
+	@echo '  make run AGENT_FLAGS="--source-addrs 203.0.113.10,203.0.113.11 --squid /usr/sbin/squid"'
+
+# The binaries make run starts; `make build` builds every service.
+RUN_SERVICES := planner health local-agent
 
 .PHONY: build
-build: ## build every service binary into ./bin
-	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do \
-		if [ -d services/$$s/cmd/$$s ]; then \
-			echo "go build $$s"; (cd services/$$s && $(GO) build -o $(BIN)/$$s ./cmd/$$s) || exit 1; \
-		fi; \
-	done
+build: $(addprefix build-,$(SERVICES)) ## build every service binary into ./bin
 
-$(BIN)/nats:
+# build-<service> builds one service into ./bin (go's build cache makes it
+# cheap when nothing changed).
+.PHONY: $(addprefix build-,$(SERVICES))
+$(addprefix build-,$(SERVICES)): build-%:
 	@mkdir -p $(BIN)
-	GOBIN=$(BIN) $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION)
+	@echo "go build $*"; cd services/$* && $(GO) build -o $(BIN)/$* ./cmd/$*
+
+# The pinned nats CLI is built once per machine into a cache outside the
+# checkout (like kube-apiserver in mk/cloud.mk), so `make clean` and fresh
+# clones do not rebuild it; ./bin/nats is a link to it.
+CACHE_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/proxyfleet
+NATSCLI_BIN := $(CACHE_DIR)/nats-$(NATSCLI_VERSION)
+
+$(NATSCLI_BIN):
+	@mkdir -p $(CACHE_DIR)
+	@echo "building the nats CLI $(NATSCLI_VERSION) into $(CACHE_DIR) (once per machine)"
+	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.nats-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+		GOBIN="$$tmp" $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \
+		mv -f "$$tmp/nats" $@
+
+$(BIN)/nats: $(NATSCLI_BIN)
+	@mkdir -p $(BIN)
+	@ln -sfn $(NATSCLI_BIN) $@
 
 .PHONY: nats
-nats: $(BIN)/nats ## build the pinned nats CLI into ./bin/nats
+nats: $(BIN)/nats ## link the pinned nats CLI into ./bin/nats (built once into ~/.cache/proxyfleet)
 
 .PHONY: run
-run: build $(BIN)/nats ## start NATS (embedded), planner, health and local-agent; Ctrl-C stops them
+run: $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## start NATS (embedded), planner, health and local-agent; Ctrl-C stops them (knobs: docs/local.md)
 	@./scripts/run.sh
 
+.PHONY: rebuild-views
+rebuild-views: ## have the running make run rebuild health's views from the event log
+	@./scripts/run.sh rebuild-views
+
+.PHONY: logs
+logs: ## the last warnings and errors of make run's services and of every proxy
+	@./scripts/logs.sh
+
+# e2e/run_test.go drives scripts/run.sh, whose commands use the nats CLI.
 .PHONY: test
-test: ## unit and integration tests (embedded NATS, real processes), no root needed
+test: $(BIN)/nats ## unit and integration tests (embedded NATS, real processes), no root needed
 	@for m in $(MODULES); do \
 		echo "== go test $$m"; (cd $$m && $(GO) test $(GOTEST_FLAGS) ./...) || exit 1; \
 	done
@@ -73,7 +104,7 @@ bench: ## Go benchmarks of every module, with ratios against baselines measured 
 RUN_DIR ?= $(or $(PROXYFLEET_RUN_DIR),.run)
 
 .PHONY: clean
-clean: ## remove ./bin and make run's state (./.run); refuses while proxies of make run still run
+clean: ## remove ./bin and make run's state (./.run; the nats CLI stays cached); refuses while proxies of make run still run
 	@./scripts/clean.sh check "$(RUN_DIR)"
 	rm -rf $(BIN) "$(RUN_DIR)"
 

@@ -1,79 +1,341 @@
 #!/usr/bin/env bash
 # Starts the whole system on one machine: the planner (hosting the embedded
 # NATS server), the health service and a local-agent, each as its own
-# process, with state under ./.run. Ctrl-C stops them all; proxy processes
-# keep running and are found again by the next `make run` (see docs).
+# process, with state under ./.run. Ctrl-C stops them in order (agent,
+# health, planner); proxy processes keep running and are found again by the
+# next `make run` (see docs/local.md).
+#
+#   scripts/run.sh                  run until Ctrl-C, SIGINT or SIGTERM (make run)
+#   scripts/run.sh rebuild-views    have the running make run rebuild health's
+#                                   views: stop health, run health
+#                                   --rebuild-views, start health again
+#                                   (make rebuild-views)
+#
+# Knobs (environment):
+#   PROXYFLEET_RUN_DIR    state and logs (.run)
+#   PROXYFLEET_NATS_ADDR  the embedded NATS server's client address
+#                         (127.0.0.1:4222; port 0: a free port)
+#   PROXYFLEET_ECHO_ADDR  health's echo endpoint (127.0.0.1:8480; port 0: a
+#                         free port)
+#   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
+#   PROXYFLEET_BIN        where planner, health, local-agent and nats are (./bin)
+#   PROXYFLEET_LOG_LEVEL  every service's log level (info)
+#   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS
+#                         extra flags for each service, split at spaces
+#                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
+#
+# make run owns its NATS server: the services ignore the shell's NATS_URL,
+# NATS_CONTEXT and NATS_CREDS. <run-dir>/nats.env points the nats CLI of
+# another shell at the server (`. .run/nats.env`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=./bin
+mode=${1:-serve}
+BIN=${PROXYFLEET_BIN:-./bin}
 RUN=${PROXYFLEET_RUN_DIR:-.run}
+PIDFILE=$RUN/run.pid
+REBUILD_RESULT=$RUN/rebuild-views.result
+
+# running_script prints the pid of the make run using $RUN, if one runs.
+running_script() {
+	local pid
+	pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+	[ -n "$pid" ] && [ "$pid" != $$ ] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'scripts/run\.sh' || return 1
+	echo "$pid"
+}
+
+case "$mode" in
+serve) ;;
+rebuild-views)
+	if ! pid=$(running_script); then
+		echo "make run is not running with its state in $RUN: start it first, or run health --rebuild-views against your own server (docs/operator-guide.md)" >&2
+		exit 1
+	fi
+	rm -f "$REBUILD_RESULT"
+	kill -USR1 "$pid"
+	echo "asked make run (pid $pid) to rebuild the views; waiting..."
+	for _ in $(seq 1 3000); do
+		if [ -s "$REBUILD_RESULT" ]; then
+			result=$(cat "$REBUILD_RESULT")
+			echo "$result"
+			case "$result" in ok:*) exit 0 ;; *) exit 1 ;; esac
+		fi
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "make run stopped before the views were rebuilt; see $RUN/logs/health.log" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+	echo "no answer from make run after 5 minutes; see $RUN/logs/health.log" >&2
+	exit 1
+	;;
+*)
+	echo "usage: $0 [rebuild-views]" >&2
+	exit 2
+	;;
+esac
+
+# On a terminal, Ctrl-C sends SIGINT to the whole foreground process group:
+# to make as well as to this script, and make then dies of it (exit 130)
+# whatever the script does. With job control on, bash runs the rest of the
+# script as a job in a process group of its own that it gives the terminal
+# to, so Ctrl-C reaches that job alone and make gets its exit status.
+if [ -t 0 ] && [ -z "${PROXYFLEET_RUN_JOB:-}" ]; then
+	set -m
+	PROXYFLEET_RUN_JOB=1 "$0" "$@" && exit 0 || exit $?
+fi
+
 NATS_ADDR=${PROXYFLEET_NATS_ADDR:-127.0.0.1:4222}
-NATS_URL="nats://$NATS_ADDR"
 ECHO_ADDR=${PROXYFLEET_ECHO_ADDR:-127.0.0.1:8480}
 PORTS=${PROXYFLEET_PORTS:-20000-20999}
+read -r -a planner_flags <<<"${PLANNER_FLAGS:-}"
+read -r -a health_flags <<<"${HEALTH_FLAGS:-}"
+read -r -a agent_flags <<<"${AGENT_FLAGS:-}"
+# The shell's NATS settings are for the operator's own servers, not for the
+# one make run embeds (the services read the first three, the nats CLI all).
+NATS_VARS="NATS_URL NATS_CONTEXT NATS_CREDS NATS_USER NATS_PASSWORD NATS_TOKEN NATS_NKEY NATS_JWT NATS_SEED NATS_CERT NATS_KEY NATS_CA NATS_SOCKS_PROXY"
+# shellcheck disable=SC2086
+unset $NATS_VARS PROXYFLEET_DATA_DIR
+
+for b in planner health local-agent nats; do
+	if [ ! -x "$BIN/$b" ]; then
+		echo "$BIN/$b is missing: start make run, which builds what it runs" >&2
+		exit 1
+	fi
+done
 mkdir -p "$RUN/logs"
-
-pids=()
-stop() {
-	trap - INT TERM EXIT
-	echo
-	echo "stopping services..."
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	echo "stopped. Proxy processes keep running; run 'make run' again to manage them, delete their pools first, or stop them with 'make clean-proxies'."
-}
-trap stop INT TERM EXIT
-
-if (exec 3<>"/dev/tcp/${NATS_ADDR%:*}/${NATS_ADDR##*:}") 2>/dev/null; then
-	echo "something already listens on $NATS_ADDR; stop it or set PROXYFLEET_NATS_ADDR" >&2
+abs_run=$(cd "$RUN" && pwd)
+abs_bin=$(cd "$BIN" && pwd)
+if pid=$(running_script); then
+	echo "make run already runs with its state in $RUN (pid $pid); stop it first or set PROXYFLEET_RUN_DIR" >&2
 	exit 1
 fi
+echo $$ >"$PIDFILE"
+rm -f "$REBUILD_RESULT"
+
+declare -A pid=() # service -> pid; every service runs in a session of its own
+order=(planner health local-agent)
+url=""
+
+# exited PID: the process has exited (a zombie until reaped) or is gone.
+exited() {
+	local stat
+	stat=$( { cat "/proc/$1/stat"; } 2>/dev/null) || return 0
+	stat=${stat##*) }
+	case "${stat%% *}" in Z | X) return 0 ;; esac
+	return 1
+}
+
+# reap PID waits for the child PID and sets status to its exit status. A
+# trapped signal interrupts wait; the wait goes on while PID exists.
+status=0
+reap() {
+	status=0
+	wait "$1" 2>/dev/null || status=$?
+	while [ -e "/proc/$1" ]; do
+		status=0
+		wait "$1" 2>/dev/null || status=$?
+	done
+}
+
+# stop_service NAME: SIGTERM, wait up to 30 s, then SIGKILL. What did not
+# go cleanly is added to $problems.
+problems=""
+stop_service() {
+	local name=$1 p=${pid[$1]:-}
+	[ -n "$p" ] || return 0
+	kill -TERM "$p" 2>/dev/null || true
+	for _ in $(seq 1 300); do
+		exited "$p" && break
+		sleep 0.1
+	done
+	if ! exited "$p"; then
+		problems+="$name (pid $p) did not stop within 30s of SIGTERM and was killed; see $RUN/logs/$name.log"$'\n'
+		kill -KILL "$p" 2>/dev/null || true
+	fi
+	reap "$p"
+	unset "pid[$name]"
+	if [ "$status" -ne 0 ] && [ "$status" -ne 143 ]; then
+		problems+="$name exited with status $status while stopping; see $RUN/logs/$name.log"$'\n'
+	fi
+}
+
+# stop_all stops the services in the reverse order of their start and says
+# so in one line, or names what did not stop cleanly and fails.
+stopped=""
+stop_all() {
+	local i
+	[ -z "$stopped" ] || return 0
+	stopped=1
+	trap '' INT TERM USR1
+	for ((i = ${#order[@]} - 1; i >= 0; i--)); do
+		stop_service "${order[$i]}"
+	done
+	rm -f "$PIDFILE"
+	if [ -n "$problems" ]; then
+		printf '%s' "$problems" >&2
+		return 1
+	fi
+	echo "stopped local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
+}
+
+on_signal() {
+	if [ -t 1 ]; then echo; fi # end the line of the terminal's ^C
+	trap - EXIT
+	if stop_all; then exit 0; fi
+	exit 1
+}
+trap on_signal INT TERM
+trap 'stop_all >/dev/null || true' EXIT
+rebuild_requested=""
+trap 'rebuild_requested=1' USR1
+
+# crashed NAME: a service exited on its own; stop the others and fail.
+crashed() {
+	local name=$1
+	reap "${pid[$name]}"
+	unset "pid[$name]"
+	{
+		echo "$name exited unexpectedly (status $status); last lines of $RUN/logs/$name.log:"
+		tail -n 20 "$RUN/logs/$name.log" | sed 's/^/  /'
+	} >&2
+	trap - EXIT
+	stop_all >/dev/null || true
+	exit 1
+}
+
+# check_running NAME...: fail as crashed when one of them exited.
+check_running() {
+	local name
+	for name in "$@"; do
+		if [ -n "${pid[$name]:-}" ] && exited "${pid[$name]}"; then crashed "$name"; fi
+	done
+}
 
 start() {
 	local name=$1
 	shift
-	"$BIN/$name" "$@" >>"$RUN/logs/$name.log" 2>&1 &
-	pids+=($!)
-	echo "started $name (pid $!, log $RUN/logs/$name.log)"
+	setsid "$BIN/$name" "$@" </dev/null >>"$RUN/logs/$name.log" 2>&1 &
+	pid[$name]=$!
 }
 
-start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR"
-for _ in $(seq 1 100); do
-	if "$BIN/nats" --server "$NATS_URL" account info >/dev/null 2>&1; then break; fi
-	if ! kill -0 "${pids[0]}" 2>/dev/null; then
-		echo "planner exited; last log lines:" >&2
-		tail -n 20 "$RUN/logs/planner.log" >&2
-		exit 1
-	fi
+# natsq runs the pinned nats CLI against make run's server only.
+natsq() {
+	NATS_CONTEXT="$abs_run/nats-context.json" "$BIN/nats" --server "$url" "$@"
+}
+
+if [ "${NATS_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${NATS_ADDR%:*}/${NATS_ADDR##*:}") 2>/dev/null; then
+	echo "something already listens on $NATS_ADDR; stop it, or set PROXYFLEET_NATS_ADDR (port 0 picks a free one)" >&2
+	exit 1
+fi
+
+rm -f "$RUN"/planner/planner_*.ports
+start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" "${planner_flags[@]}"
+# The embedded server writes its client URL (with the port the kernel
+# chose for port 0) to <data-dir>/<program>_<pid>.ports once it listens.
+ports_file="$RUN/planner/planner_${pid[planner]}.ports"
+for _ in $(seq 1 600); do
+	url=$(sed -n 's/.*"nats":\["\([^"]*\)".*/\1/p' "$ports_file" 2>/dev/null || true)
+	[ -z "$url" ] || break
+	check_running planner
 	sleep 0.1
 done
-start health --nats-url "$NATS_URL" --data-dir "$RUN/health" --echo-addr "$ECHO_ADDR"
-start local-agent --nats-url "$NATS_URL" --data-dir "$RUN/local-agent" --ports "$PORTS"
+if [ -z "$url" ]; then
+	echo "the planner's NATS server did not start listening within 60s; see $RUN/logs/planner.log" >&2
+	exit 1
+fi
+printf '{"url":"%s"}\n' "$url" >"$RUN/nats-context.json"
+# Started with --nats-url, health and the agent never embed a server.
+health_args=(--nats-url "$url" --data-dir "$RUN/health" "${health_flags[@]}")
 
-cat <<EOT
+echo_log_from=$(stat -c %s "$RUN/logs/health.log" 2>/dev/null || echo 0)
+start health "${health_args[@]}" --echo-addr "$ECHO_ADDR"
+start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${agent_flags[@]}"
 
-proxyfleet is running: embedded NATS at $NATS_URL, echo endpoint at http://$ECHO_ADDR/
-Use the pinned nats CLI from ./bin (export PATH="\$PWD/bin:\$PATH") in another terminal:
+# The banner's commands need an agent: the planner refuses a pool whose
+# provider no agent has announced.
+for _ in $(seq 1 300); do
+	# Keys are <entry>.<target>; an empty bucket prints a sentence.
+	if natsq kv ls fleet-agents 2>/dev/null | grep -q '^[a-z0-9-]*\.[a-z0-9-]*$'; then break; fi
+	check_running health local-agent
+	sleep 0.1
+done
+echo_url="http://$ECHO_ADDR/"
+if [ "${ECHO_ADDR##*:}" = 0 ]; then
+	echo_url="(health's echo endpoint: see 'echo endpoint serving' in $RUN/logs/health.log)"
+	for _ in $(seq 1 100); do
+		addr=$(tail -c +$((echo_log_from + 1)) "$RUN/logs/health.log" |
+			sed -n 's/.*"msg":"echo endpoint serving".*"addr":"\([^"]*\)".*/\1/p' | tail -n 1)
+		if [ -n "$addr" ]; then
+			echo_url="http://$addr/"
+			break
+		fi
+		sleep 0.1
+	done
+fi
 
-  nats micro ls                                    # planner, health's agents: the fleet's services
-  nats req fleet.api.pool.apply '{"name":"demo","provider":"local","size":3}'
-  nats kv watch fleet-proxies                      # watch proxies go requested -> running -> ready
-  nats req fleet.api.proxy.list '{"pool":"demo"}'  # ids and addresses
-  curl -x http://<address> http://$ECHO_ADDR/      # a request through one proxy (address from the list)
-  nats req fleet.api.pool.apply '{"name":"demo","provider":"local","size":1}'   # scale down
-  nats req fleet.api.pool.delete '{"name":"demo"}'
-  nats stream view FLEET_EVENTS                    # the event log, the source of truth
-
-Logs: $RUN/logs/. Press Ctrl-C to stop.
+cat >"$RUN/nats.env" <<EOT
+# Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
+export PATH="$abs_bin:\$PATH"
+export NATS_URL=$url
+export NATS_CONTEXT=$abs_run/nats-context.json
+unset ${NATS_VARS#NATS_URL NATS_CONTEXT }
 EOT
 
+# cmd COMMAND [COMMENT] prints one line of the banner's commands.
+cmd() {
+	if [ -n "${2:-}" ]; then printf '  %-48s # %s\n' "$1" "$2"; else printf '  %s\n' "$1"; fi
+}
+echo
+echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url"
+echo "In another terminal, in this directory, point the pinned nats CLI at it:"
+echo
+cmd ". $RUN/nats.env" "PATH with ./bin; NATS_URL and NATS_CONTEXT of this server"
+echo
+cmd "nats micro ls" "planner, health's agents: the fleet's services"
+cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3}'"
+cmd "nats kv watch fleet-proxies" "watch proxies go requested -> running -> ready"
+cmd "nats req fleet.api.proxy.list '{\"pool\":\"demo\"}'" "ids and addresses"
+cmd "curl -x http://<address> $echo_url" "a request through one proxy (address from the list)"
+cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":1}'" "scale down"
+cmd "nats req fleet.api.pool.delete '{\"name\":\"demo\"}'"
+cmd "nats sub --stream FLEET_EVENTS --all -T --raw" "the event log, the source of truth (JSON lines)"
+cat <<EOT
+
+Logs: $RUN/logs/<service>.log; each proxy's own log: $RUN/local-agent/proxies/px-…/proxy.log
+(make logs shows the last warnings and errors of every service and proxy).
+Press Ctrl-C to stop.
+EOT
+
+# rebuild_views serves make rebuild-views: health stops, replays the event
+# log into its views, and starts again; the answer goes to $REBUILD_RESULT.
+rebuild_views() {
+	local result
+	rebuild_requested=""
+	echo "make rebuild-views: stopping health to rebuild its views"
+	stop_service health
+	if [ -n "$problems" ]; then
+		printf '%s' "$problems" >&2
+		problems=""
+	fi
+	start health "${health_args[@]}" --rebuild-views
+	reap "${pid[health]}"
+	unset "pid[health]"
+	start health "${health_args[@]}" --echo-addr "$ECHO_ADDR"
+	if [ "$status" -eq 0 ]; then
+		result="ok: views rebuilt from FLEET_EVENTS; health runs again (pid ${pid[health]})"
+	else
+		result="failed: health --rebuild-views exited with status $status; see $RUN/logs/health.log; health runs again"
+	fi
+	echo "make rebuild-views: ${result}"
+	echo "$result" >"$REBUILD_RESULT.tmp"
+	mv -f "$REBUILD_RESULT.tmp" "$REBUILD_RESULT"
+}
+
 while :; do
-	for pid in "${pids[@]}"; do
-		if ! kill -0 "$pid" 2>/dev/null; then
-			echo "a service (pid $pid) exited; see $RUN/logs/" >&2
-			exit 1
-		fi
-	done
-	sleep 1
+	# Returns when a service exits or a trapped signal arrives.
+	wait -n || true
+	check_running "${order[@]}"
+	[ -z "$rebuild_requested" ] || rebuild_views
 done

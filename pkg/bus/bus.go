@@ -45,6 +45,11 @@ type Config struct {
 	// Listen is the embedded server's client address ("127.0.0.1:4222";
 	// port -1 or 0 picks a free port).
 	Listen string
+	// PortsFileDir, when set, is where the embedded server writes its ports
+	// file once it listens: <program>_<pid>.ports, JSON with the client URLs
+	// ({"nats":["nats://127.0.0.1:4222"]}), removed at shutdown. It is how
+	// a script learns the port the kernel chose for port 0.
+	PortsFileDir string
 
 	// Replicas for streams and buckets. 0 means 1 when embedded or connected
 	// to a single server, and 3 when connected to a cluster.
@@ -182,6 +187,8 @@ func Embed(cfg Config, log *slog.Logger) (*server.Server, error) {
 		StoreDir:   storeDir,
 		NoSigs:     true,
 		NoLog:      true,
+
+		PortsFileDir: cfg.PortsFileDir,
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

@@ -48,7 +48,7 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
 		"directory for this service's state; the embedded server stores JetStream under <data-dir>/jetstream (env PROXYFLEET_DATA_DIR)")
 	fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
-		"client address of the embedded NATS server (only without --nats-url)")
+		"client address of the embedded NATS server (only without --nats-url); port 0 picks a free port, written to <data-dir>/<program>_<pid>.ports")
 	fs.IntVar(&f.Replicas, "replicas", 0,
 		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
@@ -94,6 +94,9 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		DataDir:   f.DataDir + "/jetstream",
 		Listen:    f.Listen,
 		Replicas:  f.Replicas,
+		// <data-dir>/<program>_<pid>.ports names the embedded server's
+		// client URL, also when --nats-listen asked for port 0.
+		PortsFileDir: f.DataDir,
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"proxyfleet/pkg/bus"
 )
 
 // TestBadInputChangesNothing sends every kind of bad request to the real
@@ -26,7 +25,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"unknown pool get", "fleet.api.pool.get", `{"name":"nope"}`, "name"},
 		{"unknown pool delete", "fleet.api.pool.delete", `{"name":"nope"}`, "name"},
 	}
-	before := f.lastSeq(bus.EventsStream)
+	before := f.intentEvents()
 	for _, c := range cases {
 		r := f.req(c.subject, c.body, nil)
 		if r.Code != "400" && r.Code != "422" {
@@ -55,7 +54,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		}
 	}
-	if after := f.lastSeq(bus.EventsStream); after != before {
-		t.Fatalf("bad input appended events: FLEET_EVENTS last seq %d -> %d", before, after)
+	if after := f.intentEvents(); after != before {
+		t.Fatalf("bad input appended events: %d -> %d events", before, after)
 	}
 }

@@ -360,6 +360,15 @@ func (f *fleet) lastSeq(stream string) uint64 {
 }
 
 // eventCount counts FLEET_EVENTS messages on subjects matching filter.
+// intentEvents counts the events a request can append: proxy events and
+// pools' applied and deleted events. The leader's own bookkeeping (terms,
+// fences, pool conditions) is left out, so "a refused request appended
+// nothing" does not race it.
+func (f *fleet) intentEvents() uint64 {
+	f.t.Helper()
+	return f.eventCount("fleet.evt.proxy.>") + f.eventCount("fleet.evt.pool.*.applied") + f.eventCount("fleet.evt.pool.*.deleted")
+}
+
 func (f *fleet) eventCount(filter string) uint64 {
 	f.t.Helper()
 	s, err := f.conn.JS.Stream(context.Background(), bus.EventsStream)

@@ -53,13 +53,13 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	}
 
 	// A live proxy's instance is refused, and nothing happens to it.
-	before := f.lastSeq("FLEET_EVENTS")
+	before := f.intentEvents()
 	r := f.req("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+events.InstanceName(second.ID)+`"}`, nil)
 	if r.Code != "422" {
 		t.Fatalf("instance.delete of a live proxy's instance: code %q (%s), want 422", r.Code, r.Data)
 	}
-	if after := f.lastSeq("FLEET_EVENTS"); after != before {
-		t.Errorf("refused instance.delete appended events: last seq %d -> %d", before, after)
+	if after := f.intentEvents(); after != before {
+		t.Errorf("refused instance.delete appended events: %d -> %d", before, after)
 	}
 
 	var rep struct {

@@ -63,7 +63,7 @@ Flags:
 		return 2
 	}
 	clientCfg := pve.Config{URL: cfg.APIURL, TokenFile: cfg.TokenFile, CAFile: cfg.CAFile,
-		Fingerprint: cfg.Fingerprint, TaskPollInterval: cfg.TaskPoll(), RequestTimeout: cfg.Timeout()}
+		Fingerprint: cfg.Fingerprint, TaskPollInterval: time.Duration(cfg.TaskPollInterval), RequestTimeout: time.Duration(cfg.RequestTimeout)}
 	if _, err := pve.New(clientCfg); err != nil {
 		fmt.Fprintf(stderr, "%s: %s: %v\n", name, *cfgPath, err)
 		return 2

@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/pkg/agentconfig"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/proxmox-agent/internal/pve"
 )
 
 // Clone modes.
@@ -196,6 +197,13 @@ func (c *Config) Check(e *agentconfig.Error) {
 
 // GuestAgent reports whether seeds install the guest agent.
 func (c *Config) GuestAgent() bool { return c.InstallGuestAgent == nil || *c.InstallGuestAgent }
+
+// ClientConfig is the configuration of the API client this file
+// describes; the caller adds its logger and tracer.
+func (c *Config) ClientConfig() pve.Config {
+	return pve.Config{URL: c.APIURL, TokenFile: c.TokenFile, CAFile: c.CAFile, Fingerprint: c.Fingerprint,
+		TaskPollInterval: time.Duration(c.TaskPollInterval), RequestTimeout: time.Duration(c.RequestTimeout)}
+}
 
 // ImageKeys returns the configured image keys, sorted.
 func (c *Config) ImageKeys() []string { return slices.Sorted(maps.Keys(c.Templates)) }

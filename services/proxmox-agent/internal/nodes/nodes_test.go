@@ -1,0 +1,145 @@
+package nodes_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/proxmox-agent/internal/config"
+	"proxyfleet/services/proxmox-agent/internal/nodes"
+	"proxyfleet/services/proxmox-agent/internal/pve"
+	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
+)
+
+// parse returns the config of an agent of fake serving nodes, with the
+// API token in tokenFile.
+func parse(t *testing.T, fake *pvetest.Server, tokenFile string, nodeList string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(`
+entry: pve-home
+apiURL: ` + fake.URL + `
+tokenFile: ` + tokenFile + `
+fingerprint: "` + pve.FormatFingerprint(fake.Fingerprint()) + `"
+nodes: ` + nodeList + `
+templates: {debian-13: 9000}
+seedsStorage: proxy-seeds
+profiles: {small: {cores: 1, memoryMiB: 512}}
+capacity: 7
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func writeToken(t *testing.T, fake *pvetest.Server) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(fake.Token()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// waitHeartbeat waits for the heartbeat of one node and returns it.
+func waitHeartbeat(ctx context.Context, t *testing.T, kv jetstream.KeyValue, node string, runErr <-chan error) agent.Heartbeat {
+	t.Helper()
+	for {
+		e, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", node))
+		if err == nil {
+			var hb agent.Heartbeat
+			if err := json.Unmarshal(e.Value(), &hb); err != nil {
+				t.Fatalf("heartbeat of %s = %s: %v", node, e.Value(), err)
+			}
+			return hb
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no heartbeat from node %s", node)
+		case err := <-runErr:
+			t.Fatalf("Run returned %v before its context ended", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestRunServesEveryNode runs one runtime per node against the fake
+// cluster and a real NATS server: each node heartbeats with the config's
+// capabilities and answers its own check; the end of the context stops
+// them all and Run returns nil.
+func TestRunServesEveryNode(t *testing.T) {
+	fake := pvetest.Start(t, pvetest.Options{Nodes: []string{"pve1", "pve2"}})
+	fake.AddTemplate("pve1", 9000, "debian-13")
+	conn := bustest.Start(t)
+	cfg := parse(t, fake, writeToken(t, fake), "[pve1, pve2]")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- nodes.Run(runCtx, conn, nodes.Options{Config: cfg, Version: "test"}) }()
+
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"pve1", "pve2"} {
+		hb := waitHeartbeat(ctx, t, kv, n, runErr)
+		if hb.Type != "proxmox" || hb.Target != n || hb.Capacity != 7 || hb.Version != "test" ||
+			strings.Join(hb.Images, ",") != "debian-13" || strings.Join(hb.Profiles, ",") != "small" {
+			t.Errorf("heartbeat of %s = %+v", n, hb)
+		}
+	}
+	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var verdicts []agent.Verdict
+	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
+		t.Fatalf("check answer %s: %v", msg.Data, err)
+	}
+	online := false
+	for _, v := range verdicts {
+		if v.Check == "node pve2" {
+			online = v.OK
+		}
+	}
+	if !online {
+		t.Errorf("check of pve2 = %+v, want node pve2 online", verdicts)
+	}
+
+	stop()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("Run = %v after its context ended, want nil", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Run did not return after its context ended")
+	}
+	for _, n := range []string{"pve1", "pve2"} {
+		if _, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", n)); err == nil {
+			t.Errorf("heartbeat of %s left behind after Run returned", n)
+		}
+	}
+}
+
+func TestRuntimesRefusesAnUnusableClient(t *testing.T) {
+	fake := pvetest.Start(t, pvetest.Options{})
+	conn := bustest.Start(t)
+	cfg := parse(t, fake, filepath.Join(t.TempDir(), "no-such-token"), "[pve1]")
+	runners, err := nodes.Runtimes(context.Background(), conn, nodes.Options{Config: cfg})
+	if err == nil || !strings.Contains(err.Error(), "API client") || runners != nil {
+		t.Fatalf("Runtimes = %v, %v; want no runtimes and an API client error", runners, err)
+	}
+}

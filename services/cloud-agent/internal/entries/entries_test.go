@@ -13,10 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/services/cloud-agent/internal/config"
 	"proxyfleet/services/cloud-agent/internal/entries"
@@ -137,41 +135,16 @@ entries:
       kubeconfig: %s
       images: {squid: ubuntu/squid:6.10}
 `, kubeconfig(t)))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	runCtx, stop := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- entries.Run(runCtx, conn, entries.Options{File: f}) }()
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
-	if err != nil {
-		t.Fatal(err)
-	}
+	running, stop := agenttest.Serve(t, func(ctx context.Context) error {
+		return entries.Run(ctx, conn, entries.Options{File: f})
+	})
 	for _, target := range []string{"proxies", "more"} {
-		for {
-			e, err := kv.Get(ctx, agent.HeartbeatKey("k8s", target))
-			if err == nil {
-				var hb agent.Heartbeat
-				if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Type != "kubernetes" || hb.Capacity != 5 || !slices.Equal(hb.Images, []string{"squid"}) {
-					t.Fatalf("heartbeat of %s = %s (%v)", target, e.Value(), err)
-				}
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("no heartbeat from target %s", target)
-			case err := <-runErr:
-				t.Fatalf("Run returned %v before its context ended", err)
-			case <-time.After(20 * time.Millisecond):
-			}
+		hb := agenttest.WaitHeartbeat(running, t, conn, "k8s", target)
+		if hb.Type != "kubernetes" || hb.Target != target || hb.Capacity != 5 || !slices.Equal(hb.Images, []string{"squid"}) {
+			t.Errorf("heartbeat of %s = %+v", target, hb)
 		}
 	}
-	stop()
-	select {
-	case err := <-runErr:
-		if err != nil {
-			t.Fatalf("Run = %v after its context ended, want nil", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("Run did not return after its context ended")
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v after its context ended, want nil", err)
 	}
 }

@@ -3,15 +3,16 @@ package nodes_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -51,28 +52,6 @@ func writeToken(t *testing.T, fake *pvetest.Server) string {
 	return path
 }
 
-// waitHeartbeat waits for the heartbeat of one node and returns it.
-func waitHeartbeat(ctx context.Context, t *testing.T, kv jetstream.KeyValue, node string, runErr <-chan error) agent.Heartbeat {
-	t.Helper()
-	for {
-		e, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", node))
-		if err == nil {
-			var hb agent.Heartbeat
-			if err := json.Unmarshal(e.Value(), &hb); err != nil {
-				t.Fatalf("heartbeat of %s = %s: %v", node, e.Value(), err)
-			}
-			return hb
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no heartbeat from node %s", node)
-		case err := <-runErr:
-			t.Fatalf("Run returned %v before its context ended", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // TestRunServesEveryNode runs one runtime per node against the fake
 // cluster and a real NATS server: each node heartbeats with the config's
 // capabilities and answers its own check; the end of the context stops
@@ -83,23 +62,18 @@ func TestRunServesEveryNode(t *testing.T) {
 	conn := bustest.Start(t)
 	cfg := parse(t, fake, writeToken(t, fake), "[pve1, pve2]")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	runCtx, stop := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- nodes.Run(runCtx, conn, nodes.Options{Config: cfg, Version: "test"}) }()
-
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
-	if err != nil {
-		t.Fatal(err)
-	}
+	running, stop := agenttest.Serve(t, func(ctx context.Context) error {
+		return nodes.Run(ctx, conn, nodes.Options{Config: cfg, Version: "test"})
+	})
 	for _, n := range []string{"pve1", "pve2"} {
-		hb := waitHeartbeat(ctx, t, kv, n, runErr)
+		hb := agenttest.WaitHeartbeat(running, t, conn, "pve-home", n)
 		if hb.Type != "proxmox" || hb.Target != n || hb.Capacity != 7 || hb.Version != "test" ||
 			strings.Join(hb.Images, ",") != "debian-13" || strings.Join(hb.Profiles, ",") != "small" {
 			t.Errorf("heartbeat of %s = %+v", n, hb)
 		}
 	}
+	ctx, cancel := context.WithTimeout(running, agenttest.Timeout)
+	defer cancel()
 	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -118,18 +92,16 @@ func TestRunServesEveryNode(t *testing.T) {
 		t.Errorf("check of pve2 = %+v, want node pve2 online", verdicts)
 	}
 
-	stop()
-	select {
-	case err := <-runErr:
-		if err != nil {
-			t.Fatalf("Run = %v after its context ended, want nil", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("Run did not return after its context ended")
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v after its context ended, want nil", err)
+	}
+	kv, err := conn.JS.KeyValue(context.Background(), bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, n := range []string{"pve1", "pve2"} {
-		if _, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", n)); err == nil {
-			t.Errorf("heartbeat of %s left behind after Run returned", n)
+		if _, err := kv.Get(context.Background(), agent.HeartbeatKey("pve-home", n)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("heartbeat of %s after Run returned: err = %v, want it deleted", n, err)
 		}
 	}
 }

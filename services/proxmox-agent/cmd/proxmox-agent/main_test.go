@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -87,8 +86,10 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	conn := bustest.Start(t)
 	path := writeConfig(t, fake, "")
 	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1", "--log-level", "debug")
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
+	// The agent writes its log straight into a file, which the test reads
+	// at any time without sharing a buffer with a copying goroutine.
+	stderr := logFile(t)
+	cmd.Stderr = stderr.f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -161,20 +162,24 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// processLog is a file a child process writes its stderr into.
+type processLog struct{ f *os.File }
+
+func logFile(t *testing.T) processLog {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "stderr.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return processLog{f: f}
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// String is what the process has written so far.
+func (l processLog) String() string {
+	b, err := os.ReadFile(l.f.Name())
+	if err != nil {
+		return "(log unreadable: " + err.Error() + ")"
+	}
+	return string(b)
 }

@@ -4,7 +4,7 @@
 // problem of the file reported at once in one [*Error], each naming its key
 // by path ("entries[0].gce.images.debian-12").
 //
-// Durations in configuration files are [events.Duration] values ("30s").
+// Durations in configuration files are [Duration] values ("30s").
 package agentconfig
 
 import (

@@ -18,8 +18,8 @@ import (
 // testConfig has the shapes agent configs have: a list of entries, maps
 // keyed by image name, durations and numbers.
 type testConfig struct {
-	Entries []testEntry     `yaml:"entries"`
-	Timeout events.Duration `yaml:"timeout"`
+	Entries []testEntry          `yaml:"entries"`
+	Timeout agentconfig.Duration `yaml:"timeout"`
 }
 
 type testEntry struct {
@@ -36,7 +36,7 @@ type testImage struct {
 
 func (c *testConfig) Defaults() {
 	if c.Timeout == 0 {
-		c.Timeout = events.Duration(time.Minute)
+		c.Timeout = agentconfig.Duration(time.Minute)
 	}
 }
 
@@ -65,6 +65,13 @@ entries:
 	}
 	if got := c.Entries[0].Images["debian-12"].SHA256; got != "abc" {
 		t.Errorf("sha256 = %q, want %q", got, "abc")
+	}
+	c, err = agentconfig.Parse[testConfig]([]byte("timeout: 1m30s\nentries: [{name: a}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := time.Duration(c.Timeout), 90*time.Second; got != want {
+		t.Errorf("timeout = %v, want %v", got, want)
 	}
 }
 

@@ -3,6 +3,7 @@ package events
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -44,6 +45,35 @@ type PoolSpec struct {
 type ProxyAuth struct {
 	Username string `json:"username"`
 	Password string `json:"password,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("72h").
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	if d == 0 {
+		return []byte(`""`), nil
+	}
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON accepts a duration string such as "90m" or "72h".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("must be a duration string such as \"72h\"")
+	}
+	if s == "" {
+		*d = 0
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("must be a duration string such as \"72h\": %q", s)
+	}
+	*d = Duration(v)
+	return nil
 }
 
 // Normalize fills defaults in place.

@@ -42,9 +42,9 @@ type Entry struct {
 	// Capacity is how many proxies each target may hold; 0 means unlimited.
 	Capacity int `yaml:"capacity"`
 	// CommandTimeout bounds one command including the wait for an address.
-	CommandTimeout events.Duration `yaml:"commandTimeout"`
-	GCE            *GCE            `yaml:"gce"`
-	Kubernetes     *Kubernetes     `yaml:"kubernetes"`
+	CommandTimeout agentconfig.Duration `yaml:"commandTimeout"`
+	GCE            *GCE                 `yaml:"gce"`
+	Kubernetes     *Kubernetes          `yaml:"kubernetes"`
 }
 
 // GCE configures a gce entry. Targets are zones of Project.

@@ -57,9 +57,9 @@ type Libvirt struct {
 	// URI is the libvirt URI (default qemu:///system).
 	URI string `yaml:"uri"`
 	// RPCTimeout bounds one libvirt call (default 30s).
-	RPCTimeout events.Duration `yaml:"rpcTimeout"`
+	RPCTimeout agentconfig.Duration `yaml:"rpcTimeout"`
 	// TransferTimeout bounds one image download and upload (default 20m).
-	TransferTimeout events.Duration `yaml:"transferTimeout"`
+	TransferTimeout agentconfig.Duration `yaml:"transferTimeout"`
 }
 
 // SSH is a remote libvirtd reached through an SSH session.
@@ -112,10 +112,10 @@ func (c *Config) Defaults() {
 		c.Libvirt.URI = "qemu:///system"
 	}
 	if c.Libvirt.RPCTimeout == 0 {
-		c.Libvirt.RPCTimeout = events.Duration(30 * time.Second)
+		c.Libvirt.RPCTimeout = agentconfig.Duration(30 * time.Second)
 	}
 	if c.Libvirt.TransferTimeout == 0 {
-		c.Libvirt.TransferTimeout = events.Duration(20 * time.Minute)
+		c.Libvirt.TransferTimeout = agentconfig.Duration(20 * time.Minute)
 	}
 	if c.DomainType == "" {
 		c.DomainType = "kvm"
@@ -179,10 +179,10 @@ func (c *Config) Check(e *agentconfig.Error) {
 	if _, err := url.Parse(lv.URI); err != nil || !strings.Contains(lv.URI, "://") {
 		e.Add("libvirt.uri", "must be a libvirt URI such as qemu:///system, got %q", lv.URI)
 	}
-	if lv.RPCTimeout < events.Duration(time.Second) {
+	if lv.RPCTimeout < agentconfig.Duration(time.Second) {
 		e.Add("libvirt.rpcTimeout", "must be at least 1s")
 	}
-	if lv.TransferTimeout < events.Duration(2*time.Minute) {
+	if lv.TransferTimeout < agentconfig.Duration(2*time.Minute) {
 		e.Add("libvirt.transferTimeout", "must be at least 2m (the download gets a deadline one minute inside it)")
 	}
 

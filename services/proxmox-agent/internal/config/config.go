@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agentconfig"
-	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 )
 
@@ -61,9 +60,9 @@ type Config struct {
 	// vendor-data (default true).
 	InstallGuestAgent *bool `yaml:"installGuestAgent"`
 	// TaskPollInterval is how often a task is polled (default 1s).
-	TaskPollInterval events.Duration `yaml:"taskPollInterval"`
+	TaskPollInterval agentconfig.Duration `yaml:"taskPollInterval"`
 	// RequestTimeout bounds one API request (default 60s).
-	RequestTimeout events.Duration `yaml:"requestTimeout"`
+	RequestTimeout agentconfig.Duration `yaml:"requestTimeout"`
 }
 
 // Profile is the size of one machine profile.
@@ -95,10 +94,10 @@ func (c *Config) Defaults() {
 		c.Bridge = "vmbr0"
 	}
 	if c.TaskPollInterval == 0 {
-		c.TaskPollInterval = events.Duration(time.Second)
+		c.TaskPollInterval = agentconfig.Duration(time.Second)
 	}
 	if c.RequestTimeout == 0 {
-		c.RequestTimeout = events.Duration(60 * time.Second)
+		c.RequestTimeout = agentconfig.Duration(60 * time.Second)
 	}
 }
 

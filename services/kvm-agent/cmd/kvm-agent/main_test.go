@@ -7,19 +7,10 @@ import (
 	"testing"
 )
 
-func TestHelpExplains(t *testing.T) {
-	var out strings.Builder
-	if code := run([]string{"--help"}, &out); code != 0 {
-		t.Fatalf("--help exit code %d", code)
-	}
-	for _, want := range []string{"Usage: kvm-agent [flags]", "docs/kvm.md", "-config", "-check-config", "-recheck-interval", "-log-libvirt-xml", "-nats-url"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("--help does not mention %q:\n%s", want, &out)
-		}
-	}
-}
-
-func TestConfigErrors(t *testing.T) {
+// TestRunExitCodesAndOutput runs the command line as main does: --help,
+// configuration errors (exit 2, every problem named by its key) and
+// --check-config.
+func TestRunExitCodesAndOutput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	good := filepath.Join(dir, "good.yaml")
@@ -41,6 +32,7 @@ profiles: {small: {vcpus: 1, memoryMiB: 512, diskGiB: 4}}
 		code int
 		want []string
 	}{
+		{[]string{"--help"}, 0, []string{"Usage: kvm-agent [flags]", "docs/kvm.md", "-config", "-check-config", "-recheck-interval", "-log-libvirt-xml", "-nats-url"}},
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, 2, []string{"kvm-agent: open ", "no such file"}},
 		{[]string{"--config", bad}, 2, []string{"kvm-agent: invalid config " + bad + ":\n", "\n  vlna: unknown key", "\n  images: at least one image is required"}},
 		{[]string{"--config", good, "extra"}, 2, []string{"unexpected argument"}},

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/pve"
@@ -103,27 +103,30 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Waits end when the agent exits, whose log then tells why.
+	alive, died := context.WithCancel(ctx)
+	defer died()
+	go func() {
+		select {
+		case <-exited:
+			died()
+		case <-alive.Done():
+		}
+	}()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		select {
+		case <-exited:
+			t.Logf("agent exited: %v; stderr:\n%s", waitErr, stderr.String())
+		default:
+			t.Logf("agent stderr:\n%s", stderr.String())
+		}
+	})
 	for _, n := range []string{"pve1", "pve2"} {
-		for {
-			e, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", n))
-			if err == nil {
-				var hb agent.Heartbeat
-				if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Type != "proxmox" || hb.Target != n {
-					t.Fatalf("heartbeat of %s = %s", n, e.Value())
-				}
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("no heartbeat from node %s; agent stderr:\n%s", n, stderr.String())
-			case <-exited:
-				t.Fatalf("agent exited: %v\n%s", waitErr, stderr.String())
-			case <-time.After(20 * time.Millisecond):
-			}
+		if hb := agenttest.WaitHeartbeat(alive, t, conn, "pve-home", n); hb.Type != "proxmox" || hb.Target != n {
+			t.Fatalf("heartbeat of %s = %+v", n, hb)
 		}
 	}
 	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)

@@ -1,6 +1,7 @@
 // Package agenttest runs agent runtimes in tests and waits on what they
-// publish: [Serve] runs a process's runtimes until the test stops them, and
-// [WaitHeartbeat] watches fleet-agents for one runtime's heartbeat.
+// publish: [Serve] runs a process's runtimes until the test stops them,
+// [WaitHeartbeat] watches fleet-agents for one runtime's heartbeat, and
+// [Check] asks one runtime for its checks.
 package agenttest
 
 import (
@@ -14,6 +15,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 )
 
 // Timeout bounds each wait of this package.
@@ -91,4 +93,21 @@ func WaitHeartbeat(ctx context.Context, t testing.TB, conn *bus.Conn, entry, tar
 			t.Fatalf("no heartbeat %s in %s: %v (did the runtime stop?)", key, bus.BucketAgents, context.Cause(ctx))
 		}
 	}
+}
+
+// Check asks the runtime of entry and target for its checks (the
+// fleet.agent.<entry>.<target>.check request) and returns its verdicts.
+func Check(ctx context.Context, t testing.TB, conn *bus.Conn, entry, target string) []agent.Verdict {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject(entry, target, events.AgentCheck), nil)
+	if err != nil {
+		t.Fatalf("check of %s.%s: %v", entry, target, err)
+	}
+	var verdicts []agent.Verdict
+	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
+		t.Fatalf("check of %s.%s answered %s: %v", entry, target, msg.Data, err)
+	}
+	return verdicts
 }

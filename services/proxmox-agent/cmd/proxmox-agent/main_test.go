@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,10 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus/bustest"
-	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
 )
@@ -129,14 +126,7 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 			t.Fatalf("heartbeat of %s = %+v", n, hb)
 		}
 	}
-	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var verdicts []agent.Verdict
-	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
-		t.Fatalf("check answer %s: %v", msg.Data, err)
-	}
+	verdicts := agenttest.Check(alive, t, conn, "pve-home", "pve2")
 	found := false
 	for _, v := range verdicts {
 		if v.Check == "node pve2" {

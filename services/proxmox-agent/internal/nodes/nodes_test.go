@@ -2,7 +2,6 @@ package nodes_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
-	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/config"
 	"proxyfleet/services/proxmox-agent/internal/nodes"
 	"proxyfleet/services/proxmox-agent/internal/pve"
@@ -72,16 +70,7 @@ func TestRunServesEveryNode(t *testing.T) {
 			t.Errorf("heartbeat of %s = %+v", n, hb)
 		}
 	}
-	ctx, cancel := context.WithTimeout(running, agenttest.Timeout)
-	defer cancel()
-	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var verdicts []agent.Verdict
-	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
-		t.Fatalf("check answer %s: %v", msg.Data, err)
-	}
+	verdicts := agenttest.Check(running, t, conn, "pve-home", "pve2")
 	online := false
 	for _, v := range verdicts {
 		if v.Check == "node pve2" {

@@ -169,7 +169,23 @@ func Decode(b []byte, v any) *Error {
 		e.fatal = true
 		e.Add("", "%s", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
+	if !e.fatal {
+		var more yaml.Node
+		if err := dec.Decode(&more); !errors.Is(err, io.EOF) && !emptyDocument(&more) {
+			e.Add("", "the file holds more than one YAML document (a second \"---\"): only one is read, so merge them")
+		}
+	}
 	return e
+}
+
+// emptyDocument reports whether n is a document with nothing in it, as
+// after a trailing "---".
+func emptyDocument(n *yaml.Node) bool {
+	if n.Kind != yaml.DocumentNode || len(n.Content) == 0 {
+		return n.Kind == 0
+	}
+	c := n.Content[0]
+	return c.Kind == yaml.ScalarNode && c.Tag == "!!null" && c.Value == ""
 }
 
 // place is one key or value of the document, with its path.

@@ -112,6 +112,8 @@ entires: []
 			{Key: "entries", Reason: "list at least one entry"},
 		}},
 		{"empty", "\n# nothing\n", []agentconfig.Problem{{Reason: "empty config: the file holds no keys"}}},
+		{"two documents", "entries: [{name: a}]\n---\nentries: [{name: b}]\n", []agentconfig.Problem{
+			{Reason: `the file holds more than one YAML document (a second "---"): only one is read, so merge them`}}},
 		{"not YAML", "entries: [a\n", nil},
 	}
 	for _, tc := range tests {
@@ -131,6 +133,14 @@ entires: []
 				t.Errorf("problems:\n got %q\nwant %q", e.Problems, tc.want)
 			}
 		})
+	}
+}
+
+func TestParseAcceptsDocumentMarkers(t *testing.T) {
+	for _, doc := range []string{"---\nentries: [{name: a}]\n", "entries: [{name: a}]\n---\n", "entries: [{name: a}]\n...\n"} {
+		if _, err := agentconfig.Parse[testConfig]([]byte(doc)); err != nil {
+			t.Errorf("Parse(%q) = %v, want one document read", doc, err)
+		}
 	}
 }
 

@@ -113,6 +113,14 @@ func (e *Error) Identifier(key, value string) {
 	e.Add(key, "%s, got %q", fe.Reason, fe.Value)
 }
 
+// KeyOf records a problem with key when its value is set but names no key
+// of m, the map at mapKey (a default image naming no configured image).
+func KeyOf[V any](e *Error, key, value string, m map[string]V, mapKey string) {
+	if _, ok := m[value]; value != "" && !ok {
+		e.Add(key, "names no key of %s: %q", mapKey, value)
+	}
+}
+
 // Err returns e when it holds at least one problem, else nil.
 func (e *Error) Err() error {
 	if len(e.Problems) == 0 {

@@ -23,10 +23,11 @@ type testConfig struct {
 }
 
 type testEntry struct {
-	Name     string               `yaml:"name"`
-	Capacity int                  `yaml:"capacity"`
-	Images   map[string]testImage `yaml:"images"`
-	Tags     []string             `yaml:"tags"`
+	Name         string               `yaml:"name"`
+	DefaultImage string               `yaml:"defaultImage"`
+	Capacity     int                  `yaml:"capacity"`
+	Images       map[string]testImage `yaml:"images"`
+	Tags         []string             `yaml:"tags"`
 }
 
 type testImage struct {
@@ -46,6 +47,7 @@ func (c *testConfig) Check(e *agentconfig.Error) {
 	}
 	for i, en := range c.Entries {
 		e.Identifier(fmt.Sprintf("entries[%d].name", i), en.Name)
+		agentconfig.KeyOf(e, fmt.Sprintf("entries[%d].defaultImage", i), en.DefaultImage, en.Images, fmt.Sprintf("entries[%d].images", i))
 	}
 }
 
@@ -105,6 +107,13 @@ entries:
 			{Key: "entries[0].tags", Reason: "cannot unmarshal !!map into []string"},
 			{Key: "entries[0].name", Reason: `must be ` + events.IdentifierRule + `, got "Bad_Name"`},
 		}},
+		{"a default naming no key", `
+entries:
+  - name: a
+    defaultImage: debian-13
+    images: {debian-12: {url: "https://h/d.qcow2"}}
+  - name: b
+`, []agentconfig.Problem{{Key: "entries[0].defaultImage", Reason: `names no key of entries[0].images: "debian-13"`}}},
 		{"a misspelt list is also missing", `
 entires: []
 `, []agentconfig.Problem{

@@ -209,12 +209,8 @@ func checkGCE(v *agentconfig.Error, p string, g *GCE) {
 			v.Add(p+".profiles."+k, "must name a machine type")
 		}
 	}
-	if g.DefaultImage != "" && g.Images[g.DefaultImage] == "" {
-		v.Add(p+".defaultImage", "must be a key of images, got %q", g.DefaultImage)
-	}
-	if g.DefaultProfile != "" && g.Profiles[g.DefaultProfile] == "" {
-		v.Add(p+".defaultProfile", "must be a key of profiles, got %q", g.DefaultProfile)
-	}
+	agentconfig.KeyOf(v, p+".defaultImage", g.DefaultImage, g.Images, p+".images")
+	agentconfig.KeyOf(v, p+".defaultProfile", g.DefaultProfile, g.Profiles, p+".profiles")
 	for i, t := range g.Tags {
 		if !gceTagRE.MatchString(t) {
 			v.Add(fmt.Sprintf("%s.tags[%d]", p, i), "must be a network tag: lowercase letters, digits and '-', starting with a letter, got %q", t)

@@ -234,11 +234,7 @@ func (c *Config) Check(e *agentconfig.Error) {
 			e.Add(key+".firmware", "must be uefi or bios, got %q", im.Firmware)
 		}
 	}
-	if c.DefaultImage != "" {
-		if _, ok := c.Images[c.DefaultImage]; !ok {
-			e.Add("defaultImage", "names no key of images: %q", c.DefaultImage)
-		}
-	}
+	agentconfig.KeyOf(e, "defaultImage", c.DefaultImage, c.Images, "images")
 
 	if len(c.Profiles) == 0 {
 		e.Add("profiles", "at least one machine profile is required")
@@ -259,11 +255,7 @@ func (c *Config) Check(e *agentconfig.Error) {
 			e.Add(key+".diskGiB", "must be at least 1, got %d", pr.DiskGiB)
 		}
 	}
-	if c.DefaultProfile != "" {
-		if _, ok := c.Profiles[c.DefaultProfile]; !ok {
-			e.Add("defaultProfile", "names no key of profiles: %q", c.DefaultProfile)
-		}
-	}
+	agentconfig.KeyOf(e, "defaultProfile", c.DefaultProfile, c.Profiles, "profiles")
 	if c.Capacity < 0 {
 		e.Add("capacity", "must be zero (unlimited) or more, got %d", c.Capacity)
 	}

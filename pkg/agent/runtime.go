@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -303,7 +304,7 @@ func (r *Runtime) resume(ctx context.Context) {
 			defer func() { <-r.sem }()
 			wctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 			defer cancel()
-			ref := Ref{ProxyID: inst.Marker.ProxyID, Name: inst.Name, ProviderID: firstNonEmpty(prov.ProviderID, inst.ProviderID)}
+			ref := Ref{ProxyID: inst.Marker.ProxyID, Name: inst.Name, ProviderID: cmp.Or(prov.ProviderID, inst.ProviderID)}
 			// List's cheap state is not the word on a proxy's start: watch
 			// it through Get, which also lets a driver record what it finds.
 			got, err := r.waitRunning(wctx, ref, Instance{Name: inst.Name, ProviderID: inst.ProviderID, Marker: inst.Marker})
@@ -454,7 +455,7 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 		span.RecordError(err)
 		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("create %s: %w", cmd.Instance, err))
 	}
-	ref := Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: firstNonEmpty(inst.ProviderID, spec.ProviderID)}
+	ref := Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: cmp.Or(inst.ProviderID, spec.ProviderID)}
 	inst, err = r.waitRunning(cctx, ref, inst)
 	if err != nil {
 		span.RecordError(err)
@@ -613,11 +614,4 @@ func (r *Runtime) ack(ctx context.Context, msg jetstream.Msg, log *slog.Logger) 
 	if err := msg.DoubleAck(actx); err != nil {
 		log.Warn("ack failed; the command may be redelivered and will be found done", "err", err)
 	}
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

@@ -4,7 +4,10 @@ go 1.26.0
 
 require proxyfleet/pkg v0.0.0
 
-require github.com/kdomanski/iso9660 v0.4.0 // indirect
+require (
+	github.com/kdomanski/iso9660 v0.4.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
@@ -50,7 +53,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.83.2 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-	gopkg.in/yaml.v3 v3.0.1
 )
 
 replace proxyfleet/pkg => ../../pkg

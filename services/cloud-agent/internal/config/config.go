@@ -4,18 +4,14 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
-	"os"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"proxyfleet/pkg/agentconfig"
 	"proxyfleet/pkg/events"
 )
 
@@ -46,9 +42,9 @@ type Entry struct {
 	// Capacity is how many proxies each target may hold; 0 means unlimited.
 	Capacity int `yaml:"capacity"`
 	// CommandTimeout bounds one command including the wait for an address.
-	CommandTimeout Duration    `yaml:"commandTimeout"`
-	GCE            *GCE        `yaml:"gce"`
-	Kubernetes     *Kubernetes `yaml:"kubernetes"`
+	CommandTimeout agentconfig.Duration `yaml:"commandTimeout"`
+	GCE            *GCE                 `yaml:"gce"`
+	Kubernetes     *Kubernetes          `yaml:"kubernetes"`
 }
 
 // GCE configures a gce entry. Targets are zones of Project.
@@ -106,58 +102,21 @@ type Resources struct {
 	MemoryLimit string `yaml:"memoryLimit"`
 }
 
-// Duration is a time.Duration written as "90s" or "10m".
-type Duration time.Duration
-
-// UnmarshalYAML parses a Go duration string.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return err
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("line %d: must be a duration such as \"10m\": %q", n.Line, s)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// Load reads and validates the config file at path.
-func Load(path string) (*File, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	f, err := Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return f, nil
-}
+// Load reads and validates the config file at path; its problems come
+// back as one [*agentconfig.Error].
+func Load(path string) (*File, error) { return agentconfig.Load[File](path) }
 
 // Parse decodes and validates a config document. Unknown keys are errors,
 // so a typo never silently falls back to a default.
-func Parse(b []byte) (*File, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	var f File
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("empty config: list at least one entry under \"entries\"")
-		}
-		return nil, err
-	}
-	f.defaults()
-	if err := f.Validate(); err != nil {
-		return nil, err
-	}
-	return &f, nil
-}
+func Parse(b []byte) (*File, error) { return agentconfig.Parse[File](b) }
 
-func (f *File) defaults() {
+// Defaults fills what the document leaves out.
+func (f *File) Defaults() {
 	for i := range f.Entries {
 		e := &f.Entries[i]
+		if e.Type == TypeKubernetes && e.Kubernetes == nil {
+			e.Kubernetes = &Kubernetes{}
+		}
 		if k := e.Kubernetes; k != nil {
 			if k.Image == "" {
 				k.Image = DefaultSquidImage
@@ -172,121 +131,111 @@ func (f *File) defaults() {
 // gceTagRE is what GCE accepts as a network tag.
 var gceTagRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// Validate reports every problem of the file at once.
-func (f *File) Validate() error {
-	var v events.ValidationError
+// Check adds every problem of the file to v.
+func (f *File) Check(v *agentconfig.Error) {
 	if len(f.Entries) == 0 {
-		v.Add("entries", "must list at least one entry", "")
+		v.Add("entries", "must list at least one entry")
 	}
 	seen := map[string]bool{}
 	for i, e := range f.Entries {
 		p := fmt.Sprintf("entries[%d]", i)
-		if fe := events.CheckIdentifier(p+".name", e.Name); fe != nil {
-			v.AddField(fe)
+		if !events.IsIdentifier(e.Name) {
+			v.Identifier(p+".name", e.Name)
 		} else if seen[e.Name] {
-			v.Add(p+".name", "is used by an earlier entry", e.Name)
+			v.Add(p+".name", "%q is used by an earlier entry", e.Name)
 		}
 		seen[e.Name] = true
 		if e.Capacity < 0 {
-			v.Add(p+".capacity", "must be 0 (unlimited) or more", fmt.Sprint(e.Capacity))
+			v.Add(p+".capacity", "must be 0 (unlimited) or more, got %d", e.Capacity)
 		}
 		if e.CommandTimeout < 0 {
-			v.Add(p+".commandTimeout", "must be positive", time.Duration(e.CommandTimeout).String())
+			v.Add(p+".commandTimeout", "must be positive, got %s", time.Duration(e.CommandTimeout))
 		}
 		if len(e.Targets) == 0 {
-			v.Add(p+".targets", "must list at least one target", "")
+			v.Add(p+".targets", "must list at least one target")
 		}
 		tseen := map[string]bool{}
 		for j, t := range e.Targets {
 			tp := fmt.Sprintf("%s.targets[%d]", p, j)
-			if fe := events.CheckIdentifier(tp, t); fe != nil {
-				v.AddField(fe)
+			if !events.IsIdentifier(t) {
+				v.Identifier(tp, t)
 			} else if tseen[t] {
-				v.Add(tp, "is listed twice", t)
+				v.Add(tp, "%q is listed twice", t)
 			}
 			tseen[t] = true
 		}
 		switch e.Type {
 		case TypeGCE:
 			if e.Kubernetes != nil {
-				v.Add(p+".kubernetes", "is not allowed in a gce entry", "")
+				v.Add(p+".kubernetes", "is not allowed in a gce entry")
 			}
 			if e.GCE == nil {
-				v.Add(p+".gce", "is required for type gce", "")
+				v.Add(p+".gce", "is required for type gce")
 				continue
 			}
-			validateGCE(&v, p+".gce", e.GCE)
+			checkGCE(v, p+".gce", e.GCE)
 		case TypeKubernetes:
 			if e.GCE != nil {
-				v.Add(p+".gce", "is not allowed in a kubernetes entry", "")
+				v.Add(p+".gce", "is not allowed in a kubernetes entry")
 			}
-			if e.Kubernetes == nil {
-				e.Kubernetes = &Kubernetes{Image: DefaultSquidImage, AuthHelper: DefaultAuthHelper}
-				f.Entries[i].Kubernetes = e.Kubernetes
-			}
-			validateKube(&v, p+".kubernetes", e.Kubernetes)
+			checkKube(v, p+".kubernetes", e.Kubernetes)
 		case "":
-			v.Add(p+".type", "is required: gce or kubernetes", "")
+			v.Add(p+".type", "is required: gce or kubernetes")
 		default:
-			v.Add(p+".type", "must be gce or kubernetes", e.Type)
+			v.Add(p+".type", "must be gce or kubernetes, got %q", e.Type)
 		}
 	}
-	return v.Err()
 }
 
-func validateGCE(v *events.ValidationError, p string, g *GCE) {
+func checkGCE(v *agentconfig.Error, p string, g *GCE) {
 	if g.Project == "" {
-		v.Add(p+".project", "is required", "")
+		v.Add(p+".project", "is required")
 	}
 	if len(g.Images) == 0 {
-		v.Add(p+".images", "must map at least one image key to a source image", "")
+		v.Add(p+".images", "must map at least one image key to a source image")
 	}
-	for _, k := range sortedKeys(g.Images) {
-		v.AddField(events.CheckIdentifier(p+".images key", k))
+	for _, k := range slices.Sorted(maps.Keys(g.Images)) {
+		v.Identifier(p+".images."+k, k)
 		if g.Images[k] == "" {
-			v.Add(p+".images."+k, "must name a source image", "")
+			v.Add(p+".images."+k, "must name a source image")
 		}
 	}
 	if len(g.Profiles) == 0 {
-		v.Add(p+".profiles", "must map at least one profile key to a machine type", "")
+		v.Add(p+".profiles", "must map at least one profile key to a machine type")
 	}
-	for _, k := range sortedKeys(g.Profiles) {
-		v.AddField(events.CheckIdentifier(p+".profiles key", k))
+	for _, k := range slices.Sorted(maps.Keys(g.Profiles)) {
+		v.Identifier(p+".profiles."+k, k)
 		if g.Profiles[k] == "" {
-			v.Add(p+".profiles."+k, "must name a machine type", "")
+			v.Add(p+".profiles."+k, "must name a machine type")
 		}
 	}
-	if g.DefaultImage != "" && g.Images[g.DefaultImage] == "" {
-		v.Add(p+".defaultImage", "must be a key of images", g.DefaultImage)
-	}
-	if g.DefaultProfile != "" && g.Profiles[g.DefaultProfile] == "" {
-		v.Add(p+".defaultProfile", "must be a key of profiles", g.DefaultProfile)
-	}
+	agentconfig.KeyOf(v, p+".defaultImage", g.DefaultImage, g.Images, p+".images")
+	agentconfig.KeyOf(v, p+".defaultProfile", g.DefaultProfile, g.Profiles, p+".profiles")
 	for i, t := range g.Tags {
 		if !gceTagRE.MatchString(t) {
-			v.Add(fmt.Sprintf("%s.tags[%d]", p, i), "must be a network tag: lowercase letters, digits and '-', starting with a letter", t)
+			v.Add(fmt.Sprintf("%s.tags[%d]", p, i), "must be a network tag: lowercase letters, digits and '-', starting with a letter, got %q", t)
 		}
 	}
 	if g.DiskSizeGB < 0 {
-		v.Add(p+".diskSizeGB", "must be 0 (image size) or more", fmt.Sprint(g.DiskSizeGB))
+		v.Add(p+".diskSizeGB", "must be 0 (image size) or more, got %d", g.DiskSizeGB)
 	}
 	if g.Endpoint != "" && !strings.HasPrefix(g.Endpoint, "https://") && !strings.HasPrefix(g.Endpoint, "http://") {
-		v.Add(p+".endpoint", "must be an http(s) URL", g.Endpoint)
+		v.Add(p+".endpoint", "must be an http(s) URL, got %q", g.Endpoint)
 	}
 }
 
-func validateKube(v *events.ValidationError, p string, k *Kubernetes) {
-	for _, key := range sortedKeys(k.Images) {
-		v.AddField(events.CheckIdentifier(p+".images key", key))
+func checkKube(v *agentconfig.Error, p string, k *Kubernetes) {
+	for _, key := range slices.Sorted(maps.Keys(k.Images)) {
+		v.Identifier(p+".images."+key, key)
 		if k.Images[key] == "" {
-			v.Add(p+".images."+key, "must name a container image", "")
+			v.Add(p+".images."+key, "must name a container image")
 		}
 	}
-	for _, key := range sortedKeys(k.Profiles) {
-		v.AddField(events.CheckIdentifier(p+".profiles key", key))
+	for _, key := range slices.Sorted(maps.Keys(k.Profiles)) {
+		v.Identifier(p+".profiles."+key, key)
 	}
 	if !strings.HasPrefix(k.AuthHelper, "/") {
-		v.Add(p+".authHelper", "must be an absolute path inside the image", k.AuthHelper)
+		v.Add(p+".authHelper", "must be an absolute path inside the image, got %q", k.AuthHelper)
 	}
 }
 
@@ -294,9 +243,9 @@ func validateKube(v *events.ValidationError, p string, k *Kubernetes) {
 func (e *Entry) ImageKeys() []string {
 	switch {
 	case e.GCE != nil:
-		return sortedKeys(e.GCE.Images)
+		return slices.Sorted(maps.Keys(e.GCE.Images))
 	case e.Kubernetes != nil:
-		return sortedKeys(e.Kubernetes.Images)
+		return slices.Sorted(maps.Keys(e.Kubernetes.Images))
 	}
 	return nil
 }
@@ -305,18 +254,9 @@ func (e *Entry) ImageKeys() []string {
 func (e *Entry) ProfileKeys() []string {
 	switch {
 	case e.GCE != nil:
-		return sortedKeys(e.GCE.Profiles)
+		return slices.Sorted(maps.Keys(e.GCE.Profiles))
 	case e.Kubernetes != nil:
-		return sortedKeys(e.Kubernetes.Profiles)
+		return slices.Sorted(maps.Keys(e.Kubernetes.Profiles))
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -2,10 +2,11 @@ package config
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
-	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/agentconfig"
 )
 
 const good = `
@@ -102,10 +103,17 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-func TestValidationErrorIsStructured(t *testing.T) {
-	_, err := Parse([]byte("entries:\n  - {name: a, type: gce, targets: [z]}\n"))
-	var ve *events.ValidationError
-	if !errors.As(err, &ve) || len(ve.Fields) == 0 {
-		t.Fatalf("error %v is not a ValidationError", err)
+func TestConfigErrorIsStructured(t *testing.T) {
+	_, err := Parse([]byte("entries:\n  - {name: a, type: gce, targets: [z], capacity: -1}\n"))
+	ce, ok := errors.AsType[*agentconfig.Error](err)
+	if !ok {
+		t.Fatalf("error %v is not an *agentconfig.Error", err)
+	}
+	want := []agentconfig.Problem{
+		{Key: "entries[0].capacity", Reason: "must be 0 (unlimited) or more, got -1"},
+		{Key: "entries[0].gce", Reason: "is required for type gce"},
+	}
+	if !slices.Equal(ce.Problems, want) {
+		t.Errorf("problems:\n got %q\nwant %q", ce.Problems, want)
 	}
 }

@@ -1,11 +1,13 @@
 package gce
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -147,15 +149,15 @@ func (d *Driver) adopt(ctx context.Context, zone string, spec agent.Spec) (agent
 
 func (d *Driver) instanceFor(spec agent.Spec) (*compute.Instance, error) {
 	c := d.o.Config
-	imageKey := firstNonEmpty(spec.Image, c.DefaultImage)
+	imageKey := cmp.Or(spec.Image, c.DefaultImage)
 	image, ok := c.Images[imageKey]
 	if !ok {
-		return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", imageKey, d.o.Entry, strings.Join(keys(c.Images), ", "))
+		return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", imageKey, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Images)), ", "))
 	}
-	profileKey := firstNonEmpty(spec.Profile, c.DefaultProfile)
+	profileKey := cmp.Or(spec.Profile, c.DefaultProfile)
 	machineType, ok := c.Profiles[profileKey]
 	if !ok {
-		return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", profileKey, d.o.Entry, strings.Join(keys(c.Profiles), ", "))
+		return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", profileKey, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Profiles)), ", "))
 	}
 	userData := spec.UserData
 	if len(userData) == 0 {
@@ -313,11 +315,7 @@ func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aggregated list of instances: %w", classify(err))
 	}
-	miss := make([]string, 0, len(unreachable))
-	for z := range unreachable {
-		miss = append(miss, z)
-	}
-	sort.Strings(miss)
+	miss := slices.Sorted(maps.Keys(unreachable))
 	d.mu.Lock()
 	d.miss = miss
 	d.mu.Unlock()
@@ -412,20 +410,4 @@ func (d *Driver) address(inst *compute.Instance) string {
 		return ""
 	}
 	return nic.NetworkIP
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-func keys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -1,6 +1,7 @@
 package gce
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -379,7 +380,7 @@ func (f *fakeCompute) start(inst *compute.Instance) {
 	inst.Status = "RUNNING"
 	nic := inst.NetworkInterfaces[0]
 	nic.NetworkIP = fmt.Sprintf("10.128.0.%d", inst.Id%250+2)
-	nic.Network = firstNonEmpty(nic.Network, f.link("projects", f.project, "global/networks/default"))
+	nic.Network = cmp.Or(nic.Network, f.link("projects", f.project, "global/networks/default"))
 	for _, ac := range nic.AccessConfigs {
 		ac.NatIP = fmt.Sprintf("203.0.113.%d", inst.Id%250+2)
 		ac.Kind = "compute#accessConfig"

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sort"
@@ -168,14 +169,14 @@ func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
 	if spec.Image != "" {
 		var ok bool
 		if image, ok = c.Images[spec.Image]; !ok {
-			return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", spec.Image, d.o.Entry, strings.Join(sortedKeys(c.Images), ", "))
+			return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", spec.Image, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Images)), ", "))
 		}
 	}
 	var res corev1.ResourceRequirements
 	if spec.Profile != "" {
 		p, ok := c.Profiles[spec.Profile]
 		if !ok {
-			return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", spec.Profile, d.o.Entry, strings.Join(sortedKeys(c.Profiles), ", "))
+			return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", spec.Profile, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Profiles)), ", "))
 		}
 		var err error
 		if res, err = resources(p); err != nil {
@@ -430,13 +431,4 @@ func proxyPort(p *corev1.Pod) int32 {
 		}
 	}
 	return events.DefaultProxyPort
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -1,9 +1,12 @@
 package config
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"proxyfleet/pkg/agentconfig"
 )
 
 const valid = `
@@ -97,9 +100,9 @@ profiles: {p: {vcpus: 1, memoryMiB: 512, diskGiB: 1}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.doc))
-			ce, ok := AsError(err)
+			ce, ok := errors.AsType[*agentconfig.Error](err)
 			if !ok {
-				t.Fatalf("Parse error = %v, want *Error", err)
+				t.Fatalf("Parse error = %v, want *agentconfig.Error", err)
 			}
 			if len(ce.Problems) != len(tc.want) {
 				t.Errorf("got %d problems, want %d:\n%s", len(ce.Problems), len(tc.want), err)
@@ -107,7 +110,7 @@ profiles: {p: {vcpus: 1, memoryMiB: 512, diskGiB: 1}}
 			for _, w := range tc.want {
 				found := false
 				for _, p := range ce.Problems {
-					if strings.HasPrefix(p, w) {
+					if strings.HasPrefix(p.String(), w) {
 						found = true
 					}
 				}
@@ -123,5 +126,16 @@ func TestParseUnknownKey(t *testing.T) {
 	_, err := Parse([]byte(valid + "imgaes: {}\n"))
 	if err == nil || !strings.Contains(err.Error(), "imgaes") {
 		t.Fatalf("Parse with a misspelt key: err = %v, want one naming imgaes", err)
+	}
+	_, err = Parse([]byte(strings.Replace(valid, "    sha256:", "    sha265:", 1)))
+	if want := "\n  images.debian-12.sha265: unknown key"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Parse with a misspelt nested key: err = %v, want one containing %q", err, want)
+	}
+}
+
+func TestParseBadDurationNamesItsKey(t *testing.T) {
+	_, err := Parse([]byte(valid + "libvirt: {rpcTimeout: soon}\n"))
+	if want := `libvirt.rpcTimeout: must be a duration such as "30s" or "10m", got "soon"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Parse with a bad duration: err = %v, want one containing %q", err, want)
 	}
 }

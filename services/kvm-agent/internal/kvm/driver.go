@@ -8,8 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,16 +59,8 @@ func (d *Driver) providerID(name string) string { return d.cfg.Target + "/" + na
 
 // Info is what the agent announces.
 func (d *Driver) Info(version string) agent.Info {
-	info := agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity, Version: version}
-	for k := range d.cfg.Images {
-		info.Images = append(info.Images, k)
-	}
-	for k := range d.cfg.Profiles {
-		info.Profiles = append(info.Profiles, k)
-	}
-	sort.Strings(info.Images)
-	sort.Strings(info.Profiles)
-	return info
+	return agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity, Version: version,
+		Images: slices.Sorted(maps.Keys(d.cfg.Images)), Profiles: slices.Sorted(maps.Keys(d.cfg.Profiles))}
 }
 
 // Create makes (or finds) the domain of spec and starts it.

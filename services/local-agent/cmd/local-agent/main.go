@@ -6,7 +6,7 @@
 package main
 
 import (
-	"flag"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -22,16 +22,19 @@ import (
 
 const name = "local-agent"
 
+const about = `
+Runs the proxyfleet agent of the local backend: every proxy is a process on
+this machine, started in its own session so it outlives the agent, and found
+again from the state directory when the agent restarts.`
+
 func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
 func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "proxy" {
 		return runProxy(args[1:], stderr)
 	}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var common service.Flags
-	common.Register(fs, name)
+	cmd := service.NewCommand(name, "[flags]\n       "+name+" proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]", about, stderr)
+	fs := cmd.Flags
 	entry := fs.String("entry", "local", "provider entry this agent serves; commands arrive on fleet.cmd.<entry>.<target>.*")
 	target := fs.String("target", defaultTarget(), "target name of this machine; the default is the hostname made a valid identifier")
 	ports := fs.String("ports", "20000-20999", "port range FIRST-LAST that proxies listen on, one port per proxy")
@@ -41,24 +44,12 @@ func run(args []string, stderr io.Writer) int {
 	squid := fs.String("squid", "", "path of the squid binary (e.g. /usr/sbin/squid) to run each proxy as Squid; empty runs the built-in proxy")
 	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range")
 	recheck := agent.RecheckFlag(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: %s [flags]
-       %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
-
-Runs the proxyfleet agent of the local backend: every proxy is a process on
-this machine, started in its own session so it outlives the agent, and found
-again from the state directory when the agent restarts.
-
-Flags:
-`, name, name)
-		fs.PrintDefaults()
-	}
-	if code, ok := service.ParseArgs(fs, args, stderr); !ok {
+	if code, ok := cmd.Parse(args); !ok {
 		return code
 	}
 	cfg := local.Config{Entry: *entry, Target: *target, Bind: *bind, StateDir: *stateDir, Squid: *squid, Capacity: *capacity}
 	if cfg.StateDir == "" {
-		cfg.StateDir = filepath.Join(common.DataDir, "proxies")
+		cfg.StateDir = filepath.Join(cmd.Common.DataDir, "proxies")
 	}
 	for _, a := range strings.Split(*sources, ",") {
 		if a = strings.TrimSpace(a); a != "" {
@@ -86,40 +77,27 @@ Flags:
 	problems = append(problems, cfg.Problems()...)
 	if len(problems) > 0 {
 		for _, p := range problems {
-			fmt.Fprintf(stderr, "%s: %v\n", name, p)
+			cmd.Printf("%v", p)
 		}
-		fmt.Fprintf(stderr, "%s: see --help\n", name)
+		cmd.Printf("see --help")
 		return 2
 	}
-	return serve(common, cfg, *recheck)
+	return cmd.Serve(func(ctx context.Context, base *service.Base) error { return serve(ctx, base, cfg, *recheck) })
 }
 
-func serve(common service.Flags, cfg local.Config, recheck time.Duration) int {
-	ctx, stop := service.SignalContext()
-	defer stop()
-	base, err := service.Start(ctx, name, common)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		return 1
-	}
-	defer base.Close()
+// serve runs the local driver and its agent runtime until ctx ends.
+func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration) error {
 	drv, err := local.New(cfg, base.Log.With("component", "local"))
 	if err != nil {
-		base.Log.Error("local driver", "err", err)
-		return 1
+		return fmt.Errorf("local driver: %w", err)
 	}
 	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
 	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
 	if err != nil {
-		base.Log.Error("agent runtime", "err", err)
-		return 1
+		return fmt.Errorf("agent runtime: %w", err)
 	}
 	base.Log.Info("local backend", "state_dir", cfg.StateDir, "ports", cfg.Ports.String(), "bind", cfg.Bind, "squid", cfg.Squid)
-	if err := rt.Run(ctx); err != nil {
-		base.Log.Error("agent stopped", "err", err)
-		return 1
-	}
-	return 0
+	return rt.Run(ctx)
 }
 
 // defaultTarget is the hostname made a valid identifier, or "local".

@@ -60,3 +60,13 @@ func TestSanitize(t *testing.T) {
 		}
 	}
 }
+
+func TestProxyRejectsStrayArguments(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"proxy", "--listen", "127.0.0.1:0", "stray"}, &out); code != 2 {
+		t.Fatalf("exit %d, want 2; output:\n%s", code, &out)
+	}
+	if want := `local-agent proxy: unexpected argument "stray" (see --help)`; !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, &out)
+	}
+}

@@ -35,11 +35,8 @@ Flags:
 `, name)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := service.ParseArgs(fs, args, stderr); !ok {
+		return code
 	}
 	var problems []string
 	if _, _, err := net.SplitHostPort(*listen); err != nil {

@@ -6,20 +6,15 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"sync"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/agentconfig"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/proxmox-agent/internal/config"
-	"proxyfleet/services/proxmox-agent/internal/proxmox"
+	"proxyfleet/services/proxmox-agent/internal/nodes"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 )
 
@@ -28,106 +23,40 @@ const name = "proxmox-agent"
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
-func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
-
-func run(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var common service.Flags
-	common.Register(fs, name)
-	cfgPath := fs.String("config", "/etc/proxyfleet/proxmox-agent.yaml",
-		"configuration file (YAML): entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles")
-	check := fs.Bool("check-config", false, "validate the configuration file and exit")
-	recheck := agent.RecheckFlag(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: %s [flags]
-
+const about = `
 Runs the proxyfleet agent of one Proxmox VE cluster. Each node listed in the
 configuration is a target with its own command consumer
 (fleet.cmd.<entry>.<node>.*), heartbeat in fleet-agents and request
 endpoints (fleet.agent.<entry>.<node>.{info,inventory,check}). Every proxy
 is a linked (or full) clone of a template VM with a NoCloud seed ISO on
 ide2; VMIDs are reserved in the fleet-vmids bucket before cloning.
-See docs/proxmox.md for the configuration reference.
+See docs/proxmox.md for the configuration reference.`
 
-Flags:
-`, name)
-		fs.PrintDefaults()
-	}
-	if code, ok := service.ParseArgs(fs, args, stderr); !ok {
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+func run(args []string, stderr io.Writer) int {
+	cmd := service.NewCommand(name, "[flags]", about, stderr)
+	var cf agentconfig.Flags
+	cf.Register(cmd.Flags, "/etc/proxyfleet/proxmox-agent.yaml",
+		"entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles")
+	recheck := agent.RecheckFlag(cmd.Flags)
+	if code, ok := cmd.Parse(args); !ok {
 		return code
 	}
-	cfg, err := config.Load(*cfgPath)
+	cfg, err := config.Load(cf.Path)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return 2
+		return cmd.Fail(2, err)
 	}
-	clientCfg := pve.Config{URL: cfg.APIURL, TokenFile: cfg.TokenFile, CAFile: cfg.CAFile,
-		Fingerprint: cfg.Fingerprint, TaskPollInterval: cfg.TaskPoll(), RequestTimeout: cfg.Timeout()}
-	if _, err := pve.New(clientCfg); err != nil {
-		fmt.Fprintf(stderr, "%s: %s: %v\n", name, *cfgPath, err)
-		return 2
+	// The token file and the TLS pin or CA are checked with the rest.
+	if _, err := pve.New(cfg.ClientConfig()); err != nil {
+		return cmd.Fail(2, fmt.Errorf("%s: %w", cf.Path, err))
 	}
-	if *check {
-		fmt.Fprintf(stderr, "%s: %s is valid\n", name, *cfgPath)
+	if cf.Check {
+		cmd.Printf("%s is valid", cf.Path)
 		return 0
 	}
-
-	ctx, stop := service.SignalContext()
-	defer stop()
-	base, err := service.Start(ctx, name, common)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return 1
-	}
-	defer base.Close()
-	clientCfg.Log, clientCfg.Tracer = base.Log.With("component", "pve"), base.Tel.Tracer
-	client, err := pve.New(clientCfg)
-	if err != nil {
-		base.Log.Error("Proxmox VE client", "err", err)
-		return 1
-	}
-	kv, err := base.Conn.JS.KeyValue(ctx, bus.BucketVMIDs)
-	if err != nil {
-		base.Log.Error("VMID bucket", "bucket", bus.BucketVMIDs, "err", err)
-		return 1
-	}
-	return runNodes(ctx, base, cfg, client, kv, *recheck)
-}
-
-// runNodes runs one agent runtime per configured node until ctx ends.
-func runNodes(ctx context.Context, base *service.Base, cfg *config.Config, client *pve.Client, kv jetstream.KeyValue, recheck time.Duration) int {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	failed := make(chan struct{}, len(cfg.Nodes))
-	for _, node := range cfg.Nodes {
-		drv, err := proxmox.New(proxmox.Options{Config: cfg, Node: node, Client: client, VMIDs: kv, Log: base.Log})
-		if err != nil {
-			base.Log.Error("driver", "node", node, "err", err)
-			return 1
-		}
-		rt, err := agent.New(base.Conn, drv, agent.Config{Info: agent.Info{
-			Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(), Profiles: cfg.ProfileNames(),
-			Capacity: cfg.Capacity, Version: version,
-		}, RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
-		if err != nil {
-			base.Log.Error("agent runtime", "node", node, "err", err)
-			return 1
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := rt.Run(ctx); err != nil {
-				base.Log.Error("agent stopped", "node", node, "err", err)
-				failed <- struct{}{}
-				cancel()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(failed) > 0 {
-		return 1
-	}
-	return 0
+	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
+		return nodes.Run(ctx, base.Conn, nodes.Options{Config: cfg, RecheckInterval: *recheck, Version: version,
+			Log: base.Log, Tracer: base.Tel.Tracer})
+	})
 }

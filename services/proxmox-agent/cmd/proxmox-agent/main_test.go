@@ -3,20 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus/bustest"
-	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
 )
@@ -87,8 +83,10 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	conn := bustest.Start(t)
 	path := writeConfig(t, fake, "")
 	cmd := agentCmd(t, "--config", path, "--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1", "--log-level", "debug")
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
+	// The agent writes its log straight into a file, which the test reads
+	// at any time without sharing a buffer with a copying goroutine.
+	stderr := logFile(t)
+	cmd.Stderr = stderr.f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -102,37 +100,33 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kv, err := conn.JS.KeyValue(ctx, bus.BucketAgents)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Waits end when the agent exits, whose log then tells why.
+	alive, died := context.WithCancel(ctx)
+	defer died()
+	go func() {
+		select {
+		case <-exited:
+			died()
+		case <-alive.Done():
+		}
+	}()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		select {
+		case <-exited:
+			t.Logf("agent exited: %v; stderr:\n%s", waitErr, stderr.String())
+		default:
+			t.Logf("agent stderr:\n%s", stderr.String())
+		}
+	})
 	for _, n := range []string{"pve1", "pve2"} {
-		for {
-			e, err := kv.Get(ctx, agent.HeartbeatKey("pve-home", n))
-			if err == nil {
-				var hb agent.Heartbeat
-				if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Type != "proxmox" || hb.Target != n {
-					t.Fatalf("heartbeat of %s = %s", n, e.Value())
-				}
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("no heartbeat from node %s; agent stderr:\n%s", n, stderr.String())
-			case <-exited:
-				t.Fatalf("agent exited: %v\n%s", waitErr, stderr.String())
-			case <-time.After(20 * time.Millisecond):
-			}
+		if hb := agenttest.WaitHeartbeat(alive, t, conn, "pve-home", n); hb.Type != "proxmox" || hb.Target != n {
+			t.Fatalf("heartbeat of %s = %+v", n, hb)
 		}
 	}
-	msg, err := conn.NC.RequestWithContext(ctx, events.AgentSubject("pve-home", "pve2", events.AgentCheck), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var verdicts []agent.Verdict
-	if err := json.Unmarshal(msg.Data, &verdicts); err != nil {
-		t.Fatalf("check answer %s: %v", msg.Data, err)
-	}
+	verdicts := agenttest.Check(alive, t, conn, "pve-home", "pve2")
 	found := false
 	for _, v := range verdicts {
 		if v.Check == "node pve2" {
@@ -161,20 +155,24 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// processLog is a file a child process writes its stderr into.
+type processLog struct{ f *os.File }
+
+func logFile(t *testing.T) processLog {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "stderr.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return processLog{f: f}
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// String is what the process has written so far.
+func (l processLog) String() string {
+	b, err := os.ReadFile(l.f.Name())
+	if err != nil {
+		return "(log unreadable: " + err.Error() + ")"
+	}
+	return string(b)
 }

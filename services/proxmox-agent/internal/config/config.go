@@ -4,19 +4,16 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
+	"maps"
 	"net/url"
-	"os"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
-	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/agentconfig"
+	"proxyfleet/services/proxmox-agent/internal/pve"
 )
 
 // Clone modes.
@@ -63,9 +60,9 @@ type Config struct {
 	// vendor-data (default true).
 	InstallGuestAgent *bool `yaml:"installGuestAgent"`
 	// TaskPollInterval is how often a task is polled (default 1s).
-	TaskPollInterval string `yaml:"taskPollInterval"`
+	TaskPollInterval agentconfig.Duration `yaml:"taskPollInterval"`
 	// RequestTimeout bounds one API request (default 60s).
-	RequestTimeout string `yaml:"requestTimeout"`
+	RequestTimeout agentconfig.Duration `yaml:"requestTimeout"`
 }
 
 // Profile is the size of one machine profile.
@@ -74,36 +71,16 @@ type Profile struct {
 	MemoryMiB int `yaml:"memoryMiB"`
 }
 
-// Load reads and validates the file at path.
-func Load(path string) (*Config, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	c, err := Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return c, nil
-}
+// Load reads and validates the file at path; its problems come back as one
+// [*agentconfig.Error].
+func Load(path string) (*Config, error) { return agentconfig.Load[Config](path) }
 
 // Parse decodes and validates a configuration document. Unknown keys are
 // errors.
-func Parse(raw []byte) (*Config, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
-	}
-	c.defaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
+func Parse(raw []byte) (*Config, error) { return agentconfig.Parse[Config](raw) }
 
-func (c *Config) defaults() {
+// Defaults fills what the document leaves out.
+func (c *Config) Defaults() {
 	if c.Cluster == "" {
 		c.Cluster = c.Entry
 	}
@@ -116,6 +93,12 @@ func (c *Config) defaults() {
 	if c.Bridge == "" {
 		c.Bridge = "vmbr0"
 	}
+	if c.TaskPollInterval == 0 {
+		c.TaskPollInterval = agentconfig.Duration(time.Second)
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = agentconfig.Duration(60 * time.Second)
+	}
 }
 
 var (
@@ -123,144 +106,106 @@ var (
 	bridgeRE  = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.\-]{0,14}$`)
 )
 
-// Validate returns every problem, one line each, naming its key.
-func (c *Config) Validate() error {
-	var errs []string
-	add := func(key, format string, args ...any) {
-		errs = append(errs, key+": "+fmt.Sprintf(format, args...))
-	}
-	ident := func(key, v string) {
-		if fe := events.CheckIdentifier(key, v); fe != nil {
-			add(key, "%s", fe.Reason+quoted(fe.Value))
-		}
-	}
-	ident("entry", c.Entry)
-	ident("cluster", c.Cluster)
+// Check adds every problem of the configuration to e.
+func (c *Config) Check(e *agentconfig.Error) {
+	e.Identifier("entry", c.Entry)
+	e.Identifier("cluster", c.Cluster)
 	if u, err := url.Parse(c.APIURL); c.APIURL == "" {
-		add("apiURL", "is required (https://<node address>:8006)")
+		e.Add("apiURL", "is required (https://<node address>:8006)")
 	} else if err != nil || u.Scheme != "https" || u.Host == "" {
-		add("apiURL", "must be https://<host>:<port>, got %q", c.APIURL)
+		e.Add("apiURL", "must be https://<host>:<port>, got %q", c.APIURL)
 	}
 	if c.TokenFile == "" {
-		add("tokenFile", "is required (a file holding user@realm!tokenid=secret)")
+		e.Add("tokenFile", "is required (a file holding user@realm!tokenid=secret)")
 	}
 	if c.CAFile != "" && c.Fingerprint != "" {
-		add("fingerprint", "set caFile or fingerprint, not both")
+		e.Add("fingerprint", "set caFile or fingerprint, not both")
 	}
 	if c.Fingerprint != "" {
 		hexs := strings.ReplaceAll(c.Fingerprint, ":", "")
 		if len(hexs) != 64 || strings.Trim(strings.ToLower(hexs), "0123456789abcdef") != "" {
-			add("fingerprint", "must be the SHA-256 of the node certificate as 64 hex digits (colons optional)")
+			e.Add("fingerprint", "must be the SHA-256 of the node certificate as 64 hex digits (colons optional)")
 		}
 	}
 	if len(c.Nodes) == 0 {
-		add("nodes", "list at least one node")
+		e.Add("nodes", "list at least one node")
 	}
 	seen := map[string]bool{}
 	for i, n := range c.Nodes {
 		key := fmt.Sprintf("nodes[%d]", i)
-		ident(key, n)
+		e.Identifier(key, n)
 		if seen[n] {
-			add(key, "node %q is listed twice", n)
+			e.Add(key, "node %q is listed twice", n)
 		}
 		seen[n] = true
 	}
 	if len(c.Templates) == 0 {
-		add("templates", "map at least one image key to a template VMID")
+		e.Add("templates", "map at least one image key to a template VMID")
 	}
-	for _, k := range sortedKeys(c.Templates) {
+	for _, k := range slices.Sorted(maps.Keys(c.Templates)) {
 		key := "templates." + k
-		ident(key, k)
+		e.Identifier(key, k)
 		if id := c.Templates[k]; id < 100 || id > 999999999 {
-			add(key, "VMID must be between 100 and 999999999, got %d", id)
+			e.Add(key, "VMID must be between 100 and 999999999, got %d", id)
 		}
 	}
 	if c.SeedsStorage == "" {
-		add("seedsStorage", "is required: a dedicated storage with content type iso that the token may delete from")
+		e.Add("seedsStorage", "is required: a dedicated storage with content type iso that the token may delete from")
 	} else if !storageRE.MatchString(c.SeedsStorage) {
-		add("seedsStorage", "%q is not a storage ID", c.SeedsStorage)
+		e.Add("seedsStorage", "%q is not a storage ID", c.SeedsStorage)
 	}
 	if c.CloneStorage != "" && !storageRE.MatchString(c.CloneStorage) {
-		add("cloneStorage", "%q is not a storage ID", c.CloneStorage)
+		e.Add("cloneStorage", "%q is not a storage ID", c.CloneStorage)
 	}
 	if !bridgeRE.MatchString(c.Bridge) {
-		add("bridge", "%q is not a bridge name", c.Bridge)
+		e.Add("bridge", "%q is not a bridge name", c.Bridge)
 	}
 	if c.VLANTag < 0 || c.VLANTag > 4094 {
-		add("vlanTag", "must be 1-4094, or 0 for untagged; got %d", c.VLANTag)
+		e.Add("vlanTag", "must be 1-4094, or 0 for untagged; got %d", c.VLANTag)
 	}
 	if c.Clone != CloneLinked && c.Clone != CloneFull {
-		add("clone", "must be %q or %q, got %q", CloneLinked, CloneFull, c.Clone)
+		e.Add("clone", "must be %q or %q, got %q", CloneLinked, CloneFull, c.Clone)
 	}
 	if c.CloneStorage != "" && c.Clone != CloneFull {
-		add("cloneStorage", "applies to full clones only; set clone: full or remove it")
+		e.Add("cloneStorage", "applies to full clones only; set clone: full or remove it")
 	}
-	for _, k := range sortedKeys(c.Profiles) {
+	for _, k := range slices.Sorted(maps.Keys(c.Profiles)) {
 		key := "profiles." + k
-		ident(key, k)
+		e.Identifier(key, k)
 		p := c.Profiles[k]
 		if p.Cores < 1 {
-			add(key+".cores", "must be 1 or more, got %d", p.Cores)
+			e.Add(key+".cores", "must be 1 or more, got %d", p.Cores)
 		}
 		if p.MemoryMiB < 16 {
-			add(key+".memoryMiB", "must be 16 or more, got %d", p.MemoryMiB)
+			e.Add(key+".memoryMiB", "must be 16 or more, got %d", p.MemoryMiB)
 		}
 	}
 	if c.Capacity < 0 {
-		add("capacity", "must be 0 (unlimited) or more, got %d", c.Capacity)
+		e.Add("capacity", "must be 0 (unlimited) or more, got %d", c.Capacity)
 	}
 	if c.MinFreeMiB < 0 {
-		add("minFreeMiB", "must not be negative")
+		e.Add("minFreeMiB", "must not be negative")
 	}
-	for key, v := range map[string]string{"taskPollInterval": c.TaskPollInterval, "requestTimeout": c.RequestTimeout} {
-		if v == "" {
-			continue
-		}
-		if d, err := time.ParseDuration(v); err != nil || d <= 0 {
-			add(key, "must be a positive duration such as \"1s\", got %q", v)
-		}
+	if c.TaskPollInterval < 0 {
+		e.Add("taskPollInterval", "must be a positive duration such as \"1s\", got %s", time.Duration(c.TaskPollInterval))
 	}
-	if len(errs) == 0 {
-		return nil
+	if c.RequestTimeout < 0 {
+		e.Add("requestTimeout", "must be a positive duration such as \"60s\", got %s", time.Duration(c.RequestTimeout))
 	}
-	sort.Strings(errs)
-	return errors.New(strings.Join(errs, "\n"))
 }
 
 // GuestAgent reports whether seeds install the guest agent.
 func (c *Config) GuestAgent() bool { return c.InstallGuestAgent == nil || *c.InstallGuestAgent }
 
-// TaskPoll returns the task poll interval.
-func (c *Config) TaskPoll() time.Duration { return duration(c.TaskPollInterval, time.Second) }
-
-// Timeout returns the per-request timeout.
-func (c *Config) Timeout() time.Duration { return duration(c.RequestTimeout, 60*time.Second) }
+// ClientConfig is the configuration of the API client this file
+// describes; the caller adds its logger and tracer.
+func (c *Config) ClientConfig() pve.Config {
+	return pve.Config{URL: c.APIURL, TokenFile: c.TokenFile, CAFile: c.CAFile, Fingerprint: c.Fingerprint,
+		TaskPollInterval: time.Duration(c.TaskPollInterval), RequestTimeout: time.Duration(c.RequestTimeout)}
+}
 
 // ImageKeys returns the configured image keys, sorted.
-func (c *Config) ImageKeys() []string { return sortedKeys(c.Templates) }
+func (c *Config) ImageKeys() []string { return slices.Sorted(maps.Keys(c.Templates)) }
 
 // ProfileNames returns the configured machine profiles, sorted.
-func (c *Config) ProfileNames() []string { return sortedKeys(c.Profiles) }
-
-func duration(s string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return d
-	}
-	return def
-}
-
-func quoted(v string) string {
-	if v == "" {
-		return ""
-	}
-	return fmt.Sprintf(", got %q", v)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func (c *Config) ProfileNames() []string { return slices.Sorted(maps.Keys(c.Profiles)) }

@@ -3,6 +3,7 @@ package config_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"proxyfleet/services/proxmox-agent/internal/config"
 )
@@ -30,6 +31,18 @@ func TestParseGood(t *testing.T) {
 	if c.Cluster != "pve-home" || c.Clone != config.CloneLinked || c.VLANTag != 4 || !c.GuestAgent() || c.MinFreeMiB != 1024 {
 		t.Errorf("defaults not applied: %+v", c)
 	}
+	if time.Duration(c.TaskPollInterval) != time.Second || time.Duration(c.RequestTimeout) != time.Minute {
+		t.Errorf("taskPollInterval, requestTimeout = %v, %v; want the defaults 1s, 1m",
+			time.Duration(c.TaskPollInterval), time.Duration(c.RequestTimeout))
+	}
+	c, err = config.Parse([]byte(good + "taskPollInterval: 250ms\nrequestTimeout: 2m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(c.TaskPollInterval) != 250*time.Millisecond || time.Duration(c.RequestTimeout) != 2*time.Minute {
+		t.Errorf("taskPollInterval, requestTimeout = %v, %v; want 250ms, 2m",
+			time.Duration(c.TaskPollInterval), time.Duration(c.RequestTimeout))
+	}
 }
 
 func TestParseReportsEveryProblemByKey(t *testing.T) {
@@ -50,7 +63,9 @@ func TestParseReportsEveryProblemByKey(t *testing.T) {
 		}},
 		{"clone mode", good + "clone: fast\n", []string{`clone: must be "linked" or "full", got "fast"`}},
 		{"clone storage on linked", good + "cloneStorage: local-lvm\n", []string{"cloneStorage: applies to full clones only"}},
-		{"unknown key", good + "vlan: 4\n", []string{"field vlan not found"}},
+		{"unknown key", good + "vlan: 4\n", []string{"vlan: unknown key"}},
+		{"duration", good + "taskPollInterval: 1\nrequestTimeout: -5s\n", []string{
+			`taskPollInterval: must be a duration such as "30s" or "10m", got "1"`, "requestTimeout: must be a positive duration"}},
 		{"fingerprint", strings.Replace(good, "AA:BB", "ZZ:BB", 1), []string{"fingerprint: must be the SHA-256"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

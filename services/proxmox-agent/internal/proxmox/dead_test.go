@@ -43,7 +43,7 @@ func TestStoppedVMIsTerminated(t *testing.T) {
 			ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: id}
 			waitRunning(t, ctx, d, ref)
 			if c.stop {
-				c, err := pve.New(pve.Config{URL: e.cfg.APIURL, TokenFile: e.cfg.TokenFile, Fingerprint: e.cfg.Fingerprint, TaskPollInterval: e.cfg.TaskPoll()})
+				c, err := pve.New(pve.Config{URL: e.cfg.APIURL, TokenFile: e.cfg.TokenFile, Fingerprint: e.cfg.Fingerprint, TaskPollInterval: time.Duration(e.cfg.TaskPollInterval)})
 				if err != nil {
 					t.Fatal(err)
 				}

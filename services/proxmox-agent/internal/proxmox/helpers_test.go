@@ -71,7 +71,7 @@ taskPollInterval: 2ms
 func (e *env) driver() *proxmox.Driver {
 	e.t.Helper()
 	c, err := pve.New(pve.Config{URL: e.cfg.APIURL, TokenFile: e.cfg.TokenFile, Fingerprint: e.cfg.Fingerprint,
-		TaskPollInterval: e.cfg.TaskPoll()})
+		TaskPollInterval: time.Duration(e.cfg.TaskPollInterval)})
 	if err != nil {
 		e.t.Fatal(err)
 	}

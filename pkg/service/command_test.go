@@ -1,0 +1,86 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"proxyfleet/pkg/service"
+)
+
+func TestCommandParse(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+		ok   bool
+		want []string
+	}{
+		{"help", []string{"--help"}, 0, false, []string{"Usage: demo-agent [flags]\n\nServes demos.\n\nFlags:\n", "-nats-url", "-data-dir", "-demo"}},
+		{"bad flag", []string{"--nope"}, 2, false, []string{"flag provided but not defined: -nope"}},
+		{"argument", []string{"extra"}, 2, false, []string{`demo-agent: unexpected argument "extra" (see --help)`}},
+		{"fine", []string{"--demo", "x"}, 0, true, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out strings.Builder
+			cmd := service.NewCommand("demo-agent", "[flags]", "\nServes demos.\n", &out)
+			demo := cmd.Flags.String("demo", "", "a flag of the service's own")
+			code, ok := cmd.Parse(c.args)
+			if code != c.code || ok != c.ok {
+				t.Fatalf("Parse(%q) = %d, %v; want %d, %v", c.args, code, ok, c.code, c.ok)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, &out)
+				}
+			}
+			if c.ok && *demo != "x" {
+				t.Errorf("--demo = %q, want x", *demo)
+			}
+		})
+	}
+}
+
+func TestCommandFailAndPrintf(t *testing.T) {
+	var out strings.Builder
+	cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+	cmd.Printf("%s is valid", "demo.yaml")
+	if code := cmd.Fail(2, errors.New("invalid config demo.yaml:\n  entry: is required")); code != 2 {
+		t.Errorf("Fail returned %d, want 2", code)
+	}
+	want := "demo-agent: demo.yaml is valid\ndemo-agent: invalid config demo.yaml:\n  entry: is required\n"
+	if out.String() != want {
+		t.Errorf("output = %q, want %q", out.String(), want)
+	}
+}
+
+// TestCommandServe starts the service on an embedded NATS server and
+// checks the exit status follows what run returns.
+func TestCommandServe(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		code int
+	}{{"clean stop", nil, 0}, {"failure", errors.New("boom"), 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			// The embedded server, whatever the shell points the nats CLI at.
+			t.Setenv("NATS_URL", "")
+			t.Setenv("NATS_CONTEXT", "")
+			var out strings.Builder
+			cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+			if _, ok := cmd.Parse([]string{"--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:-1", "--log-level", "error"}); !ok {
+				t.Fatalf("Parse: %s", &out)
+			}
+			ran := false
+			code := cmd.Serve(func(ctx context.Context, base *service.Base) error {
+				ran = base.Conn != nil && base.Log != nil && ctx.Err() == nil
+				return c.err
+			})
+			if !ran || code != c.code {
+				t.Errorf("Serve = %d (run called with a live base: %v), want %d; output:\n%s", code, ran, c.code, &out)
+			}
+		})
+	}
+}

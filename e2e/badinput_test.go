@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-
 )
 
 // TestBadInputChangesNothing sends every kind of bad request to the real

@@ -100,7 +100,9 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		t:        t,
 		conn:     bustest.Start(t),
 		dir:      t.TempDir(),
-		echoAddr: freeAddr(t),
+		// Health listens where the kernel puts it and probes through the
+		// address it bound.
+		echoAddr: "127.0.0.1:0",
 		ports:    portRange(),
 		agentArg: agentArgs,
 		procs:    map[string]*exec.Cmd{},
@@ -117,16 +119,6 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		}
 	})
 	return f
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // portRange picks a block of 40 ports for one test's proxies.
@@ -415,9 +407,10 @@ func getThrough(addr, target string, user *url.Userinfo) (int, string, error) {
 }
 
 // proxyProcesses lists live processes running exe with "proxy" as their
-// first argument (the local-agent's proxy subcommand) whose --listen port is
-// in ports ("A-B"; empty means any).
-func proxyProcesses(exe, ports string) []int {
+// first argument (the local-agent's proxy subcommand) whose working
+// directory is under dir (each runs in its instance's directory of the
+// agent's state directory; empty means any).
+func proxyProcesses(exe, dir string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -430,20 +423,28 @@ func proxyProcesses(exe, ports string) []int {
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		args := bytes.Split(cmdline, []byte{0})
-		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && listensIn(args, ports) {
+		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && runsIn(pid, dir) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
-func listensIn(args [][]byte, ports string) bool {
-	if ports == "" {
+// runsIn reports whether pid's working directory is dir or below it.
+func runsIn(pid int, dir string) bool {
+	if dir == "" {
 		return true
 	}
-	lo, hi, _ := strings.Cut(ports, "-")
-	min, _ := strconv.Atoi(lo)
-	max, _ := strconv.Atoi(hi)
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real // the kernel reports the resolved path
+	}
+	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	return err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+string(filepath.Separator)))
+}
+
+// listenPort returns the port of a proxy command line's --listen address,
+// or "".
+func listenPort(args [][]byte) string {
 	for i, a := range args {
 		v := string(a)
 		switch {
@@ -454,11 +455,12 @@ func listensIn(args [][]byte, ports string) bool {
 		default:
 			continue
 		}
-		_, p, err := net.SplitHostPort(v)
-		n, _ := strconv.Atoi(p)
-		return err == nil && n >= min && n <= max
+		if _, p, err := net.SplitHostPort(v); err == nil {
+			return p
+		}
+		return ""
 	}
-	return false
+	return ""
 }
 
 func isZombie(pid int) bool {
@@ -482,11 +484,11 @@ func killBinaryProcesses(exe string) {
 func agentExe() string { return filepath.Join(binDir, "local-agent") }
 
 // proxyProcs lists the live proxy processes of this fleet: built-in proxy
-// processes listening in its port range, or Squid processes reading their
+// processes running in its state directory, or Squid processes reading their
 // configuration from its state directory.
 func (f *fleet) proxyProcs() []int {
 	if f.squid == "" {
-		return proxyProcesses(agentExe(), f.ports)
+		return proxyProcesses(agentExe(), f.stateDir)
 	}
 	var pids []int
 	ents, _ := os.ReadDir("/proc")

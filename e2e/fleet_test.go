@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -73,7 +72,6 @@ type fleet struct {
 	conn     *bus.Conn
 	dir      string
 	echoAddr string
-	ports    string
 	agentArg []string
 	stateDir string // the local-agent's state directory
 	squid    string // squid binary when the agent runs Squid proxies
@@ -103,7 +101,6 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		// Health listens where the kernel puts it and probes through the
 		// address it bound.
 		echoAddr: "127.0.0.1:0",
-		ports:    portRange(),
 		agentArg: agentArgs,
 		procs:    map[string]*exec.Cmd{},
 	}
@@ -119,12 +116,6 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		}
 	})
 	return f
-}
-
-// portRange picks a block of 40 ports for one test's proxies.
-func portRange() string {
-	base := 30000 + rand.IntN(600)*40
-	return fmt.Sprintf("%d-%d", base, base+39)
 }
 
 func (f *fleet) start(name string, args ...string) {
@@ -149,9 +140,15 @@ func (f *fleet) startHealth() {
 	f.start("health", "--echo-addr", f.echoAddr, "--probe-interval", "300ms", "--probe-timeout", "2s")
 }
 func (f *fleet) startAgent() {
-	args := []string{"--entry", "local", "--target", "t1", "--ports", f.ports, "--state-dir", f.stateDir}
+	args := []string{"--entry", "local", "--target", "t1", "--state-dir", f.stateDir}
 	if f.squid != "" {
+		// Squid binds the port its configuration names: the agent's
+		// default range, whose busy ports it skips.
 		args = append(args, "--squid", f.squid)
+	} else {
+		// The kernel chooses each proxy's port; the agent hands the bound
+		// socket to the proxy.
+		args = append(args, "--ports", "0", "--capacity", "40")
 	}
 	f.start("local-agent", append(args, f.agentArg...)...)
 }

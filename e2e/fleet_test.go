@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -73,7 +72,6 @@ type fleet struct {
 	conn     *bus.Conn
 	dir      string
 	echoAddr string
-	ports    string
 	agentArg []string
 	stateDir string // the local-agent's state directory
 	squid    string // squid binary when the agent runs Squid proxies
@@ -100,8 +98,9 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		t:        t,
 		conn:     bustest.Start(t),
 		dir:      t.TempDir(),
-		echoAddr: freeAddr(t),
-		ports:    portRange(),
+		// Health listens where the kernel puts it and probes through the
+		// address it bound.
+		echoAddr: "127.0.0.1:0",
 		agentArg: agentArgs,
 		procs:    map[string]*exec.Cmd{},
 	}
@@ -117,22 +116,6 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		}
 	})
 	return f
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// portRange picks a block of 40 ports for one test's proxies.
-func portRange() string {
-	base := 30000 + rand.IntN(600)*40
-	return fmt.Sprintf("%d-%d", base, base+39)
 }
 
 func (f *fleet) start(name string, args ...string) {
@@ -157,9 +140,15 @@ func (f *fleet) startHealth() {
 	f.start("health", "--echo-addr", f.echoAddr, "--probe-interval", "300ms", "--probe-timeout", "2s")
 }
 func (f *fleet) startAgent() {
-	args := []string{"--entry", "local", "--target", "t1", "--ports", f.ports, "--state-dir", f.stateDir}
+	args := []string{"--entry", "local", "--target", "t1", "--state-dir", f.stateDir}
 	if f.squid != "" {
+		// Squid binds the port its configuration names: the agent's
+		// default range, whose busy ports it skips.
 		args = append(args, "--squid", f.squid)
+	} else {
+		// The kernel chooses each proxy's port; the agent hands the bound
+		// socket to the proxy.
+		args = append(args, "--ports", "0", "--capacity", "40")
 	}
 	f.start("local-agent", append(args, f.agentArg...)...)
 }
@@ -424,9 +413,10 @@ func getThrough(addr, target string, user *url.Userinfo) (int, string, error) {
 }
 
 // proxyProcesses lists live processes running exe with "proxy" as their
-// first argument (the local-agent's proxy subcommand) whose --listen port is
-// in ports ("A-B"; empty means any).
-func proxyProcesses(exe, ports string) []int {
+// first argument (the local-agent's proxy subcommand) whose working
+// directory is under dir (each runs in its instance's directory of the
+// agent's state directory; empty means any).
+func proxyProcesses(exe, dir string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -439,20 +429,28 @@ func proxyProcesses(exe, ports string) []int {
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		args := bytes.Split(cmdline, []byte{0})
-		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && listensIn(args, ports) {
+		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && runsIn(pid, dir) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
-func listensIn(args [][]byte, ports string) bool {
-	if ports == "" {
+// runsIn reports whether pid's working directory is dir or below it.
+func runsIn(pid int, dir string) bool {
+	if dir == "" {
 		return true
 	}
-	lo, hi, _ := strings.Cut(ports, "-")
-	min, _ := strconv.Atoi(lo)
-	max, _ := strconv.Atoi(hi)
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real // the kernel reports the resolved path
+	}
+	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	return err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+string(filepath.Separator)))
+}
+
+// listenPort returns the port of a proxy command line's --listen address,
+// or "".
+func listenPort(args [][]byte) string {
 	for i, a := range args {
 		v := string(a)
 		switch {
@@ -463,11 +461,12 @@ func listensIn(args [][]byte, ports string) bool {
 		default:
 			continue
 		}
-		_, p, err := net.SplitHostPort(v)
-		n, _ := strconv.Atoi(p)
-		return err == nil && n >= min && n <= max
+		if _, p, err := net.SplitHostPort(v); err == nil {
+			return p
+		}
+		return ""
 	}
-	return false
+	return ""
 }
 
 func isZombie(pid int) bool {
@@ -491,11 +490,11 @@ func killBinaryProcesses(exe string) {
 func agentExe() string { return filepath.Join(binDir, "local-agent") }
 
 // proxyProcs lists the live proxy processes of this fleet: built-in proxy
-// processes listening in its port range, or Squid processes reading their
+// processes running in its state directory, or Squid processes reading their
 // configuration from its state directory.
 func (f *fleet) proxyProcs() []int {
 	if f.squid == "" {
-		return proxyProcesses(agentExe(), f.ports)
+		return proxyProcesses(agentExe(), f.stateDir)
 	}
 	var pids []int
 	ents, _ := os.ReadDir("/proc")

@@ -23,7 +23,7 @@ func (f *fleet) pidListeningOn(addr string) int {
 		f.t.Fatalf("address %q: %v", addr, err)
 	}
 	for _, pid := range f.proxyProcs() {
-		if listensIn(procArgs(pid), port+"-"+port) {
+		if listenPort(procArgs(pid)) == port {
 			return pid
 		}
 	}

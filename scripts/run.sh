@@ -18,6 +18,7 @@
 #   PROXYFLEET_ECHO_ADDR  health's echo endpoint (127.0.0.1:8480; port 0: a
 #                         free port)
 #   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
+#                         (0: ports from the kernel; give the agent --capacity)
 #   PROXYFLEET_BIN        where planner, health, local-agent and nats are (./bin)
 #   PROXYFLEET_LOG_LEVEL  every service's log level (info)
 #   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS

@@ -86,6 +86,10 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	if tel.MetricsAddr != "" {
+		// The bound address: with port 0 the kernel chose it.
+		log.Info("metrics endpoint serving", "addr", tel.MetricsAddr)
+	}
 	cfg := bus.Config{
 		URL:       f.NATSURL,
 		Context:   f.NATSContext,

@@ -37,12 +37,12 @@ func run(args []string, stderr io.Writer) int {
 	fs := cmd.Flags
 	entry := fs.String("entry", "local", "provider entry this agent serves; commands arrive on fleet.cmd.<entry>.<target>.*")
 	target := fs.String("target", defaultTarget(), "target name of this machine; the default is the hostname made a valid identifier")
-	ports := fs.String("ports", "20000-20999", "port range FIRST-LAST that proxies listen on, one port per proxy")
+	ports := fs.String("ports", "20000-20999", "port range FIRST-LAST that proxies listen on, one port per proxy; 0 has the kernel choose each port (built-in proxy; needs --capacity)")
 	bind := fs.String("bind", "127.0.0.1", "address proxies listen on; it is also the host of each proxy's published address")
 	sources := fs.String("source-addrs", "", "comma-separated source addresses for outgoing connections; each proxy gets one, the least used first (empty: the system's choice)")
 	stateDir := fs.String("state-dir", "", "state directory: one <instance>.json per proxy, the marker that finds proxies again after a restart (default <data-dir>/proxies)")
 	squid := fs.String("squid", "", "path of the squid binary (e.g. /usr/sbin/squid) to run each proxy as Squid; empty runs the built-in proxy")
-	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range")
+	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range (required with --ports 0)")
 	recheck := agent.RecheckFlag(fs)
 	if code, ok := cmd.Parse(args); !ok {
 		return code

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"proxyfleet/pkg/service"
@@ -21,6 +22,7 @@ func runProxy(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(name+" proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "HOST:PORT to listen on (required)")
+	listenFD := fs.Int("listen-fd", 0, "inherited descriptor of a socket already listening on --listen, to serve on instead of binding (the agent holds the port from its choice to the proxy's start)")
 	authFile := fs.String("auth-file", "", "file with one line username:password, mode 0600; clients must send these credentials (Proxy-Authorization: Basic)")
 	source := fs.String("source-addr", "", "source IP address of outgoing connections (empty: the system's choice)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -68,7 +70,7 @@ Flags:
 	log := telemetry.NewLogger(stderr, level, name+"-proxy")
 	cfg.Log = log
 
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := listener(*listen, *listenFD)
 	if err != nil {
 		log.Error("listen", "err", err)
 		return 1
@@ -92,4 +94,15 @@ Flags:
 	}
 	log.Info("proxy stopped")
 	return 0
+}
+
+// listener is the inherited listening socket fd when fd > 0, or a new one
+// on addr.
+func listener(addr string, fd int) (net.Listener, error) {
+	if fd <= 0 {
+		return net.Listen("tcp", addr)
+	}
+	f := os.NewFile(uintptr(fd), "listener")
+	defer f.Close() // FileListener holds its own copy
+	return net.FileListener(f)
 }

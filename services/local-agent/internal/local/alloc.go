@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/user"
 	"strconv"
@@ -11,20 +12,22 @@ import (
 )
 
 // allocate picks a free port and the least-used source address for a new
-// instance and writes its state (without a pid) before anything starts.
-func (d *Driver) allocate(spec agent.Spec) (*state, error) {
+// instance and writes its state (without a pid) before anything starts. It
+// returns the port's listener, held so that nothing takes the port before
+// the proxy does; the caller closes it.
+func (d *Driver) allocate(spec agent.Spec) (*state, net.Listener, error) {
 	d.allocMu.Lock()
 	defer d.allocMu.Unlock()
 	states, err := d.states.list()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(states) >= d.cfg.EffectiveCapacity() {
-		return nil, agent.Wrapf(agent.ErrQuotaExceeded, "capacity of %d proxies reached on %s", d.cfg.EffectiveCapacity(), d.cfg.Target)
+		return nil, nil, agent.Wrapf(agent.ErrQuotaExceeded, "capacity of %d proxies reached on %s", d.cfg.EffectiveCapacity(), d.cfg.Target)
 	}
-	port, err := d.freePort(states)
+	ln, port, err := d.freePort(states)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mode := modeBuiltin
 	if d.cfg.Squid != "" {
@@ -35,45 +38,60 @@ func (d *Driver) allocate(spec agent.Spec) (*state, error) {
 		Bind: d.cfg.bind(), Port: port, SourceAddr: d.sourceAddr(states), Mode: mode,
 	}
 	if err := d.states.write(s); err != nil {
-		return nil, err
+		ln.Close()
+		return nil, nil, err
 	}
-	return s, nil
+	return s, ln, nil
 }
 
-// reallocate moves s, whose process is not running, to a free port.
-func (d *Driver) reallocate(s *state) (*state, error) {
+// reallocate moves s, whose process is not running, to a free port, and
+// returns that port's listener like allocate.
+func (d *Driver) reallocate(s *state) (*state, net.Listener, error) {
 	d.allocMu.Lock()
 	defer d.allocMu.Unlock()
 	states, err := d.states.list()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	port, err := d.freePort(states)
+	ln, port, err := d.freePort(states)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	moved := *s
 	moved.Port, moved.PID, moved.StartTime = port, 0, 0
 	if err := d.states.write(&moved); err != nil {
-		return nil, err
+		ln.Close()
+		return nil, nil, err
 	}
 	d.log.Warn("port taken by another program; proxy moved", "instance", s.Name, "from", s.Port, "to", port)
-	return &moved, nil
+	return &moved, ln, nil
 }
 
-// freePort returns the lowest port of the range that no state records and
-// that can be bound now.
-func (d *Driver) freePort(states []*state) (int, error) {
+// freePort listens on a port for a new proxy: one the kernel chooses, or
+// the lowest of the range that no state records and that is free now. The
+// listener is held until the proxy has the port, so no other program can
+// take it between the choice and the proxy's start.
+func (d *Driver) freePort(states []*state) (net.Listener, int, error) {
+	if d.cfg.Ports.Kernel() {
+		ln, err := net.Listen("tcp", joinHostPort(d.cfg.bind(), 0))
+		if err != nil {
+			return nil, 0, fmt.Errorf("listen on %s: %w", d.cfg.bind(), err)
+		}
+		return ln, ln.Addr().(*net.TCPAddr).Port, nil
+	}
 	used := make(map[int]bool, len(states))
 	for _, s := range states {
 		used[s.Port] = true
 	}
 	for p := d.cfg.Ports.First; p <= d.cfg.Ports.Last; p++ {
-		if !used[p] && bindable(joinHostPort(d.cfg.bind(), p)) {
-			return p, nil
+		if used[p] {
+			continue
+		}
+		if ln, err := net.Listen("tcp", joinHostPort(d.cfg.bind(), p)); err == nil {
+			return ln, p, nil
 		}
 	}
-	return 0, agent.Wrapf(agent.ErrQuotaExceeded, "no free port in %s on %s", d.cfg.Ports, d.cfg.bind())
+	return nil, 0, agent.Wrapf(agent.ErrQuotaExceeded, "no free port in %s on %s", d.cfg.Ports, d.cfg.bind())
 }
 
 // sourceAddr returns the configured source address used by the fewest
@@ -113,8 +131,10 @@ func (d *Driver) Check(ctx context.Context) []agent.Verdict {
 	if err != nil {
 		v.OK, v.Detail = false, err.Error()
 	} else {
-		free := d.cfg.Ports.Size() - len(states)
-		room := min(free, d.cfg.EffectiveCapacity()-len(states))
+		room := d.cfg.EffectiveCapacity() - len(states)
+		if !d.cfg.Ports.Kernel() {
+			room = min(room, d.cfg.Ports.Size()-len(states))
+		}
 		v.OK = room > 0
 		v.Detail = fmt.Sprintf("%d proxies, room for %d more (ports %s, capacity %d)", len(states), max(room, 0), d.cfg.Ports, d.cfg.EffectiveCapacity())
 	}

@@ -27,7 +27,8 @@ type Config struct {
 	Entry string
 	// Target is the name of this machine as a target.
 	Target string
-	// Ports is the inclusive range proxies listen on.
+	// Ports is the inclusive range proxies listen on; the zero PortRange
+	// has the kernel choose each proxy's port (built-in proxy only).
 	Ports PortRange
 	// Bind is the address proxies listen on (default 127.0.0.1).
 	Bind string
@@ -45,20 +46,39 @@ type Config struct {
 	// Executable is the local-agent binary, run as "<executable> proxy ..."
 	// for the built-in proxy.
 	Executable string
-	// Capacity bounds the number of proxies; 0 means the size of Ports.
+	// Capacity bounds the number of proxies; 0 means the size of Ports
+	// (required when the kernel chooses the ports).
 	Capacity int
 }
 
-// PortRange is an inclusive range of TCP ports.
+// PortRange is an inclusive range of TCP ports. The zero PortRange, written
+// "0", has the kernel choose each port.
 type PortRange struct{ First, Last int }
 
-// Size is the number of ports in r.
-func (r PortRange) Size() int { return r.Last - r.First + 1 }
+// Kernel reports whether the kernel chooses each port.
+func (r PortRange) Kernel() bool { return r == PortRange{} }
 
-func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.First, r.Last) }
+// Size is the number of ports in r (0 when the kernel chooses them).
+func (r PortRange) Size() int {
+	if r.Kernel() {
+		return 0
+	}
+	return r.Last - r.First + 1
+}
 
-// ParsePortRange parses "first-last", e.g. "20000-20999".
+func (r PortRange) String() string {
+	if r.Kernel() {
+		return "0"
+	}
+	return fmt.Sprintf("%d-%d", r.First, r.Last)
+}
+
+// ParsePortRange parses "first-last", e.g. "20000-20999", or "0": the
+// kernel chooses each port.
 func ParsePortRange(s string) (PortRange, error) {
+	if strings.TrimSpace(s) == "0" {
+		return PortRange{}, nil
+	}
 	a, b, ok := strings.Cut(s, "-")
 	first, err1 := strconv.Atoi(strings.TrimSpace(a))
 	last, err2 := strconv.Atoi(strings.TrimSpace(b))
@@ -75,8 +95,16 @@ func ParsePortRange(s string) (PortRange, error) {
 // Problems returns one error per problem with c (none when c is usable).
 func (c *Config) Problems() []error {
 	var out []error
-	if c.Ports.First < 1 || c.Ports.Last > 65535 || c.Ports.First > c.Ports.Last {
-		out = append(out, fmt.Errorf("ports %s: want 1 <= FIRST <= LAST <= 65535", c.Ports))
+	switch {
+	case c.Ports.Kernel():
+		if c.Squid != "" {
+			out = append(out, errors.New("ports 0 (the kernel chooses) needs the built-in proxy: squid binds the port its configuration names; give a range"))
+		}
+		if c.Capacity == 0 {
+			out = append(out, errors.New("ports 0 (the kernel chooses) needs a capacity: there is no range to size it"))
+		}
+	case c.Ports.First < 1 || c.Ports.Last > 65535 || c.Ports.First > c.Ports.Last:
+		out = append(out, fmt.Errorf("ports %s: want 1 <= FIRST <= LAST <= 65535, or 0", c.Ports))
 	}
 	if ip := net.ParseIP(c.bind()); ip == nil {
 		out = append(out, fmt.Errorf("bind %q: want an IP address", c.Bind))

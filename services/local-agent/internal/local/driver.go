@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,9 +108,16 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 	log := d.log.With("proxy", spec.ProxyID, "instance", spec.Name)
 
 	s, err := d.states.read(spec.Name)
+	// ln holds the proxy's port from its choice until the proxy has it.
+	var ln net.Listener
+	defer func() {
+		if ln != nil {
+			ln.Close()
+		}
+	}()
 	switch {
 	case errors.Is(err, errNoState):
-		if s, err = d.allocate(spec); err != nil {
+		if s, ln, err = d.allocate(spec); err != nil {
 			return agent.Instance{}, err
 		}
 		log.Info("allocated", "address", s.address(), "source", s.SourceAddr, "mode", s.Mode)
@@ -123,10 +131,13 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 		} else if ok {
 			return d.waitReady(ctx, s)
 		}
-		if !waitFor(ctx, portReleaseWait, func() bool { return bindable(s.address()) }) {
+		if !waitFor(ctx, portReleaseWait, func() bool {
+			ln, _ = net.Listen("tcp", s.address())
+			return ln != nil
+		}) {
 			// No process of ours holds it (a dying one releases it within
 			// moments): another program took it, so move to a free port.
-			if s, err = d.reallocate(s); err != nil {
+			if s, ln, err = d.reallocate(s); err != nil {
 				return agent.Instance{}, err
 			}
 		}
@@ -134,6 +145,9 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 	}
 	l, err := d.prepare(s, spec.Auth)
 	if err != nil {
+		return agent.Instance{}, err
+	}
+	if err := l.handOver(ln); err != nil {
 		return agent.Instance{}, err
 	}
 	s.Auth = spec.Auth != nil

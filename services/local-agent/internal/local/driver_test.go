@@ -1,7 +1,9 @@
 package local
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -145,12 +147,16 @@ func TestCreateAdoptsProcessWhosePidWasNotRecorded(t *testing.T) {
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
 	sp := spec("demo-eeee")
-	s, err := d.allocate(sp)
+	s, ln, err := d.allocate(sp)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ln.Close()
 	l, err := d.prepare(s, nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.handOver(ln); err != nil {
 		t.Fatal(err)
 	}
 	pid, _, err := start(l) // and "crash": the pid is never written
@@ -323,6 +329,9 @@ func TestConfigProblems(t *testing.T) {
 		{"negative capacity", func(c *Config) { c.Capacity = -1 }, 1},
 		{"missing squid", func(c *Config) { c.Squid = "/nonexistent/squid" }, 1},
 		{"no executable", func(c *Config) { c.Executable = "" }, 1},
+		{"kernel ports", func(c *Config) { c.Ports, c.Capacity = PortRange{}, 5 }, 0},
+		{"kernel ports without capacity", func(c *Config) { c.Ports = PortRange{} }, 1},
+		{"kernel ports with squid", func(c *Config) { c.Ports, c.Capacity, c.Squid = PortRange{}, 5, "/bin/true" }, 1},
 	}
 	for _, tc := range cases {
 		c := good
@@ -343,6 +352,7 @@ func TestParsePortRange(t *testing.T) {
 		ok   bool
 	}{
 		{"20000-20999", PortRange{20000, 20999}, true},
+		{"0", PortRange{}, true},
 		{"80-80", PortRange{80, 80}, true},
 		{"20-10", PortRange{}, false},
 		{"0-10", PortRange{}, false},
@@ -388,4 +398,38 @@ func TestRestartMovesOffATakenPort(t *testing.T) {
 		t.Fatalf("restarted on the taken address %s", again.Address)
 	}
 	wantServes(t, again.Address, o)
+}
+
+// With ports 0 the kernel chooses each proxy's port, and the proxy serves
+// on the socket the driver bound: two proxies, two ports, both serving.
+func TestKernelChoosesPorts(t *testing.T) {
+	o := origin(t)
+	d := newDriver(t, Config{Ports: PortRange{}, Capacity: 2})
+	ctx := ctxT(t)
+	a, err := d.Create(ctx, spec("demo-kern1"))
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	b, err := d.Create(ctx, spec("demo-kern2"))
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if a.Address == b.Address {
+		t.Fatalf("two proxies on %s", a.Address)
+	}
+	for _, inst := range []agent.Instance{a, b} {
+		if _, port, _ := net.SplitHostPort(inst.Address); port == "0" {
+			t.Fatalf("address %s: want the port the kernel chose", inst.Address)
+		}
+		wantServes(t, inst.Address, o)
+	}
+	// The proxy serves on the socket it inherited rather than binding
+	// the port again.
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", readState(t, d, spec("demo-kern1").Name).PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(cmdline, []byte("--listen-fd\x003")) {
+		t.Errorf("proxy command line %q: want --listen-fd 3", cmdline)
+	}
 }

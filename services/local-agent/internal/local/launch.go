@@ -34,6 +34,7 @@ func (d *Driver) prepare(s *state, auth *events.ProxyAuth) (launch, error) {
 	}
 	l := launch{dir: dir, logPath: filepath.Join(dir, fileLog), statePath: d.states.path(s.Name)}
 	if s.Mode == modeBuiltin {
+		l.builtin = true
 		l.argv = []string{d.cfg.Executable, "proxy", "--listen", s.address()}
 		authPath := filepath.Join(dir, fileAuth)
 		if auth != nil {

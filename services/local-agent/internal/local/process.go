@@ -100,6 +100,29 @@ type launch struct {
 	dir       string // working directory
 	logPath   string // stdout and stderr go here
 	statePath string
+	builtin   bool     // the built-in proxy, which can serve on an inherited listener
+	listener  *os.File // the proxy's listening socket, its fd 3; nil when it binds its own
+}
+
+// handOver prepares to give ln, which holds the proxy's port, to the
+// process: the built-in proxy serves on it (fd 3), so the port is never
+// free between its choice and the proxy's start. Squid binds the port its
+// configuration names, so for Squid ln is closed now. ln is closed either
+// way once the process has started (the process holds its own copy).
+func (l *launch) handOver(ln net.Listener) error {
+	if ln == nil {
+		return nil
+	}
+	if !l.builtin {
+		return ln.Close()
+	}
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		return fmt.Errorf("hand the listener on %s to the proxy: %w", ln.Addr(), err)
+	}
+	l.listener = f
+	l.argv = append(l.argv, "--listen-fd", "3")
+	return nil
 }
 
 // start runs l in its own session (so it outlives the agent and a Ctrl-C
@@ -123,10 +146,15 @@ func start(l launch) (int, uint64, error) {
 		"LANG=C",
 		envInstance + "=" + l.statePath,
 	}
+	files := []*os.File{null, logf, logf}
+	if l.listener != nil {
+		defer l.listener.Close()
+		files = append(files, l.listener)
+	}
 	proc, err := os.StartProcess(l.argv[0], l.argv, &os.ProcAttr{
 		Dir:   l.dir,
 		Env:   env,
-		Files: []*os.File{null, logf, logf},
+		Files: files,
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
 	if err != nil {
@@ -251,16 +279,6 @@ func accepts(ctx context.Context, addr string) bool {
 		return false
 	}
 	c.Close()
-	return true
-}
-
-// bindable reports whether addr can be listened on now.
-func bindable(addr string) bool {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return false
-	}
-	ln.Close()
 	return true
 }
 

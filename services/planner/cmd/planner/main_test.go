@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -59,7 +60,7 @@ func TestHelpExplains(t *testing.T) {
 // answers the README's request, decides proxies, and stops cleanly on
 // SIGTERM.
 func TestEmbeddedServeAndGracefulStop(t *testing.T) {
-	cmd := plannerCmd(t, "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--reconcile-interval", "100ms")
+	cmd := plannerCmd(t, "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--reconcile-interval", "100ms")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +87,7 @@ func TestEmbeddedServeAndGracefulStop(t *testing.T) {
 		}
 	})
 	deadline := time.After(30 * time.Second)
-	var url string
+	var url, metrics string
 	for url == "" {
 		select {
 		case l, ok := <-lines:
@@ -94,15 +95,30 @@ func TestEmbeddedServeAndGracefulStop(t *testing.T) {
 				t.Fatal("planner exited before NATS was ready")
 			}
 			var rec struct {
-				Msg string `json:"msg"`
-				URL string `json:"url"`
+				Msg  string `json:"msg"`
+				URL  string `json:"url"`
+				Addr string `json:"addr"`
 			}
-			if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "embedded NATS ready" {
-				url = rec.URL
+			if json.Unmarshal([]byte(l), &rec) == nil {
+				switch rec.Msg {
+				case "embedded NATS ready":
+					url = rec.URL
+				case "metrics endpoint serving":
+					metrics = rec.Addr
+				}
 			}
 		case <-deadline:
 			t.Fatal("no \"embedded NATS ready\" log line")
 		}
+	}
+	// Both listeners were given port 0: the log names the ports bound.
+	mresp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics endpoint at %q from the log: %v", metrics, err)
+	}
+	mresp.Body.Close()
+	if mresp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics endpoint: status %d, want 200", mresp.StatusCode)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

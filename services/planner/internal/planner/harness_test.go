@@ -175,6 +175,19 @@ func (h *harness) leader() *running {
 	return r
 }
 
+// folded waits until r's projection holds every event FLEET_EVENTS has
+// now: the planner folds asynchronously, so an API read right after the
+// test saw an event in the stream may not know of it yet.
+func (h *harness) folded(r *running) {
+	h.t.Helper()
+	last := h.streamSeq(bus.EventsStream)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := r.waitSeq(ctx, last); err != nil {
+		h.t.Fatalf("planner projection never reached seq %d: %v", last, err)
+	}
+}
+
 // settle waits until r has completed n more reconcile rounds after now.
 func (h *harness) settle(r *running, n int64) {
 	h.t.Helper()

@@ -293,7 +293,7 @@ func deaf(s *state) string {
 // may take, so not listening means it is broken, not starting.
 func (d *Driver) pastStart(s *state) bool {
 	age, err := processAge(s.StartTime)
-	return err == nil && age > d.startGrace
+	return err == nil && age >= d.startGrace
 }
 
 // Delete stops the instance's processes, verifies they are gone, and

@@ -607,27 +607,47 @@ func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen,
 	if !ok {
 		return false
 	}
-	id := events.NewProxyID(pool.Name)
-	ctx, span := p.tracer.Start(pctx, "planner.create", trace.WithAttributes(
-		attribute.String("proxy", id), attribute.String("pool", pool.Name),
-		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
-	defer span.End()
-	d := requestedData(id, pool, a, replaces, why)
-	seq, err := p.appendDecision(ctx, events.AggregateProxy, id, events.ProxyRequested,
-		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
+	id, seq, err := p.request(pctx, p.appendDecision, pool, a, sec, replaces, why, func(ctx context.Context, cmd events.CreateCommand) {
+		p.publish(ctx, pending{create: &cmd})
+	})
 	if err != nil {
-		if ctx.Err() == nil {
-			p.log.WarnContext(ctx, "append requested", "pool", pool.Name, "err", err)
+		if pctx.Err() == nil {
+			p.log.WarnContext(pctx, "append requested", "pool", pool.Name, "err", err)
 		}
 		return false
 	}
 	p.noteOwn(seq)
 	x := Proxy{ProxyView: events.ProxyView{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}
 	r.count(x, 1)
-	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested, "entry", a.Entry, "target", a.Target, "replaces", replaces)
-	cmd := createCommand(id, d, 1, sec)
-	p.publish(ctx, pending{create: &cmd})
 	return true
+}
+
+// appender appends one event: [Planner.appendDecision] for the
+// reconciler's decisions (fenced by its leader term), the store's Append
+// for operator requests served by any replica.
+type appender func(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error)
+
+// request decides one new proxy of pool on target a, replacing replaces
+// (for why) if set: it appends the requested event with appendFn and, once
+// it is stored, hands the create command to send, in the decision's span.
+// It returns the proxy's id and the event's sequence.
+func (p *Planner) request(ctx context.Context, appendFn appender, pool Pool, a agentSeen, sec events.PoolSecrets, replaces, why string,
+	send func(context.Context, events.CreateCommand)) (string, uint64, error) {
+	id := events.NewProxyID(pool.Name)
+	ctx, span := p.tracer.Start(ctx, "planner.create", trace.WithAttributes(
+		attribute.String("proxy", id), attribute.String("pool", pool.Name), attribute.String("replaces", replaces),
+		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
+	defer span.End()
+	d := requestedData(id, pool, a, replaces, why)
+	seq, err := appendFn(ctx, events.AggregateProxy, id, events.ProxyRequested,
+		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
+	if err != nil {
+		return id, 0, err
+	}
+	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested,
+		"entry", a.Entry, "target", a.Target, "replaces", replaces, "why", why)
+	send(ctx, createCommand(id, d, 1, sec))
+	return id, seq, nil
 }
 
 // requestedData is the decision to create proxy id of pool on target a.

@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
 
@@ -45,24 +44,15 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	if !ok {
 		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
 	}
-	id := events.NewProxyID(pool.Name)
-	ctx, span := p.tracer.Start(ctx, "planner.replace", trace.WithAttributes(
-		attribute.String("proxy", id), attribute.String("replaces", x.ID), attribute.String("pool", pool.Name),
-		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
-	defer span.End()
-	d := requestedData(id, pool, a, x.ID, why)
-	seq, err := p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested,
-		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
+	id, seq, err := p.request(ctx, p.store.Append, pool, a, sec, x.ID, why, func(ctx context.Context, cmd events.CreateCommand) {
+		if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
+			// The decision stands; the reconciler re-issues the create when
+			// the proxy stays requested.
+			p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
+		}
+	})
 	if err != nil {
 		return "", 0, err
-	}
-	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested,
-		"entry", a.Entry, "target", a.Target, "replaces", x.ID, "why", why)
-	cmd := createCommand(id, d, 1, sec)
-	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
-		// The decision stands; the reconciler re-issues the create when the
-		// proxy stays requested.
-		p.log.WarnContext(ctx, "publish create", "proxy", id, "err", err)
 	}
 	return id, seq, nil
 }

@@ -45,23 +45,7 @@ func failpointPlanner(t *testing.T) string {
 // it.
 func (f *fleet) startPlannerAs(bin, id string, env ...string) *exec.Cmd {
 	f.t.Helper()
-	name := "planner-" + id
-	args := []string{"--nats-url", f.conn.ClientURL(), "--data-dir", filepath.Join(f.dir, name), "--log-level", "debug",
-		"--id", id, "--reconcile-interval", "200ms"}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	logf, err := os.OpenFile(filepath.Join(f.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		f.t.Fatalf("start %s: %v", name, err)
-	}
-	f.mu.Lock()
-	f.procs[name] = cmd
-	f.mu.Unlock()
-	return cmd
+	return f.startBinary("planner-"+id, bin, env, "--id", id, "--reconcile-interval", "200ms")
 }
 
 // isStopped reports whether process pid is stopped by a signal.

@@ -120,8 +120,19 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 
 func (f *fleet) start(name string, args ...string) {
 	f.t.Helper()
+	f.startBinary(name, filepath.Join(binDir, name), nil, args...)
+}
+
+// startBinary starts bin as the fleet's process name with the extra
+// environment env, connected to the fleet's NATS, logging to <name>.log;
+// the fleet's cleanup stops it.
+func (f *fleet) startBinary(name, bin string, env []string, args ...string) *exec.Cmd {
+	f.t.Helper()
 	common := []string{"--nats-url", f.conn.ClientURL(), "--data-dir", filepath.Join(f.dir, name), "--log-level", "debug"}
-	cmd := exec.Command(filepath.Join(binDir, name), append(common, args...)...)
+	cmd := exec.Command(bin, append(common, args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	logf, err := os.OpenFile(filepath.Join(f.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		f.t.Fatal(err)
@@ -133,6 +144,7 @@ func (f *fleet) start(name string, args ...string) {
 	f.mu.Lock()
 	f.procs[name] = cmd
 	f.mu.Unlock()
+	return cmd
 }
 
 func (f *fleet) startPlanner() { f.start("planner", "--reconcile-interval", "200ms") }

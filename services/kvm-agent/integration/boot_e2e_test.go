@@ -33,20 +33,9 @@ import (
 // proxy the seed's user-data starts. It runs inside the tier's network
 // namespace, where the guests' network is.
 func TestGuestBootsAndProxies(t *testing.T) {
-	socket, pool, network := needLibvirt(t)
-	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
-	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
-	gateway := os.Getenv("KVM_TEST_GATEWAY")
-	testgate.Need(t, gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
-
-	// The image origin, and the site fetched through the guest's proxy.
-	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
-	il, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = imgSrv.Serve(il) }()
-	defer imgSrv.Close()
+	g := needGuestTier(t)
+	gateway := g.gateway
+	// The site fetched through the guest's proxy.
 	const greeting = "hello through the guest"
 	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
 	sl, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
@@ -59,22 +48,8 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	entry := randomEntry(t)
 	proxy := "boot-e2e"
 	name := events.InstanceName(proxy)
-	cleanupEntry(t, pool, entry, name)
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-entry: %s
-target: ci
-libvirt: {socket: %s}
-pool: %s
-network: %s
-domainType: qemu
-images:
-  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
-profiles:
-  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
-`, entry, socket, pool, network, il.Addr())))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cleanupEntry(t, g.pool, entry, name)
+	cfg := g.config(t, entry)
 	conn := bustest.Start(t)
 	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
 	defer stack.Close()
@@ -192,4 +167,54 @@ func startHealth(t *testing.T, natsURL, gateway string) {
 		}
 		logf.Close()
 	})
+}
+
+// guestTier is what make e2e-kvm gives the boot tests: libvirt in the
+// tier's network namespace, the guest image built by build-guest.sh
+// (served here over HTTP, as an image origin) and the host's address on the
+// guests' network.
+type guestTier struct {
+	socket, pool, network, gateway string
+	imageAddr                      net.Addr
+}
+
+func needGuestTier(t *testing.T) guestTier {
+	t.Helper()
+	var g guestTier
+	g.socket, g.pool, g.network = needLibvirt(t)
+	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
+	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
+	g.gateway = os.Getenv("KVM_TEST_GATEWAY")
+	testgate.Need(t, g.gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
+	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
+	il, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = imgSrv.Serve(il) }()
+	t.Cleanup(func() { _ = imgSrv.Close() })
+	g.imageAddr = il.Addr()
+	return g
+}
+
+// config is the kvm-agent configuration of entry on the tier: TCG, the
+// guest image under key guest, one tiny profile.
+func (g guestTier) config(t *testing.T, entry string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+entry: %s
+target: ci
+libvirt: {socket: %s}
+pool: %s
+network: %s
+domainType: qemu
+images:
+  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
+profiles:
+  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
+`, entry, g.socket, g.pool, g.network, g.imageAddr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +17,6 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
-	"proxyfleet/pkg/testgate"
-	"proxyfleet/services/kvm-agent/internal/config"
 	"proxyfleet/services/kvm-agent/internal/kvm"
 )
 
@@ -31,36 +27,10 @@ import (
 // retires the proxy and requests a replacement, the agent deletes the dead
 // domain and boots the replacement, which health finds ready.
 func TestDestroyedDomainIsReplaced(t *testing.T) {
-	socket, pool, network := needLibvirt(t)
-	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
-	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
-	gateway := os.Getenv("KVM_TEST_GATEWAY")
-	testgate.Need(t, gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
-
-	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
-	il, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = imgSrv.Serve(il) }()
-	defer imgSrv.Close()
-
+	g := needGuestTier(t)
+	gateway := g.gateway
 	entry := randomEntry(t)
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
-entry: %s
-target: ci
-libvirt: {socket: %s}
-pool: %s
-network: %s
-domainType: qemu
-images:
-  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
-profiles:
-  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
-`, entry, socket, pool, network, il.Addr())))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := g.config(t, entry)
 	conn := bustest.Start(t)
 	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
 	defer stack.Close()

@@ -45,6 +45,13 @@ func BenchmarkAppend(b *testing.B) {
 			}
 		}
 	})
+	benchDecisions(ctx, b, s, data)
+}
+
+// benchDecisions measures decisions (appends expecting the aggregate's last
+// sequence) and fenced decisions (the same, checked against a leader term
+// too) on store s.
+func benchDecisions(ctx context.Context, b *testing.B, s *bus.EventStore, data any) {
 	b.Run("decision", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			id := fmt.Sprintf("dec-%d", i)

@@ -149,24 +149,5 @@ func BenchmarkAppendReplicated(b *testing.B) {
 			}
 		}
 	})
-	b.Run("decision", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			id := fmt.Sprintf("dec-%d", i)
-			if _, err := s.Append(ctx, events.AggregateProxy, id, events.ProxyRunning, id+".running.1", data, &bus.Expect{Seq: 0}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("fenced", func(b *testing.B) {
-		term, err := s.ClaimTerm(ctx, "bench", 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for i := 0; i < b.N; i++ {
-			id := fmt.Sprintf("fen-%d", i)
-			if _, err := s.AppendFenced(ctx, term, events.AggregateProxy, id, events.ProxyRunning, id+".running.1", data, &bus.Expect{Seq: 0}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	benchDecisions(ctx, b, s, data)
 }

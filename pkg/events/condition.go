@@ -34,7 +34,6 @@ const (
 	// Ready
 	ReasonEnoughReady    = "EnoughReady"
 	ReasonNotEnoughReady = "NotEnoughReady"
-	ReasonPoolDeleted    = "PoolDeleted"
 
 	// Placed
 	ReasonPlaced                = "Placed"

@@ -34,9 +34,6 @@ const (
 	// ClassStuck: the create was issued MaxCreateAttempts times without
 	// the proxy reaching provisioning.
 	ClassStuck = "stuck"
-	// ClassUnhealthy: the proxy stayed unhealthy longer than its pool's
-	// unhealthyAfter and was replaced.
-	ClassUnhealthy = "unhealthy"
 )
 
 // PoolAppliedData is recorded when a pool spec is accepted. Spec has no

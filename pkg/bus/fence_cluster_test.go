@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,30 +13,26 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 )
-
-// freePort returns a loopback port the kernel just handed out.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // startCluster runs three JetStream servers routed into one cluster, as an
 // operator's deployment is, and returns a connection using three replicas.
+//
+// Every cluster port comes from the kernel: each server listens on a
+// random one and the later servers route to the earlier ones' addresses.
+// A clustered JetStream server must start with its full route list (its
+// count sets the meta group's expected size), so each server lists three
+// routes, and the ones not known yet are reserved addresses that refuse:
+// the servers keep retrying those while gossip joins the real three.
 func startCluster(t testing.TB) *bus.Conn {
 	t.Helper()
-	routePorts := []int{freePort(t), freePort(t), freePort(t)}
-	var routes []*url.URL
-	for _, p := range routePorts {
-		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
+	routes := make([]*url.URL, 3)
+	for i := range routes {
+		routes[i] = &url.URL{Scheme: "nats", Host: testnet.Refusing(t).String()}
 	}
 	var urls string
-	for i, rp := range routePorts {
+	for i := range routes {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
@@ -45,8 +41,8 @@ func startCluster(t testing.TB) *bus.Conn {
 			StoreDir:   t.TempDir(),
 			NoLog:      true,
 			NoSigs:     true,
-			Cluster:    server.ClusterOpts{Name: "fence", Host: "127.0.0.1", Port: rp},
-			Routes:     routes,
+			Cluster:    server.ClusterOpts{Name: "fence", Host: "127.0.0.1", Port: server.RANDOM_PORT},
+			Routes:     slices.Clone(routes),
 		}
 		srv, err := server.NewServer(opts)
 		if err != nil {
@@ -57,6 +53,7 @@ func startCluster(t testing.TB) *bus.Conn {
 		if !srv.ReadyForConnections(10 * time.Second) {
 			t.Fatalf("server n%d did not start", i+1)
 		}
+		routes[i] = &url.URL{Scheme: "nats", Host: srv.ClusterAddr().String()}
 		if urls != "" {
 			urls += ","
 		}

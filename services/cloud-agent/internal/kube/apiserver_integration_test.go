@@ -4,6 +4,7 @@ package kube
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -27,6 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testnet"
 )
 
 // KubeVersion is the kube-apiserver the tier builds (services/cloud-agent/tools/kube-apiserver).
@@ -71,7 +74,10 @@ func adminConfig(t *testing.T) *rest.Config {
 	etcd := envOr("ETCD", filepath.Join(cacheDir(), "etcd-root", "usr", "bin", "etcd"))
 	testgate.NeedFile(t, apiserver, "kube-apiserver "+KubeVersion+"; `make test-kube` builds it")
 	testgate.NeedFile(t, etcd, "etcd from Debian's etcd-server; `make test-kube` fetches it")
-	cpOnce.Do(func() { cp.err = cp.start(apiserver, etcd) })
+	cpOnce.Do(func() {
+		cp.err = errors.New("control plane start aborted") // if start stops t
+		cp.err = cp.start(t, apiserver, etcd)
+	})
 	if cp.err != nil {
 		t.Fatalf("control plane: %v", cp.err)
 	}
@@ -85,41 +91,35 @@ func envOr(k, def string) string {
 	return def
 }
 
-// freePort asks the kernel for an unused loopback port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func (c *controlPlane) start(apiserver, etcd string) error {
+// start runs etcd and kube-apiserver without choosing a port for either
+// by bind-then-close: etcd serves clients and peers on unix sockets in the
+// control plane's directory, and kube-apiserver binds a port t holds for
+// it with SO_REUSEPORT (--permit-port-sharing) until it listens.
+func (c *controlPlane) start(t testing.TB, apiserver, etcd string) error {
 	dir, err := os.MkdirTemp("", "proxyfleet-kube-")
 	if err != nil {
 		return err
 	}
 	c.dir = dir
-	clientPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	peerPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	// etcd wants host:port even for a unix socket; the socket is the file
+	// named by it, relative to etcd's working directory (c.dir).
+	const etcdClient, etcdPeer = "unix://etcd-client:1", "unix://etcd-peer:1"
 	if err := c.spawn("etcd", etcd,
 		"--name=default", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=default="+peerURL, "--unsafe-no-fsync=true", "--log-level=warn"); err != nil {
+		"--listen-client-urls="+etcdClient, "--advertise-client-urls="+etcdClient,
+		"--listen-peer-urls="+etcdPeer, "--initial-advertise-peer-urls="+etcdPeer,
+		"--initial-cluster=default="+etcdPeer, "--unsafe-no-fsync=true", "--log-level=warn"); err != nil {
 		return err
 	}
+	etcdSocket := filepath.Join(dir, "etcd-client:1")
+	etcdHTTP := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", etcdSocket)
+		},
+	}}
 	if err := poll(60*time.Second, func() error {
-		resp, err := http.Get(etcdURL + "/health")
+		resp, err := etcdHTTP.Get("http://etcd/health")
 		if err != nil {
 			return err
 		}
@@ -151,13 +151,11 @@ func (c *controlPlane) start(apiserver, etcd string) error {
 			return err
 		}
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
+	port := testnet.Shared(t).Port
 	if err := c.spawn("kube-apiserver", apiserver,
-		"--etcd-servers="+etcdURL,
+		"--etcd-servers=unix://"+etcdSocket,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		"--permit-port-sharing",
 		"--tls-cert-file="+filepath.Join(dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving.key"),
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
@@ -204,6 +202,7 @@ func (c *controlPlane) spawn(name, bin string, args ...string) error {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = c.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)

@@ -19,6 +19,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -83,7 +84,7 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 			Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128})
 	}
 	// Nothing listens here: the proxy is probed and found unhealthy.
-	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: testnet.Refusing(t).String(), Attempt: 1})
 
 	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
 		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s")

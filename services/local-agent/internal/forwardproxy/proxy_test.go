@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"proxyfleet/pkg/testnet"
 )
 
 // startProxy serves a proxy for cfg on a loopback port and returns its URL.
@@ -194,12 +196,7 @@ func TestRejectsOriginForm(t *testing.T) {
 }
 
 func TestUnreachableOriginIs502(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testnet.Refusing(t).String()
 	proxy := startProxy(t, Config{})
 	resp, err := client(proxy, nil).Get("http://" + dead + "/")
 	if err != nil {

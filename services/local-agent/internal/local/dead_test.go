@@ -1,13 +1,13 @@
 package local
 
 import (
-	"net"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/testnet"
 )
 
 // TestDeadInstancesAreTerminated: Get and List report an instance whose
@@ -58,12 +58,7 @@ func TestDeadInstancesAreTerminated(t *testing.T) {
 // its live process had closed its listener.
 func deafen(t *testing.T, d *Driver, s *state) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	s.Port = testnet.Refusing(t).Port
 	if err := d.states.write(s); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,55 @@
+// Package testnet hands tests loopback ports the kernel chose and that stay
+// reserved while the test runs, so nothing can take them between the choice
+// and their use. Asking for a port with a listener and closing it before
+// the real user binds (bind-then-close) leaves a window in which another
+// process on a busy machine may take it; a socket that is bound but never
+// listens holds the port and still refuses every connection.
+package testnet
+
+import (
+	"net"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Refusing returns a loopback address whose port is bound for the rest of
+// the test but listens for nothing: a dial to it is refused at once. Use
+// it where a test needs an address that is certainly dead.
+func Refusing(t testing.TB) *net.TCPAddr {
+	t.Helper()
+	return reserve(t, false)
+}
+
+// Shared returns a loopback address whose port is bound with SO_REUSEPORT for the rest of
+// the test, for a child process that binds it with SO_REUSEPORT as well
+// (kube-apiserver's --permit-port-sharing). The reservation never listens,
+// so every connection reaches the child; only sockets of the same user
+// that also ask for SO_REUSEPORT can share the port meanwhile.
+func Shared(t testing.TB) *net.TCPAddr {
+	t.Helper()
+	return reserve(t, true)
+}
+
+func reserve(t testing.TB, reusePort bool) *net.TCPAddr {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("testnet: socket: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if reusePort {
+		if err := syscall.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			t.Fatalf("testnet: SO_REUSEPORT: %v", err)
+		}
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("testnet: bind 127.0.0.1:0: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("testnet: getsockname: %v", err)
+	}
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*syscall.SockaddrInet4).Port}
+}

@@ -28,12 +28,16 @@ RUN_SERVICES := planner health local-agent
 .PHONY: build
 build: $(addprefix build-,$(SERVICES)) ## build every service binary into ./bin
 
+# VERSION is what every service announces (semver: the release and the
+# commit as build metadata).
+VERSION ?= $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && echo 0.1.0+$$c || echo 0.1.0)
+
 # build-<service> builds one service into ./bin (go's build cache makes it
 # cheap when nothing changed).
 .PHONY: $(addprefix build-,$(SERVICES))
 $(addprefix build-,$(SERVICES)): build-%:
 	@mkdir -p $(BIN)
-	@echo "go build $*"; cd services/$* && $(GO) build -o $(BIN)/$* ./cmd/$*
+	@echo "go build $*"; cd services/$* && $(GO) build -ldflags "-X proxyfleet/pkg/buildinfo.Version=$(VERSION)" -o $(BIN)/$* ./cmd/$*
 
 # The pinned nats CLI is built once per machine into a cache outside the
 # checkout (like kube-apiserver in mk/cloud.mk), so `make clean` and fresh

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
@@ -53,6 +54,7 @@ type Config struct {
 const DefaultRecheckInterval = 10 * time.Second
 
 func (c *Config) defaults() {
+	c.Info.Version = cmp.Or(c.Info.Version, buildinfo.Version)
 	if c.CommandTimeout <= 0 {
 		c.CommandTimeout = 10 * time.Minute
 	}
@@ -229,7 +231,7 @@ func (r *Runtime) startService() (micro.Service, error) {
 	info := r.cfg.Info
 	svc, err := micro.AddService(r.conn.NC, micro.Config{
 		Name:        "fleet-agent",
-		Version:     "0.1.0",
+		Version:     buildinfo.Version,
 		Description: "proxyfleet agent for " + info.Entry + "/" + info.Target,
 		Metadata:    map[string]string{"entry": info.Entry, "target": info.Target, "type": info.Type},
 	})

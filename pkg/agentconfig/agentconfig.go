@@ -12,7 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -118,6 +121,32 @@ func (e *Error) Identifier(key, value string) {
 func KeyOf[V any](e *Error, key, value string, m map[string]V, mapKey string) {
 	if _, ok := m[value]; value != "" && !ok {
 		e.Add(key, "names no key of %s: %q", mapKey, value)
+	}
+}
+
+// Keyed checks a map keyed by identifiers, as every agent's images,
+// profiles and templates are: each key must be an identifier, and check,
+// when not nil, is called for each value with its key path ("<key>.<k>"),
+// in key order so the problems come out in a stable order.
+func Keyed[V any](e *Error, key string, m map[string]V, check func(path string, v V)) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		path := key + "." + k
+		e.Identifier(path, k)
+		if check != nil {
+			check(path, m[k])
+		}
+	}
+}
+
+// URL records a problem with key unless value is an absolute URL with a
+// host and one of schemes. An empty value is left to the caller, which
+// knows whether the key is required.
+func (e *Error) URL(key, value string, schemes ...string) {
+	if value == "" {
+		return
+	}
+	if u, err := url.Parse(value); err != nil || !slices.Contains(schemes, u.Scheme) || u.Host == "" {
+		e.Add(key, "must be an %s URL with a host, got %q", strings.Join(schemes, " or "), value)
 	}
 }
 

@@ -167,3 +167,35 @@ func TestLoadNamesTheFile(t *testing.T) {
 		t.Errorf("Load of a missing file = %v, want fs.ErrNotExist", err)
 	}
 }
+
+func TestKeyedAndURL(t *testing.T) {
+	var e agentconfig.Error
+	var seen []string
+	agentconfig.Keyed(&e, "images", map[string]int{"b": 2, "Bad_Key": 1, "a": 0}, func(path string, v int) {
+		seen = append(seen, path)
+		if v == 0 {
+			e.Add(path, "is zero")
+		}
+	})
+	agentconfig.Keyed(&e, "profiles", map[string]string{"ok": ""}, nil)
+	e.URL("apiURL", "http://pve:8006", "https")
+	e.URL("endpoint", "https:///path", "https", "http")
+	e.URL("mirror", "http://mirror/x", "https", "http")
+	e.URL("optional", "", "https")
+	if want := []string{"images.Bad_Key", "images.a", "images.b"}; !slices.Equal(seen, want) {
+		t.Errorf("check called for %v, want %v (sorted)", seen, want)
+	}
+	var got []string
+	for _, p := range e.Problems {
+		got = append(got, p.String())
+	}
+	want := []string{
+		`images.Bad_Key: must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit, got "Bad_Key"`,
+		"images.a: is zero",
+		`apiURL: must be an https URL with a host, got "http://pve:8006"`,
+		`endpoint: must be an https or http URL with a host, got "https:///path"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

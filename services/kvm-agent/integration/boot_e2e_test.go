@@ -53,7 +53,7 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	conn := bustest.Start(t)
 	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
 	defer stack.Close()
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info("e2e"), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
+	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -245,7 +245,7 @@ func TestLifecycleThroughNATS(t *testing.T) {
 	defer sub.Unsubscribe()
 	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish, ProgressEvery: time.Millisecond})
 	defer stack.Close()
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info("test"), CommandTimeout: 20 * time.Second, WatchInterval: time.Second}, nil, nil)
+	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 20 * time.Second, WatchInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	defer stack.Close()
 	// The default recheck interval: the delay logged below is the one an
 	// operator gets.
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info("e2e"), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
+	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"io"
+	"fmt"
 	"os"
 
-	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/agentconfig"
+	"proxyfleet/pkg/agentcmd"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/cloud-agent/internal/config"
 	"proxyfleet/services/cloud-agent/internal/entries"
@@ -53,30 +51,24 @@ See docs/gce.md and docs/kubernetes.md for every field and the permissions
 each backend needs. Debug logs show one line per API call (method, path,
 status, duration) and never tokens, keys or user-data.`
 
-func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+func main() { agentcmd.Exit(spec()) }
 
-func run(args []string, stderr io.Writer) int {
-	cmd := service.NewCommand("cloud-agent", "--config FILE [flags]", about, stderr)
-	var cf agentconfig.Flags
-	cf.Register(cmd.Flags, os.Getenv("PROXYFLEET_CLOUD_CONFIG"), "the entries this agent serves (env PROXYFLEET_CLOUD_CONFIG)")
-	recheck := agent.RecheckFlag(cmd.Flags)
-	if code, ok := cmd.Parse(args); !ok {
-		return code
+// spec describes the command line; tests run it through [agentcmd.Main].
+func spec() agentcmd.Spec[*config.File] {
+	return agentcmd.Spec[*config.File]{
+		Name: "cloud-agent", Synopsis: "--config FILE [flags]", About: about,
+		ConfigPath:  os.Getenv("PROXYFLEET_CLOUD_CONFIG"),
+		ConfigHolds: "the entries this agent serves (env PROXYFLEET_CLOUD_CONFIG)",
+		Load:        config.Load,
+		Valid: func(_ string, cfg *config.File) []string {
+			var lines []string
+			for _, e := range cfg.Entries {
+				lines = append(lines, fmt.Sprintf("entry %s (%s): targets %v", e.Name, e.Type, e.Targets))
+			}
+			return lines
+		},
+		Serve: func(ctx context.Context, base *service.Base, cfg *config.File, o agentcmd.Options) error {
+			return entries.Run(ctx, base.Conn, entries.Options{File: cfg, RecheckInterval: o.RecheckInterval, Log: base.Log, Tracer: base.Tel.Tracer})
+		},
 	}
-	if cf.Path == "" {
-		return cmd.Fail(2, errors.New("--config is required (see --help)"))
-	}
-	cfg, err := config.Load(cf.Path)
-	if err != nil {
-		return cmd.Fail(2, err)
-	}
-	if cf.Check {
-		for _, e := range cfg.Entries {
-			cmd.Printf("entry %s (%s): targets %v", e.Name, e.Type, e.Targets)
-		}
-		return 0
-	}
-	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return entries.Run(ctx, base.Conn, entries.Options{File: cfg, RecheckInterval: *recheck, Log: base.Log, Tracer: base.Tel.Tracer})
-	})
 }

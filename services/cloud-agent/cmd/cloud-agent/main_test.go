@@ -5,11 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"proxyfleet/pkg/agentcmd"
 )
 
 func TestHelpExplains(t *testing.T) {
 	var out strings.Builder
-	if code := run([]string{"--help"}, &out); code != 0 {
+	if code := agentcmd.Main(spec(), []string{"--help"}, &out); code != 0 {
 		t.Fatalf("--help exit code %d", code)
 	}
 	for _, want := range []string{"--config", "type gce", "type kubernetes", "docs/gce.md", "never tokens"} {
@@ -38,8 +40,8 @@ func TestConfigErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		var out strings.Builder
-		if code := run(c.args, &out); code != c.code || !strings.Contains(out.String(), c.want) {
-			t.Errorf("run(%v) = %d %q, want %d and %q", c.args, code, out.String(), c.code, c.want)
+		if code := agentcmd.Main(spec(), c.args, &out); code != c.code || !strings.Contains(out.String(), c.want) {
+			t.Errorf("Main(%v) = %d %q, want %d and %q", c.args, code, out.String(), c.code, c.want)
 		}
 	}
 }

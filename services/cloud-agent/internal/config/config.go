@@ -5,9 +5,7 @@ package config
 
 import (
 	"fmt"
-	"maps"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -194,21 +192,19 @@ func checkGCE(v *agentconfig.Error, p string, g *GCE) {
 	if len(g.Images) == 0 {
 		v.Add(p+".images", "must map at least one image key to a source image")
 	}
-	for _, k := range slices.Sorted(maps.Keys(g.Images)) {
-		v.Identifier(p+".images."+k, k)
-		if g.Images[k] == "" {
-			v.Add(p+".images."+k, "must name a source image")
+	agentconfig.Keyed(v, p+".images", g.Images, func(key, image string) {
+		if image == "" {
+			v.Add(key, "must name a source image")
 		}
-	}
+	})
 	if len(g.Profiles) == 0 {
 		v.Add(p+".profiles", "must map at least one profile key to a machine type")
 	}
-	for _, k := range slices.Sorted(maps.Keys(g.Profiles)) {
-		v.Identifier(p+".profiles."+k, k)
-		if g.Profiles[k] == "" {
-			v.Add(p+".profiles."+k, "must name a machine type")
+	agentconfig.Keyed(v, p+".profiles", g.Profiles, func(key, machineType string) {
+		if machineType == "" {
+			v.Add(key, "must name a machine type")
 		}
-	}
+	})
 	agentconfig.KeyOf(v, p+".defaultImage", g.DefaultImage, g.Images, p+".images")
 	agentconfig.KeyOf(v, p+".defaultProfile", g.DefaultProfile, g.Profiles, p+".profiles")
 	for i, t := range g.Tags {
@@ -219,44 +215,17 @@ func checkGCE(v *agentconfig.Error, p string, g *GCE) {
 	if g.DiskSizeGB < 0 {
 		v.Add(p+".diskSizeGB", "must be 0 (image size) or more, got %d", g.DiskSizeGB)
 	}
-	if g.Endpoint != "" && !strings.HasPrefix(g.Endpoint, "https://") && !strings.HasPrefix(g.Endpoint, "http://") {
-		v.Add(p+".endpoint", "must be an http(s) URL, got %q", g.Endpoint)
-	}
+	v.URL(p+".endpoint", g.Endpoint, "https", "http")
 }
 
 func checkKube(v *agentconfig.Error, p string, k *Kubernetes) {
-	for _, key := range slices.Sorted(maps.Keys(k.Images)) {
-		v.Identifier(p+".images."+key, key)
-		if k.Images[key] == "" {
-			v.Add(p+".images."+key, "must name a container image")
+	agentconfig.Keyed(v, p+".images", k.Images, func(key, image string) {
+		if image == "" {
+			v.Add(key, "must name a container image")
 		}
-	}
-	for _, key := range slices.Sorted(maps.Keys(k.Profiles)) {
-		v.Identifier(p+".profiles."+key, key)
-	}
+	})
+	agentconfig.Keyed(v, p+".profiles", k.Profiles, nil)
 	if !strings.HasPrefix(k.AuthHelper, "/") {
 		v.Add(p+".authHelper", "must be an absolute path inside the image, got %q", k.AuthHelper)
 	}
-}
-
-// ImageKeys returns the image keys an entry announces.
-func (e *Entry) ImageKeys() []string {
-	switch {
-	case e.GCE != nil:
-		return slices.Sorted(maps.Keys(e.GCE.Images))
-	case e.Kubernetes != nil:
-		return slices.Sorted(maps.Keys(e.Kubernetes.Images))
-	}
-	return nil
-}
-
-// ProfileKeys returns the machine profile keys an entry announces.
-func (e *Entry) ProfileKeys() []string {
-	switch {
-	case e.GCE != nil:
-		return slices.Sorted(maps.Keys(e.GCE.Profiles))
-	case e.Kubernetes != nil:
-		return slices.Sorted(maps.Keys(e.Kubernetes.Profiles))
-	}
-	return nil
 }

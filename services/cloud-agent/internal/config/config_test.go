@@ -50,12 +50,6 @@ func TestParseGood(t *testing.T) {
 	if k.Image != DefaultSquidImage || k.AuthHelper != DefaultAuthHelper {
 		t.Fatalf("kubernetes defaults not applied: %+v", k)
 	}
-	if got := f.Entries[1].ImageKeys(); len(got) != 1 || got[0] != "squid" {
-		t.Fatalf("image keys = %v", got)
-	}
-	if got := g.ProfileKeys(); len(got) != 1 || got[0] != "small" {
-		t.Fatalf("profile keys = %v", got)
-	}
 }
 
 func TestParseKubernetesWithoutSection(t *testing.T) {

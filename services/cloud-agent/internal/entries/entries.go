@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -57,7 +59,8 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 			return nil, fmt.Errorf("entry %s: %w", e.Name, err)
 		}
 		for _, target := range e.Targets {
-			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: e.ImageKeys(), Profiles: e.ProfileKeys(), Capacity: e.Capacity}
+			images, profiles := catalog(e)
+			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: images, Profiles: profiles, Capacity: e.Capacity}
 			rt, err := agent.New(conn, drivers[target], agent.Config{Info: info, CommandTimeout: time.Duration(e.CommandTimeout),
 				RecheckInterval: o.RecheckInterval}, o.Log, o.Tracer)
 			if err != nil {
@@ -101,4 +104,15 @@ func entryDrivers(ctx context.Context, e config.Entry, log *slog.Logger) (map[st
 		return nil, fmt.Errorf("type %q has no driver", e.Type)
 	}
 	return drivers, nil
+}
+
+// catalog returns the image and profile keys an entry announces, sorted.
+func catalog(e config.Entry) (images, profiles []string) {
+	switch {
+	case e.GCE != nil:
+		return slices.Sorted(maps.Keys(e.GCE.Images)), slices.Sorted(maps.Keys(e.GCE.Profiles))
+	case e.Kubernetes != nil:
+		return slices.Sorted(maps.Keys(e.Kubernetes.Images)), slices.Sorted(maps.Keys(e.Kubernetes.Profiles))
+	}
+	return nil, nil
 }

@@ -1,7 +1,6 @@
 package gce
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -149,15 +148,13 @@ func (d *Driver) adopt(ctx context.Context, zone string, spec agent.Spec) (agent
 
 func (d *Driver) instanceFor(spec agent.Spec) (*compute.Instance, error) {
 	c := d.o.Config
-	imageKey := cmp.Or(spec.Image, c.DefaultImage)
-	image, ok := c.Images[imageKey]
-	if !ok {
-		return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", imageKey, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Images)), ", "))
+	image, err := agent.Lookup(d.o.Entry, "image", c.Images, spec.Image, c.DefaultImage)
+	if err != nil {
+		return nil, err
 	}
-	profileKey := cmp.Or(spec.Profile, c.DefaultProfile)
-	machineType, ok := c.Profiles[profileKey]
-	if !ok {
-		return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", profileKey, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Profiles)), ", "))
+	machineType, err := agent.Lookup(d.o.Entry, "profile", c.Profiles, spec.Profile, c.DefaultProfile)
+	if err != nil {
+		return nil, err
 	}
 	userData := spec.UserData
 	if len(userData) == 0 {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"slices"
 	"sort"
@@ -167,18 +166,17 @@ func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
 	c := d.o.Config
 	image := c.Image
 	if spec.Image != "" {
-		var ok bool
-		if image, ok = c.Images[spec.Image]; !ok {
-			return nil, agent.Wrapf(agent.ErrPermanent, "image key %q is not configured in entry %s (configured: %s)", spec.Image, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Images)), ", "))
+		var err error
+		if image, err = agent.Lookup(d.o.Entry, "image", c.Images, spec.Image, ""); err != nil {
+			return nil, err
 		}
 	}
 	var res corev1.ResourceRequirements
 	if spec.Profile != "" {
-		p, ok := c.Profiles[spec.Profile]
-		if !ok {
-			return nil, agent.Wrapf(agent.ErrPermanent, "profile key %q is not configured in entry %s (configured: %s)", spec.Profile, d.o.Entry, strings.Join(slices.Sorted(maps.Keys(c.Profiles)), ", "))
+		p, err := agent.Lookup(d.o.Entry, "profile", c.Profiles, spec.Profile, "")
+		if err != nil {
+			return nil, err
 		}
-		var err error
 		if res, err = resources(p); err != nil {
 			return nil, agent.Wrapf(agent.ErrPermanent, "profile %s of entry %s: %w", spec.Profile, d.o.Entry, err)
 		}

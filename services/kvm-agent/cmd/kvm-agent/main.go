@@ -6,19 +6,15 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"io"
-	"os"
 
 	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/agentconfig"
+	"proxyfleet/pkg/agentcmd"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/kvm-agent/internal/config"
 	"proxyfleet/services/kvm-agent/internal/kvm"
 )
-
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
 
 const about = `
 Runs the proxyfleet agent of one KVM host: every proxy is a libvirt domain
@@ -28,32 +24,27 @@ fleet-agents and answers fleet.agent.<entry>.<target>.{info,inventory,check}.
 Image download progress is published on fleet.progress.<entry>.<target>.
 See docs/kvm.md for the configuration reference.`
 
-func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+func main() { agentcmd.Exit(spec()) }
 
-func run(args []string, stderr io.Writer) int {
-	cmd := service.NewCommand("kvm-agent", "[flags]", about, stderr)
-	var cf agentconfig.Flags
-	cf.Register(cmd.Flags, "/etc/proxyfleet/kvm-agent.yaml", "entry, target, libvirt connection, pool, network, images, profiles")
-	recheck := agent.RecheckFlag(cmd.Flags)
-	verbose := cmd.Flags.Bool("log-libvirt-xml", false, "log domain and volume XML with each libvirt call (never user-data or upload bodies)")
-	if code, ok := cmd.Parse(args); !ok {
-		return code
+// spec describes the command line; tests run it through [agentcmd.Main].
+func spec() agentcmd.Spec[*config.Config] {
+	var verbose bool
+	return agentcmd.Spec[*config.Config]{
+		Name: "kvm-agent", Synopsis: "[flags]", About: about,
+		ConfigPath:  "/etc/proxyfleet/kvm-agent.yaml",
+		ConfigHolds: "entry, target, libvirt connection, pool, network, images, profiles",
+		Flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&verbose, "log-libvirt-xml", false, "log domain and volume XML with each libvirt call (never user-data or upload bodies)")
+		},
+		Load: config.Load,
+		Serve: func(ctx context.Context, base *service.Base, cfg *config.Config, o agentcmd.Options) error {
+			stack := kvm.Open(cfg, kvm.Options{Log: base.Log, Tracer: base.Tel.Tracer, Publish: base.Conn.NC.Publish, VerboseRPC: verbose})
+			defer stack.Close()
+			rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), RecheckInterval: o.RecheckInterval}, base.Log, base.Tel.Tracer)
+			if err != nil {
+				return fmt.Errorf("agent runtime: %w", err)
+			}
+			return rt.Run(ctx)
+		},
 	}
-	cfg, err := config.Load(cf.Path)
-	if err != nil {
-		return cmd.Fail(2, err)
-	}
-	if cf.Check {
-		cmd.Printf("%s is valid", cf.Path)
-		return 0
-	}
-	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		stack := kvm.Open(cfg, kvm.Options{Log: base.Log, Tracer: base.Tel.Tracer, Publish: base.Conn.NC.Publish, VerboseRPC: *verbose})
-		defer stack.Close()
-		rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(version), RecheckInterval: *recheck}, base.Log, base.Tel.Tracer)
-		if err != nil {
-			return fmt.Errorf("agent runtime: %w", err)
-		}
-		return rt.Run(ctx)
-	})
 }

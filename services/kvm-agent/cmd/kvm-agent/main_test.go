@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"proxyfleet/pkg/agentcmd"
 )
 
 // TestRunExitCodesAndOutput runs the command line as main does: --help,
@@ -40,13 +42,13 @@ profiles: {small: {vcpus: 1, memoryMiB: 512, diskGiB: 4}}
 	}
 	for _, c := range cases {
 		var out strings.Builder
-		code := run(c.args, &out)
+		code := agentcmd.Main(spec(), c.args, &out)
 		if code != c.code {
-			t.Errorf("run(%q) = %d, want %d; output:\n%s", c.args, code, c.code, &out)
+			t.Errorf("Main(%q) = %d, want %d; output:\n%s", c.args, code, c.code, &out)
 		}
 		for _, w := range c.want {
 			if !strings.Contains(out.String(), w) {
-				t.Errorf("run(%q) output lacks %q:\n%s", c.args, w, &out)
+				t.Errorf("Main(%q) output lacks %q:\n%s", c.args, w, &out)
 			}
 		}
 	}

@@ -4,15 +4,11 @@
 package config
 
 import (
-	"maps"
-	"net/url"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
 	"proxyfleet/pkg/agentconfig"
-	"proxyfleet/pkg/events"
 )
 
 // Config is the kvm-agent configuration: one entry, one target (host).
@@ -176,7 +172,7 @@ func (c *Config) Check(e *agentconfig.Error) {
 	} else if !strings.HasPrefix(lv.Socket, "/") {
 		e.Add("libvirt.socket", "must be an absolute path, got %q", lv.Socket)
 	}
-	if _, err := url.Parse(lv.URI); err != nil || !strings.Contains(lv.URI, "://") {
+	if !strings.Contains(lv.URI, "://") {
 		e.Add("libvirt.uri", "must be a libvirt URI such as qemu:///system, got %q", lv.URI)
 	}
 	if lv.RPCTimeout < agentconfig.Duration(time.Second) {
@@ -211,19 +207,11 @@ func (c *Config) Check(e *agentconfig.Error) {
 	if len(c.Images) == 0 {
 		e.Add("images", "at least one image is required")
 	}
-	for _, k := range slices.Sorted(maps.Keys(c.Images)) {
-		im := c.Images[k]
-		key := "images." + k
-		if !events.IsIdentifier(k) {
-			e.Add(key, "image key must be %s", events.IdentifierRule)
-		}
-		u, err := url.Parse(im.URL)
-		switch {
-		case im.URL == "":
+	agentconfig.Keyed(e, "images", c.Images, func(key string, im Image) {
+		if im.URL == "" {
 			e.Add(key+".url", "is required")
-		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-			e.Add(key+".url", "must be an http or https URL, got %q", im.URL)
 		}
+		e.URL(key+".url", im.URL, "http", "https")
 		if im.SHA256 != "" && !sha256RE.MatchString(im.SHA256) {
 			e.Add(key+".sha256", "must be 64 hexadecimal characters")
 		}
@@ -233,18 +221,13 @@ func (c *Config) Check(e *agentconfig.Error) {
 		if im.Firmware != "uefi" && im.Firmware != "bios" {
 			e.Add(key+".firmware", "must be uefi or bios, got %q", im.Firmware)
 		}
-	}
+	})
 	agentconfig.KeyOf(e, "defaultImage", c.DefaultImage, c.Images, "images")
 
 	if len(c.Profiles) == 0 {
 		e.Add("profiles", "at least one machine profile is required")
 	}
-	for _, k := range slices.Sorted(maps.Keys(c.Profiles)) {
-		pr := c.Profiles[k]
-		key := "profiles." + k
-		if !events.IsIdentifier(k) {
-			e.Add(key, "profile name must be %s", events.IdentifierRule)
-		}
+	agentconfig.Keyed(e, "profiles", c.Profiles, func(key string, pr Profile) {
 		if pr.VCPUs < 1 || pr.VCPUs > 256 {
 			e.Add(key+".vcpus", "must be between 1 and 256, got %d", pr.VCPUs)
 		}
@@ -254,7 +237,7 @@ func (c *Config) Check(e *agentconfig.Error) {
 		if pr.DiskGiB < 1 {
 			e.Add(key+".diskGiB", "must be at least 1, got %d", pr.DiskGiB)
 		}
-	}
+	})
 	agentconfig.KeyOf(e, "defaultProfile", c.DefaultProfile, c.Profiles, "profiles")
 	if c.Capacity < 0 {
 		e.Add("capacity", "must be zero (unlimited) or more, got %d", c.Capacity)

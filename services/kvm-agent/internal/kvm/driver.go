@@ -4,6 +4,7 @@
 package kvm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,28 +59,21 @@ func SeedName(instance string) string { return instance + "-cidata.iso" }
 func (d *Driver) providerID(name string) string { return d.cfg.Target + "/" + name }
 
 // Info is what the agent announces.
-func (d *Driver) Info(version string) agent.Info {
-	return agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity, Version: version,
+func (d *Driver) Info() agent.Info {
+	return agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity,
 		Images: slices.Sorted(maps.Keys(d.cfg.Images)), Profiles: slices.Sorted(maps.Keys(d.cfg.Profiles))}
 }
 
 // Create makes (or finds) the domain of spec and starts it.
 func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, error) {
-	imgKey := spec.Image
-	if imgKey == "" {
-		imgKey = d.cfg.DefaultImage
+	imgKey := cmp.Or(spec.Image, d.cfg.DefaultImage)
+	img, err := agent.Lookup(d.cfg.Entry, "image", d.cfg.Images, imgKey, "")
+	if err != nil {
+		return agent.Instance{}, err
 	}
-	img, ok := d.cfg.Images[imgKey]
-	if !ok {
-		return agent.Instance{}, agent.Wrapf(agent.ErrPermanent, "image %q is not configured for entry %s (images: %s)", imgKey, d.cfg.Entry, strings.Join(d.Info("").Images, ", "))
-	}
-	profKey := spec.Profile
-	if profKey == "" {
-		profKey = d.cfg.DefaultProfile
-	}
-	prof, ok := d.cfg.Profiles[profKey]
-	if !ok {
-		return agent.Instance{}, agent.Wrapf(agent.ErrPermanent, "profile %q is not configured for entry %s (profiles: %s)", profKey, d.cfg.Entry, strings.Join(d.Info("").Profiles, ", "))
+	prof, err := agent.Lookup(d.cfg.Entry, "profile", d.cfg.Profiles, spec.Profile, d.cfg.DefaultProfile)
+	if err != nil {
+		return agent.Instance{}, err
 	}
 	inst := agent.Instance{Name: spec.Name, ProviderID: d.providerID(spec.Name), Marker: spec.Marker(), State: agent.StateProvisioning}
 

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
@@ -27,9 +28,6 @@ import (
 
 // ServiceName is the micro service every planner replica serves.
 const ServiceName = "fleet-planner"
-
-// Version is the micro service version.
-const Version = "0.1.0"
 
 // requestTimeout bounds the work behind one API request.
 const requestTimeout = 30 * time.Second
@@ -138,7 +136,7 @@ type handlerFunc func(ctx context.Context, body []byte) (any, *APIError)
 func (p *Planner) startAPI() (micro.Service, error) {
 	svc, err := micro.AddService(p.conn.NC, micro.Config{
 		Name:        ServiceName,
-		Version:     Version,
+		Version:     buildinfo.Version,
 		Description: "proxyfleet planner: pool and proxy intent",
 		Metadata:    map[string]string{"replica": p.cfg.ID},
 	})

@@ -7,11 +7,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 
-	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/agentconfig"
+	"proxyfleet/pkg/agentcmd"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/proxmox-agent/internal/config"
 	"proxyfleet/services/proxmox-agent/internal/nodes"
@@ -19,9 +16,6 @@ import (
 )
 
 const name = "proxmox-agent"
-
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
 
 const about = `
 Runs the proxyfleet agent of one Proxmox VE cluster. Each node listed in the
@@ -32,31 +26,31 @@ is a linked (or full) clone of a template VM with a NoCloud seed ISO on
 ide2; VMIDs are reserved in the fleet-vmids bucket before cloning.
 See docs/proxmox.md for the configuration reference.`
 
-func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+func main() { agentcmd.Exit(spec()) }
 
-func run(args []string, stderr io.Writer) int {
-	cmd := service.NewCommand(name, "[flags]", about, stderr)
-	var cf agentconfig.Flags
-	cf.Register(cmd.Flags, "/etc/proxyfleet/proxmox-agent.yaml",
-		"entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles")
-	recheck := agent.RecheckFlag(cmd.Flags)
-	if code, ok := cmd.Parse(args); !ok {
-		return code
+// spec describes the command line; tests run it through [agentcmd.Main].
+func spec() agentcmd.Spec[*config.Config] {
+	return agentcmd.Spec[*config.Config]{
+		Name: name, Synopsis: "[flags]", About: about,
+		ConfigPath:  "/etc/proxyfleet/proxmox-agent.yaml",
+		ConfigHolds: "entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles",
+		Load:        load,
+		Serve: func(ctx context.Context, base *service.Base, cfg *config.Config, o agentcmd.Options) error {
+			return nodes.Run(ctx, base.Conn, nodes.Options{Config: cfg, RecheckInterval: o.RecheckInterval,
+				Log: base.Log, Tracer: base.Tel.Tracer})
+		},
 	}
-	cfg, err := config.Load(cf.Path)
+}
+
+// load reads the file and checks the token file and the TLS pin or CA
+// with the rest of it.
+func load(path string) (*config.Config, error) {
+	cfg, err := config.Load(path)
 	if err != nil {
-		return cmd.Fail(2, err)
+		return nil, err
 	}
-	// The token file and the TLS pin or CA are checked with the rest.
 	if _, err := pve.New(cfg.ClientConfig()); err != nil {
-		return cmd.Fail(2, fmt.Errorf("%s: %w", cf.Path, err))
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if cf.Check {
-		cmd.Printf("%s is valid", cf.Path)
-		return 0
-	}
-	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return nodes.Run(ctx, base.Conn, nodes.Options{Config: cfg, RecheckInterval: *recheck, Version: version,
-			Log: base.Log, Tracer: base.Tel.Tracer})
-	})
+	return cfg, nil
 }

@@ -6,7 +6,6 @@ package config
 import (
 	"fmt"
 	"maps"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -110,11 +109,10 @@ var (
 func (c *Config) Check(e *agentconfig.Error) {
 	e.Identifier("entry", c.Entry)
 	e.Identifier("cluster", c.Cluster)
-	if u, err := url.Parse(c.APIURL); c.APIURL == "" {
+	if c.APIURL == "" {
 		e.Add("apiURL", "is required (https://<node address>:8006)")
-	} else if err != nil || u.Scheme != "https" || u.Host == "" {
-		e.Add("apiURL", "must be https://<host>:<port>, got %q", c.APIURL)
 	}
+	e.URL("apiURL", c.APIURL, "https")
 	if c.TokenFile == "" {
 		e.Add("tokenFile", "is required (a file holding user@realm!tokenid=secret)")
 	}
@@ -142,13 +140,11 @@ func (c *Config) Check(e *agentconfig.Error) {
 	if len(c.Templates) == 0 {
 		e.Add("templates", "map at least one image key to a template VMID")
 	}
-	for _, k := range slices.Sorted(maps.Keys(c.Templates)) {
-		key := "templates." + k
-		e.Identifier(key, k)
-		if id := c.Templates[k]; id < 100 || id > 999999999 {
+	agentconfig.Keyed(e, "templates", c.Templates, func(key string, id int) {
+		if id < 100 || id > 999999999 {
 			e.Add(key, "VMID must be between 100 and 999999999, got %d", id)
 		}
-	}
+	})
 	if c.SeedsStorage == "" {
 		e.Add("seedsStorage", "is required: a dedicated storage with content type iso that the token may delete from")
 	} else if !storageRE.MatchString(c.SeedsStorage) {
@@ -169,17 +165,14 @@ func (c *Config) Check(e *agentconfig.Error) {
 	if c.CloneStorage != "" && c.Clone != CloneFull {
 		e.Add("cloneStorage", "applies to full clones only; set clone: full or remove it")
 	}
-	for _, k := range slices.Sorted(maps.Keys(c.Profiles)) {
-		key := "profiles." + k
-		e.Identifier(key, k)
-		p := c.Profiles[k]
+	agentconfig.Keyed(e, "profiles", c.Profiles, func(key string, p Profile) {
 		if p.Cores < 1 {
 			e.Add(key+".cores", "must be 1 or more, got %d", p.Cores)
 		}
 		if p.MemoryMiB < 16 {
 			e.Add(key+".memoryMiB", "must be 16 or more, got %d", p.MemoryMiB)
 		}
-	}
+	})
 	if c.Capacity < 0 {
 		e.Add("capacity", "must be 0 (unlimited) or more, got %d", c.Capacity)
 	}

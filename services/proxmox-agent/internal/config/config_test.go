@@ -59,7 +59,7 @@ func TestParseReportsEveryProblemByKey(t *testing.T) {
 			"https://192.168.0.8:8006", "http://192.168.0.8:8006",
 		).Replace(good), []string{
 			"vlanTag: must be 1-4094", "nodes[1]: must be 1-63 lowercase", `nodes[2]: node "pve1" is listed twice`,
-			"templates.debian-13: VMID must be between 100", "profiles.small.cores: must be 1 or more", "apiURL: must be https://",
+			"templates.debian-13: VMID must be between 100", "profiles.small.cores: must be 1 or more", "apiURL: must be an https URL with a host",
 		}},
 		{"clone mode", good + "clone: fast\n", []string{`clone: must be "linked" or "full", got "fast"`}},
 		{"clone storage on linked", good + "cloneStorage: local-lvm\n", []string{"cloneStorage: applies to full clones only"}},

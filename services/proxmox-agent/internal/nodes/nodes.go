@@ -23,8 +23,6 @@ type Options struct {
 	Config *config.Config
 	// RecheckInterval is every runtime's [agent.Config.RecheckInterval].
 	RecheckInterval time.Duration
-	// Version is announced by every runtime.
-	Version string
 	// Log and Tracer may be nil (discard, no tracing).
 	Log    *slog.Logger
 	Tracer trace.Tracer
@@ -65,7 +63,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 			return nil, fmt.Errorf("node %s: %w", node, err)
 		}
 		info := agent.Info{Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(),
-			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity, Version: o.Version}
+			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity}
 		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval}, log, o.Tracer)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: agent runtime: %w", node, err)

@@ -12,6 +12,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
+	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/services/proxmox-agent/internal/config"
@@ -61,11 +62,11 @@ func TestRunServesEveryNode(t *testing.T) {
 	cfg := parse(t, fake, writeToken(t, fake), "[pve1, pve2]")
 
 	running, stop := agenttest.Serve(t, func(ctx context.Context) error {
-		return nodes.Run(ctx, conn, nodes.Options{Config: cfg, Version: "test"})
+		return nodes.Run(ctx, conn, nodes.Options{Config: cfg})
 	})
 	for _, n := range []string{"pve1", "pve2"} {
 		hb := agenttest.WaitHeartbeat(running, t, conn, "pve-home", n)
-		if hb.Type != "proxmox" || hb.Target != n || hb.Capacity != 7 || hb.Version != "test" ||
+		if hb.Type != "proxmox" || hb.Target != n || hb.Capacity != 7 || hb.Version != buildinfo.Version ||
 			strings.Join(hb.Images, ",") != "debian-13" || strings.Join(hb.Profiles, ",") != "small" {
 			t.Errorf("heartbeat of %s = %+v", n, hb)
 		}

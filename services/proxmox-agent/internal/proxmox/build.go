@@ -22,17 +22,11 @@ func seedFile(name string) string               { return name + ".iso" }
 func (d *Driver) seedVolume(name string) string { return d.cfg.SeedsStorage + ":iso/" + seedFile(name) }
 
 func (d *Driver) template(image string) (int, error) {
-	if image == "" && len(d.cfg.Templates) == 1 {
-		for _, id := range d.cfg.Templates {
-			return id, nil
-		}
+	var def string // the only template is the default
+	if keys := d.cfg.ImageKeys(); len(keys) == 1 {
+		def = keys[0]
 	}
-	id, ok := d.cfg.Templates[image]
-	if !ok {
-		return 0, agent.Wrapf(agent.ErrPermanent, "image %q has no template on entry %s (have %s)",
-			image, d.cfg.Entry, strings.Join(d.cfg.ImageKeys(), ", "))
-	}
-	return id, nil
+	return agent.Lookup(d.cfg.Entry, "image", d.cfg.Templates, image, def)
 }
 
 // clone clones template tmpl into vmid and waits for the task.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/services/proxmox-agent/internal/config"
@@ -36,10 +35,9 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 	}
 	var prof *config.Profile
 	if spec.Profile != "" {
-		p, ok := d.cfg.Profiles[spec.Profile]
-		if !ok {
-			return agent.Instance{}, agent.Wrapf(agent.ErrPermanent, "machine profile %q is not configured on entry %s (have %s)",
-				spec.Profile, d.cfg.Entry, strings.Join(d.cfg.ProfileNames(), ", "))
+		p, err := agent.Lookup(d.cfg.Entry, "profile", d.cfg.Profiles, spec.Profile, "")
+		if err != nil {
+			return agent.Instance{}, err
 		}
 		prof = &p
 	}

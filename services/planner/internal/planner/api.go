@@ -417,7 +417,7 @@ func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	limit, fields := req.check(present, "pool name")
+	limit, fields := checkPage(req.PageRequest, present, "pool name")
 	if len(fields) > 0 {
 		return nil, invalid(fields)
 	}
@@ -521,7 +521,7 @@ func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	limit, fields := req.check(present, "proxy id")
+	limit, fields := checkPage(req.PageRequest, present, "proxy id")
 	if req.Pool != "" {
 		if fe := events.CheckIdentifier("pool", req.Pool); fe != nil {
 			fields = append([]events.FieldError{*fe}, fields...)

@@ -98,15 +98,15 @@ func proxyIDs(pool string, n int) []string {
 	return out
 }
 
-// page is one proxy.list or pool.list answer with its raw size.
-type page struct {
+// listedPage is one proxy.list or pool.list answer with its raw size.
+type listedPage struct {
 	ids  []string
 	next string
 	size int
 }
 
 // listPage sends one list request that must succeed.
-func (h *harness) listPage(subject, body string) page {
+func (h *harness) listPage(subject, body string) listedPage {
 	h.t.Helper()
 	r := h.request(subject, body, nil)
 	if r.Code != "" {
@@ -123,7 +123,7 @@ func (h *harness) listPage(subject, body string) page {
 	if raw.Next == nil {
 		h.t.Fatalf("%s reply has no next: %.200s", subject, r.Body)
 	}
-	pg := page{next: *raw.Next, size: len(r.Body)}
+	pg := listedPage{next: *raw.Next, size: len(r.Body)}
 	for _, x := range raw.Proxies {
 		pg.ids = append(pg.ids, x.ID)
 	}
@@ -139,10 +139,10 @@ func (h *harness) listPage(subject, body string) page {
 // walk lists every page from the start: body is the request without its
 // paging fields ("" or `"pool":"a"`); between(n, pg) runs after page n.
 // It checks that keys rise strictly across the walk and returns them.
-func (h *harness) walk(subject, body string, limit int, between func(int, page)) ([]string, []page) {
+func (h *harness) walk(subject, body string, limit int, between func(int, listedPage)) ([]string, []listedPage) {
 	h.t.Helper()
 	var all []string
-	var pages []page
+	var pages []listedPage
 	after := ""
 	for n := 0; ; n++ {
 		fields := []string{}
@@ -237,7 +237,7 @@ func TestProxyListWalksEveryProxyOnce(t *testing.T) {
 	const limit = 100
 	goneLater, goneSeen := a[250], a[5] // on page 3; on page 1
 	addedAhead, addedBehind := "a-000301", "a-000051"
-	got, pages := h.walk(proxyList, `"pool":"a"`, limit, func(n int, pg page) {
+	got, pages := h.walk(proxyList, `"pool":"a"`, limit, func(n int, pg listedPage) {
 		if n != 0 {
 			return
 		}
@@ -298,7 +298,7 @@ func TestPoolListWalksEveryPoolOnce(t *testing.T) {
 	if pg := h.listPage(poolList, ``); !slices.Equal(pg.ids, names) || pg.next != "" {
 		t.Errorf("empty body: got %v next %q, want every pool and no next", pg.ids, pg.next)
 	}
-	got, pages := h.walk(poolList, "", 10, func(n int, _ page) {
+	got, pages := h.walk(poolList, "", 10, func(n int, _ listedPage) {
 		if n == 0 {
 			h.ok(poolDelete, `{"name":"pool-15"}`, nil) // no proxies: it leaves the list at once
 		}

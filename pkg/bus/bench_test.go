@@ -95,6 +95,7 @@ func BenchmarkReplay(b *testing.B) {
 	}
 	var bare float64
 	b.Run("baseline", func(b *testing.B) {
+		b.ReportAllocs()
 		for b.Loop() {
 			if n := bareRead(ctx, b, c, last); n != replayEvents {
 				b.Fatalf("bare read: %d events, want %d", n, replayEvents)
@@ -103,6 +104,7 @@ func BenchmarkReplay(b *testing.B) {
 		bare = rate(b)
 	})
 	b.Run("replay", func(b *testing.B) {
+		b.ReportAllocs()
 		for b.Loop() {
 			n := 0
 			if err := s.Replay(ctx, 0, func(bus.Event) error { n++; return nil }); err != nil {

@@ -118,7 +118,11 @@ func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error)
 	if err != nil {
 		return nil, err
 	}
-	return decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
+	ev, err := decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
+	if err != nil {
+		return nil, err
+	}
+	return &ev, nil
 }
 
 // Load returns every event of one aggregate in order, up to its last event
@@ -212,7 +216,7 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 		ev, derr := decodeRaw(msg.Subject(), seq, msg.Headers(), msg.Data())
 		if derr != nil {
 			s.log.Error("skipping undecodable event", "seq", seq, "subject", msg.Subject(), "err", derr)
-		} else if err := fn(*ev); err != nil {
+		} else if err := fn(ev); err != nil {
 			return err
 		}
 		if seq >= end {
@@ -281,14 +285,14 @@ func (s *EventStore) closeReader(ctx context.Context, cons jetstream.Consumer, i
 	}
 }
 
-func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (*Event, error) {
+func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, error) {
 	agg, id, typ, ok := events.ParseEventSubject(subject)
 	if !ok {
-		return nil, fmt.Errorf("event subject %q has the wrong shape", subject)
+		return Event{}, fmt.Errorf("event subject %q has the wrong shape", subject)
 	}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
-		return nil, fmt.Errorf("event %d on %s: %w", seq, subject, err)
+		return Event{}, fmt.Errorf("event %d on %s: %w", seq, subject, err)
 	}
-	return &Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, Header: h}, nil
+	return Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, Header: h}, nil
 }

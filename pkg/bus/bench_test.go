@@ -81,7 +81,8 @@ const replayEvents = 100_000
 // events against a baseline measured in the same run: a bare read of the
 // same stream through one ordered consumer with the same read-ahead, doing
 // nothing per message. Both report events/s; replay also reports its ratio
-// to the baseline as replay/bare (the goal is at least 0.25).
+// to the fastest baseline of the run as replay/bare (the goal is at least
+// 0.25).
 func BenchmarkReplay(b *testing.B) {
 	ctx := context.Background()
 	c := bustest.Start(b)
@@ -101,7 +102,9 @@ func BenchmarkReplay(b *testing.B) {
 				b.Fatalf("bare read: %d events, want %d", n, replayEvents)
 			}
 		}
-		bare = rate(b)
+		// The best baseline of the run: the ratio errs low, not high,
+		// on a busy machine.
+		bare = max(bare, rate(b))
 	})
 	b.Run("replay", func(b *testing.B) {
 		b.ReportAllocs()

@@ -299,6 +299,42 @@ func TestProbesWithPoolPassword(t *testing.T) {
 	}
 }
 
+// Probes read a pool's password again a short while after it changed: a
+// rotated password is in use without a restart.
+func TestProbesPickUpARotatedPassword(t *testing.T) {
+	f := startFleet(t)
+	spec := events.PoolSpec{Name: "rot", Provider: "local", Size: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}}
+	f.append(events.AggregatePool, "rot", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	secrets, err := f.conn.JS.KeyValue(f.ctx, bus.BucketSecrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setSecret := func(rev int, pw string) {
+		t.Helper()
+		raw, _ := json.Marshal(events.PoolSecrets{Revision: rev, Password: pw})
+		if _, err := secrets.Put(f.ctx, "rot", raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSecret(1, "first-Pa55")
+	fp := newFwdProxy(t, "127.0.0.1", "crawler", "first-Pa55")
+	f.runningProxy("rot-a", "rot", "", fp.addr)
+	f.waitState("rot-a", events.ProxyReady)
+
+	fp.setPass("second-Pa55")
+	setSecret(2, "second-Pa55")
+	rotated := time.Now().UTC()
+	// One probe may have started before the rotation; the second passing
+	// probe checked after it started after it, with the new password.
+	passed := map[time.Time]bool{}
+	f.eventually("probes passing with the new password", func() bool {
+		if r := f.record("rot-a"); r.OK && r.CheckedAt.After(rotated) {
+			passed[r.CheckedAt] = true
+		}
+		return len(passed) >= 2
+	})
+}
+
 func TestSharedEgressIsFlagged(t *testing.T) {
 	f := startFleet(t)
 	a := newFwdProxy(t, "127.0.0.1", "", "")

@@ -160,6 +160,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 func (env *benchEnv) bareLoop(b *testing.B) float64 {
 	ctx := context.Background()
 	var next, failed atomic.Int64
+	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	cpu := cpuTime(b)
 	b.ResetTimer()
@@ -175,6 +176,7 @@ func (env *benchEnv) bareLoop(b *testing.B) float64 {
 				res := probe.Check(ctx, env.addrs[i%int64(len(env.addrs))], nil, env.echoURL, 3*time.Second)
 				if !res.OK() {
 					failed.Add(1)
+					firstErr.CompareAndSwap(nil, res.Err().Error())
 				}
 			}
 		})
@@ -183,7 +185,7 @@ func (env *benchEnv) bareLoop(b *testing.B) float64 {
 	b.StopTimer()
 	b.ReportMetric(float64((cpuTime(b)-cpu).Microseconds())/float64(b.N), "cpu-µs/probe")
 	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d of %d probes failed", n, b.N)
+		b.Fatalf("%d of %d probes failed, the first with %v", n, b.N, firstErr.Load())
 	}
 	rate := float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(rate, "probes/s")
@@ -249,7 +251,7 @@ func (env *benchEnv) runProber(b *testing.B, cfg probe.Config, warmUp, atLeast i
 	elapsed, cpu := time.Since(begin), cpuTime(b)-cpu
 	runtime.ReadMemStats(&mem1)
 	if end.failed > 0 {
-		b.Fatalf("%d of %d probes failed", end.failed, end.probes)
+		b.Fatalf("%d of %d probes failed; %s", end.failed, end.probes, env.failedRecord(b))
 	}
 	n := end.probes - start.probes
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/op")
@@ -271,6 +273,35 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// failedRecord describes a probe record of a failed probe, if any is left.
+func (env *benchEnv) failedRecord(b *testing.B) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kv, err := env.conn.JS.KeyValue(ctx, bus.BucketProbes)
+	if err != nil {
+		return err.Error()
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	found := "no failed record left"
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		var r probe.Record
+		if json.Unmarshal(e.Value(), &r) == nil && !r.OK {
+			found = fmt.Sprintf("%s at %s: %s", r.ID, r.Address, r.LastError)
+			break
+		}
+	}
+	_ = w.Stop()
+	for range w.Updates() {
+	}
+	return found
 }
 
 type metricsNow struct {
@@ -343,7 +374,9 @@ type proxyFarm struct {
 
 func newProxyFarm(b *testing.B, source string, n int) *proxyFarm {
 	b.Helper()
-	f := &proxyFarm{source: source, dialer: &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}}}
+	f := &proxyFarm{source: source, dialer: &net.Dialer{
+		Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}, Control: bindNoPort,
+	}}
 	f.out = &http.Transport{DialContext: f.dialer.DialContext, MaxIdleConnsPerHost: 64}
 	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 5 * time.Second}
 	for range n {

@@ -51,10 +51,15 @@ const (
 //     watch and probe records included. x-baseline is its probes/s as a
 //     fraction of the baseline's.
 //   - fleet-15s: the prober as deployed, concurrency sized for the fleet,
-//     15s interval, from its start until every proxy was probed twice (the
-//     first round falls within a quarter interval). p99-late-ms is the
-//     99th percentile of how late probes started, read from the prober's
-//     lateness histogram.
+//     15s interval, from its first probe until it probed 20,000 times (the
+//     first round is spread over one interval, each proxy's second probe
+//     follows its first by 12–18 s). p99-late-ms is the 99th percentile
+//     of how late probes started, read from the prober's lateness
+//     histogram.
+//
+// cpu-µs/probe is the CPU time of the whole process (prober, proxies, echo
+// endpoint, NATS) per probe: on a shared machine it is steadier than
+// probes/s, which depends on the CPU left by others.
 func BenchmarkProbes(b *testing.B) {
 	env := newBenchEnv(b)
 	var baseline float64
@@ -63,8 +68,8 @@ func BenchmarkProbes(b *testing.B) {
 	})
 	b.Run("scheduled", func(b *testing.B) {
 		// Measured after a quarter of the fleet was probed: the view's
-		// initial values are in by then and the prober runs as it would
-		// for hours.
+		// initial values, which take far less, are in by then and the
+		// prober runs as it would for hours.
 		m := env.runProber(b, probe.Config{Interval: time.Nanosecond, Concurrency: benchConcurrency}, benchFleet/4, 0)
 		b.ReportMetric(m.rate, "probes/s")
 		if baseline > 0 {

@@ -121,27 +121,6 @@ func (s *scheduler) remove(id string) {
 	s.resizeLocked()
 }
 
-// has reports whether id is scheduled.
-func (s *scheduler) has(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.entries[id]
-	return e != nil && !e.removed
-}
-
-// ids lists the scheduled proxies.
-func (s *scheduler) ids() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, s.live)
-	for id, e := range s.entries {
-		if !e.removed {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
 // pop takes the proxy due earliest, if it is due at now and a slot is free.
 func (s *scheduler) pop(now time.Time) (ticket, bool) {
 	s.mu.Lock()

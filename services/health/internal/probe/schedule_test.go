@@ -122,14 +122,14 @@ func TestSchedulerAddRemove(t *testing.T) {
 
 	// Removed while in flight: not scheduled again.
 	s.remove("a")
-	if s.has("a") {
-		t.Fatal("a still scheduled after remove")
+	if s.live != 0 {
+		t.Fatalf("%d proxies scheduled after removing the last", s.live)
 	}
 	s.done(got[0], t0, time.Millisecond)
 	if got := popAll(t, s, t0.Add(time.Hour)); len(got) != 0 {
 		t.Fatalf("removed proxies dispatched: %v", ids(got))
 	}
-	if len(s.ids()) != 0 || len(s.entries) != 0 {
+	if s.live != 0 || len(s.entries) != 0 {
 		t.Fatalf("entries left after every proxy was removed: %v", s.entries)
 	}
 

@@ -31,11 +31,17 @@ func TestParseFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if f.base.NATSURL != "nats://127.0.0.1:4222" || f.base.DataDir != "d" || f.probeInterval != 2*time.Second ||
-		f.unhealthyAfter != 5 || f.probeTimeout != 3*time.Second || f.probeConc != 32 || f.echoAddr != "127.0.0.1:8480" || f.checkInterval != 30*time.Second {
+		f.unhealthyAfter != 5 || f.probeTimeout != 3*time.Second || f.probeConc != 0 || f.echoAddr != "127.0.0.1:8480" || f.checkInterval != 30*time.Second {
 		t.Fatalf("parsed %+v", f)
 	}
 	if _, err := parse([]string{"--echo-addr", ""}); err == nil {
 		t.Fatal("no echo at all: want an error")
+	}
+	if f, err := parse([]string{"--probe-concurrency", "200"}); err != nil || f.probeConc != 200 {
+		t.Fatalf("--probe-concurrency 200: got %+v, %v", f, err)
+	}
+	if _, err := parse([]string{"--probe-concurrency", "-1"}); err == nil {
+		t.Fatal("negative concurrency: want an error")
 	}
 	if _, err := parse([]string{"stray"}); err == nil {
 		t.Fatal("stray argument: want an error")

@@ -75,9 +75,46 @@ func Check(ctx context.Context, addr string, creds *Credentials, echo *url.URL, 
 	return r
 }
 
+// checkHTTP sends a GET for echo to the proxy at addr on a connection of
+// its own. An http echo is asked for in the proxy's absolute-URI form on a
+// bare connection; an https one goes through the proxy as a client would
+// send it, in a CONNECT tunnel.
 func checkHTTP(ctx context.Context, addr string, creds *Credentials, echo *url.URL, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if echo.Scheme == "https" {
+		return checkHTTPSTransport(ctx, addr, creds, echo, timeout)
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, echo.String(), nil)
+	if err != nil {
+		return "", err
+	}
+	req.Close = true
+	if h := creds.header(); h != "" {
+		req.Header.Set("Proxy-Authorization", h)
+	}
+	if err := req.WriteProxy(conn); err != nil {
+		return "", fmt.Errorf("send GET: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return "", fmt.Errorf("read GET answer: %w", err)
+	}
+	defer resp.Body.Close()
+	return readEcho(resp)
+}
+
+func checkHTTPSTransport(ctx context.Context, addr string, creds *Credentials, echo *url.URL, timeout time.Duration) (string, error) {
 	proxyURL := &url.URL{Scheme: "http", Host: addr}
 	if creds != nil && creds.Username != "" {
 		proxyURL.User = url.UserPassword(creds.Username, creds.Password)

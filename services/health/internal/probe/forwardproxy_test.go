@@ -86,13 +86,23 @@ func (p *fwdProxy) dialer() *net.Dialer {
 	return &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(p.source)}}
 }
 
+// setPass changes the password the proxy demands.
+func (p *fwdProxy) setPass(pass string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pass = pass
+}
+
 func (p *fwdProxy) authorized(r *http.Request) bool {
 	if p.user == "" {
 		return true
 	}
+	p.mu.Lock()
+	want := p.user + ":" + p.pass
+	p.mu.Unlock()
 	h := r.Header.Get("Proxy-Authorization")
 	raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(h, "Basic "))
-	return strings.HasPrefix(h, "Basic ") && err == nil && string(raw) == p.user+":"+p.pass
+	return strings.HasPrefix(h, "Basic ") && err == nil && string(raw) == want
 }
 
 func (p *fwdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {

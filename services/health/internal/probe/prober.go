@@ -3,9 +3,12 @@
 // unhealthy, it sends a plain HTTP GET and a GET through a CONNECT tunnel to
 // an echo endpoint via the proxy, on a jittered schedule with bounded
 // concurrency. Counters (latency, failure streak, last error, egress IP,
-// proxies sharing that egress IP) go to the fleet-probes bucket; only
-// transitions (running|unhealthy → ready, running|ready → unhealthy) are
-// appended to the event log.
+// how many other proxies share that egress IP) go to the fleet-probes
+// bucket; only transitions (running|unhealthy → ready, running|ready →
+// unhealthy) are appended to the event log.
+//
+// Each proxy has its own due time; a [scheduler] starts the probe due
+// earliest as soon as it is due and a slot is free.
 package probe
 
 import (
@@ -16,7 +19,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
-	"slices"
 	"sync"
 	"time"
 
@@ -37,11 +39,14 @@ import (
 type Config struct {
 	// EchoURL answers the caller's IP as JSON {"ip":…} or plain text.
 	EchoURL string
-	// Interval between two probes of one proxy, jittered by ±20% (default 5s).
+	// Interval from the end of one probe of a proxy to the start of the
+	// next, jittered by ±20% (default 5s).
 	Interval time.Duration
 	// Timeout bounds each of the two checks of a probe (default 3s).
 	Timeout time.Duration
-	// Concurrency bounds probes in flight (default 32).
+	// Concurrency bounds probes in flight. Zero sizes it for the fleet
+	// from the probes' mean duration (see [concurrencyFor]): 2 × proxies ×
+	// mean ÷ (Interval + mean), within [32, 1024].
 	Concurrency int
 	// UnhealthyAfter is the failure streak that makes a proxy unhealthy
 	// (default 3).
@@ -55,8 +60,8 @@ func (c *Config) defaults() {
 	if c.Timeout <= 0 {
 		c.Timeout = 3 * time.Second
 	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 32
+	if c.Concurrency < 0 {
+		c.Concurrency = 0
 	}
 	if c.UnhealthyAfter <= 0 {
 		c.UnhealthyAfter = 3
@@ -76,10 +81,12 @@ type Record struct {
 	LatencyMS        int64  `json:"latencyMs"`
 	ConnectLatencyMS int64  `json:"connectLatencyMs"`
 	// EgressIP is the address the echo endpoint saw on the last successful
-	// probe.
+	// probe. Proxies sharing an egress have the same EgressIP: it names
+	// their group.
 	EgressIP string `json:"egressIP,omitempty"`
-	// SharedEgress lists the other probed proxies that egress from EgressIP.
-	SharedEgress []string `json:"sharedEgress,omitempty"`
+	// SharedEgress counts the other probed proxies whose last successful
+	// probe egressed from EgressIP too.
+	SharedEgress int `json:"sharedEgress,omitempty"`
 	// Streak counts consecutive failed probes.
 	Streak    int        `json:"streak"`
 	LastError string     `json:"lastError,omitempty"`
@@ -98,19 +105,20 @@ type Prober struct {
 	tracer      trace.Tracer
 	probes      metric.Int64Counter
 	latency     metric.Float64Histogram
+	lateness    metric.Float64Histogram
 	transitions metric.Int64Counter
 
-	mu       sync.Mutex
-	proxies  map[string]*tracked // probeable proxies
-	egressOf map[string]string   // proxy id → last egress IP
-	byEgress map[string]map[string]bool
+	sched *scheduler
+
+	// mu guards proxies and egress. Lock order: mu, then the scheduler's.
+	mu      sync.Mutex
+	proxies map[string]*tracked // probeable proxies
+	egress  *egressIndex
 }
 
 // tracked is the prober's state of one proxy. Guarded by Prober.mu.
 type tracked struct {
 	view    projection.Proxy
-	due     time.Time
-	busy    bool
 	streak  int
 	lastOK  time.Time
 	emitted string // "<kind>@<seq>" of the last transition appended
@@ -133,28 +141,33 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 		tracer, meter = tel.Tracer, tel.Meter
 	}
 	p := &Prober{
-		conn:     c,
-		store:    bus.NewEventStore(c, events.SourceHealth, log),
-		cfg:      cfg,
-		echo:     u,
-		log:      log,
-		tracer:   tracer,
-		proxies:  map[string]*tracked{},
-		egressOf: map[string]string{},
-		byEgress: map[string]map[string]bool{},
+		conn:    c,
+		store:   bus.NewEventStore(c, events.SourceHealth, log),
+		cfg:     cfg,
+		echo:    u,
+		log:     log,
+		tracer:  tracer,
+		sched:   newScheduler(cfg.Interval, cfg.Concurrency),
+		proxies: map[string]*tracked{},
+		egress:  newEgressIndex(),
 	}
 	p.probes, _ = meter.Int64Counter("proxyfleet.health.probes",
 		metric.WithDescription("probes through proxies, by result (ok, fail)"))
 	p.latency, _ = meter.Float64Histogram("proxyfleet.health.probe.latency",
 		metric.WithDescription("latency of the plain HTTP check through a proxy"), metric.WithUnit("ms"))
+	p.lateness, _ = meter.Float64Histogram("proxyfleet.health.probe.lateness",
+		metric.WithDescription("how long after its due time a probe started"), metric.WithUnit("ms"),
+		metric.WithExplicitBucketBoundaries(0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000))
 	p.transitions, _ = meter.Int64Counter("proxyfleet.health.transitions",
 		metric.WithDescription("ready and unhealthy events appended, by kind"))
 	return p, nil
 }
 
-// buckets are the KV handles a run uses.
+// buckets are the KV handles a run uses, and what it builds on them.
 type buckets struct {
 	proxies, probes, pools, secrets jetstream.KeyValue
+	records                         *recordWriter
+	creds                           *credCache
 }
 
 // Run probes until ctx ends, then waits for the probes in flight.
@@ -170,11 +183,19 @@ func (p *Prober) Run(ctx context.Context) error {
 		}
 		*x.h = kv
 	}
+	b.records = newRecordWriter(p.conn.JS, b.probes, p.log)
+	b.creds = newCredCache(b.pools, b.secrets, p.log)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	sem := make(chan struct{}, p.cfg.Concurrency)
-	tick := time.NewTicker(min(max(p.cfg.Interval/10, 10*time.Millisecond), 500*time.Millisecond))
-	defer tick.Stop()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		b.records.run(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		p.sched.run(ctx, func(t ticket) { p.start(ctx, b, t, &wg) })
+	}()
 	for {
 		w, err := b.proxies.WatchAll(ctx)
 		if err != nil {
@@ -184,8 +205,8 @@ func (p *Prober) Run(ctx context.Context) error {
 			return fmt.Errorf("watch %s: %w", bus.BucketProxies, err)
 		}
 		known := map[string]bool{}
-		err = p.loop(ctx, w, b, known, tick.C, sem, &wg)
-		_ = w.Stop()
+		err = p.loop(ctx, w, b, known)
+		stopWatch(w)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
@@ -193,7 +214,11 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, known map[string]bool, tick <-chan time.Time, sem chan struct{}, wg *sync.WaitGroup) error {
+func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, known map[string]bool) error {
+	// The fleet present when the watch starts is spread over a whole
+	// interval, so a restart does not probe every proxy at once; a proxy
+	// that appears later is probed within a quarter interval.
+	within := p.cfg.Interval
 	for {
 		select {
 		case <-ctx.Done():
@@ -203,25 +228,35 @@ func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, kn
 				return errors.New("watcher closed")
 			}
 			if e == nil {
-				p.dropStaleRecords(ctx, b.probes, known)
+				// The view's current values are in: what is not among
+				// them left while no watch was running.
+				p.forgetUnknown(known)
+				p.dropStaleRecords(ctx, b, known)
+				within = p.cfg.Interval / 4
 				continue
 			}
-			p.observe(ctx, e, b.probes, known)
-		case <-tick:
-			p.dispatch(ctx, b, sem, wg)
+			p.observe(e, b.records, known, within)
 		}
 	}
 }
 
-// observe follows one change of the proxies view.
-func (p *Prober) observe(ctx context.Context, e jetstream.KeyValueEntry, probes jetstream.KeyValue, known map[string]bool) {
+// stopWatch stops w and drains its updates: the watcher's delivery blocks
+// on a full updates channel and would never see the stop otherwise. The
+// channel closes once delivery has ended.
+func stopWatch(w jetstream.KeyWatcher) {
+	_ = w.Stop()
+	for range w.Updates() {
+	}
+}
+
+// observe follows one change of the proxies view. A proxy new to the
+// prober is first probed at a random time within the given duration.
+func (p *Prober) observe(e jetstream.KeyValueEntry, records *recordWriter, known map[string]bool, within time.Duration) {
 	id := e.Key()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(known, id)
 		p.forget(id)
-		if err := probes.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && ctx.Err() == nil {
-			p.log.Warn("delete probe record", "proxy", id, "err", err)
-		}
+		records.del(id)
 		return
 	}
 	known[id] = true
@@ -243,14 +278,15 @@ func (p *Prober) observe(ctx context.Context, e jetstream.KeyValueEntry, probes 
 		return
 	}
 	if t == nil {
-		first := time.Duration(rand.Int64N(int64(p.cfg.Interval/4) + 1))
-		p.proxies[id] = &tracked{view: v, due: time.Now().Add(first)}
+		first := time.Duration(rand.Int64N(int64(within) + 1))
+		p.proxies[id] = &tracked{view: v}
+		p.sched.add(id, time.Now().Add(first))
 		return
 	}
 	if t.view.Address != v.Address {
 		// Another instance answers now: earlier results say nothing of it.
 		t.streak, t.lastOK = 0, time.Time{}
-		p.setEgressLocked(id, "")
+		p.egress.set(id, "")
 	}
 	t.view = v
 }
@@ -263,80 +299,59 @@ func (p *Prober) forget(id string) {
 
 func (p *Prober) forgetLocked(id string) {
 	delete(p.proxies, id)
-	p.setEgressLocked(id, "")
+	p.egress.set(id, "")
+	p.sched.remove(id)
 }
 
-func (p *Prober) setEgressLocked(id, ip string) {
-	if old := p.egressOf[id]; old != "" {
-		delete(p.byEgress[old], id)
-		if len(p.byEgress[old]) == 0 {
-			delete(p.byEgress, old)
-		}
-		delete(p.egressOf, id)
-	}
-	if ip == "" {
-		return
-	}
-	p.egressOf[id] = ip
-	if p.byEgress[ip] == nil {
-		p.byEgress[ip] = map[string]bool{}
-	}
-	p.byEgress[ip][id] = true
-}
-
-// sharedLocked lists the other proxies egressing from id's address.
-func (p *Prober) sharedLocked(id string) []string {
-	ip := p.egressOf[id]
-	if ip == "" || len(p.byEgress[ip]) < 2 {
-		return nil
-	}
-	var out []string
-	for other := range p.byEgress[ip] {
-		if other != id {
-			out = append(out, other)
+// forgetUnknown stops probing the proxies that are not in known.
+func (p *Prober) forgetUnknown(known map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id := range p.proxies {
+		if !known[id] {
+			p.forgetLocked(id)
 		}
 	}
-	slices.Sort(out)
-	return out
 }
 
 // dropStaleRecords removes probe records of proxies that left the view
 // while no prober was watching.
-func (p *Prober) dropStaleRecords(ctx context.Context, probes jetstream.KeyValue, known map[string]bool) {
-	keys, err := probes.ListKeys(ctx)
+func (p *Prober) dropStaleRecords(ctx context.Context, b buckets, known map[string]bool) {
+	keys, err := b.probes.ListKeys(ctx)
 	if err != nil {
 		return
 	}
 	for k := range keys.Keys() {
 		if !known[k] {
-			_ = probes.Delete(ctx, k)
+			b.records.del(k)
 		}
 	}
 }
 
-// dispatch starts the probes that are due, as far as free slots allow.
-func (p *Prober) dispatch(ctx context.Context, b buckets, sem chan struct{}, wg *sync.WaitGroup) {
-	now := time.Now()
+// start launches the probe of the scheduler's ticket t; the probe hands
+// the ticket back with the proxy's next due time when it ends.
+func (p *Prober) start(ctx context.Context, b buckets, t ticket, wg *sync.WaitGroup) {
+	p.lateness.Record(ctx, float64(t.late.Microseconds())/1000)
+	begin := time.Now()
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for id, t := range p.proxies {
-		if t.busy || now.Before(t.due) {
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			return // every slot is busy; the rest wait for the next tick
-		}
-		t.busy = true
-		view := t.view
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			p.probe(ctx, b, id, view)
-		}()
+	tr := p.proxies[t.id]
+	var view projection.Proxy
+	if tr != nil {
+		view = tr.view
 	}
+	p.mu.Unlock()
+	if tr == nil {
+		// Forgotten between the scheduler's pop and now.
+		p.sched.done(t, begin.Add(jitter(p.cfg.Interval)), 0)
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.probe(ctx, b, t.id, view)
+		end := time.Now()
+		p.sched.done(t, end.Add(jitter(p.cfg.Interval)), end.Sub(begin))
+	}()
 }
 
 // probe checks one proxy, records the result and appends a transition when
@@ -346,7 +361,7 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 	// cannot keep this proxy from ever being probed again.
 	ctx, cancel := context.WithTimeout(runCtx, 2*p.cfg.Timeout+10*time.Second)
 	defer cancel()
-	creds := p.credentials(ctx, b, view)
+	creds := b.creds.credentials(ctx, view)
 	res := Check(ctx, view.Address, creds, p.echo, p.cfg.Timeout)
 	if runCtx.Err() != nil {
 		return // shutting down: the result says nothing about the proxy
@@ -365,17 +380,12 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 	t := p.proxies[id]
 	if t == nil || t.view.Address != view.Address {
 		// Gone, retired or replaced while we probed.
-		if t != nil {
-			t.busy = false
-		}
 		p.mu.Unlock()
 		return
 	}
-	t.busy = false
-	t.due = time.Now().Add(jitter(p.cfg.Interval))
 	if res.OK() {
 		t.streak, t.lastOK = 0, now
-		p.setEgressLocked(id, res.EgressIP)
+		p.egress.set(id, res.EgressIP)
 	} else {
 		t.streak++
 	}
@@ -399,7 +409,7 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 		ID: id, Pool: cur.Pool, Address: cur.Address, State: cur.State,
 		OK: res.OK(), HTTPOK: res.HTTP == nil, ConnectOK: res.Connect == nil,
 		LatencyMS: res.HTTPLatency.Milliseconds(), ConnectLatencyMS: res.ConnectLatency.Milliseconds(),
-		EgressIP: p.egressOf[id], SharedEgress: p.sharedLocked(id),
+		EgressIP: p.egress.ip(id), SharedEgress: p.egress.others(id),
 		Streak: t.streak, CheckedAt: now,
 	}
 	if err := res.Err(); err != nil {
@@ -410,6 +420,10 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 		at := t.lastOK
 		rec.LastOKAt = &at
 	}
+	// Queued under mu: a removal of the proxy, which forgets it under mu
+	// first, queues the record's delete after this put.
+	body, _ := json.Marshal(rec)
+	b.records.put(id, body)
 	p.mu.Unlock()
 
 	if kind != "" {
@@ -439,41 +453,6 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 			p.mu.Unlock()
 		}
 	}
-	body, _ := json.Marshal(rec)
-	if _, err := b.probes.Put(ctx, id, body); err != nil && ctx.Err() == nil {
-		p.log.Warn("write probe record", "proxy", id, "err", err)
-	}
-}
-
-// credentials returns the basic-auth pair of the proxy's pool, or nil when
-// the pool has no auth. The username comes from the requested event (or the
-// pool spec), the password from fleet-secrets.
-func (p *Prober) credentials(ctx context.Context, b buckets, v projection.Proxy) *Credentials {
-	user := v.Username
-	if user == "" {
-		if e, err := b.pools.Get(ctx, v.Pool); err == nil {
-			var pool projection.Pool
-			if json.Unmarshal(e.Value(), &pool) == nil && pool.Spec.Auth != nil {
-				user = pool.Spec.Auth.Username
-			}
-		}
-	}
-	if user == "" {
-		return nil
-	}
-	c := &Credentials{Username: user}
-	e, err := b.secrets.Get(ctx, v.Pool)
-	if err != nil {
-		p.log.Warn("no password for the pool's proxies; probing without it", "pool", v.Pool, "err", err)
-		return c
-	}
-	var s events.PoolSecrets
-	if err := json.Unmarshal(e.Value(), &s); err != nil {
-		p.log.Warn("pool secrets do not decode; probing without a password", "pool", v.Pool)
-		return c
-	}
-	c.Password = s.Password
-	return c
 }
 
 // jitter returns d scaled by a random factor in [0.8, 1.2).

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http/httptest"
-	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -300,6 +299,42 @@ func TestProbesWithPoolPassword(t *testing.T) {
 	}
 }
 
+// Probes read a pool's password again a short while after it changed: a
+// rotated password is in use without a restart.
+func TestProbesPickUpARotatedPassword(t *testing.T) {
+	f := startFleet(t)
+	spec := events.PoolSpec{Name: "rot", Provider: "local", Size: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}}
+	f.append(events.AggregatePool, "rot", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	secrets, err := f.conn.JS.KeyValue(f.ctx, bus.BucketSecrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setSecret := func(rev int, pw string) {
+		t.Helper()
+		raw, _ := json.Marshal(events.PoolSecrets{Revision: rev, Password: pw})
+		if _, err := secrets.Put(f.ctx, "rot", raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSecret(1, "first-Pa55")
+	fp := newFwdProxy(t, "127.0.0.1", "crawler", "first-Pa55")
+	f.runningProxy("rot-a", "rot", "", fp.addr)
+	f.waitState("rot-a", events.ProxyReady)
+
+	fp.setPass("second-Pa55")
+	setSecret(2, "second-Pa55")
+	rotated := time.Now().UTC()
+	// One probe may have started before the rotation; the second passing
+	// probe checked after it started after it, with the new password.
+	passed := map[time.Time]bool{}
+	f.eventually("probes passing with the new password", func() bool {
+		if r := f.record("rot-a"); r.OK && r.CheckedAt.After(rotated) {
+			passed[r.CheckedAt] = true
+		}
+		return len(passed) >= 2
+	})
+}
+
 func TestSharedEgressIsFlagged(t *testing.T) {
 	f := startFleet(t)
 	a := newFwdProxy(t, "127.0.0.1", "", "")
@@ -309,17 +344,26 @@ func TestSharedEgressIsFlagged(t *testing.T) {
 	f.runningProxy("p-b", "demo", "", b.addr)
 	f.runningProxy("p-c", "demo", "", c.addr)
 
+	// p-a and p-b form the group 127.0.0.1, each counting the other.
 	f.eventually("shared egress flags", func() bool {
-		return reflect.DeepEqual(f.record("p-a").SharedEgress, []string{"p-b"}) &&
-			reflect.DeepEqual(f.record("p-b").SharedEgress, []string{"p-a"}) &&
+		ra, rb := f.record("p-a"), f.record("p-b")
+		return ra.SharedEgress == 1 && ra.EgressIP == "127.0.0.1" &&
+			rb.SharedEgress == 1 && rb.EgressIP == "127.0.0.1" &&
 			f.record("p-c").EgressIP == "127.0.0.2"
 	})
-	if rc := f.record("p-c"); len(rc.SharedEgress) != 0 {
-		t.Fatalf("p-c egresses alone but is flagged with %v", rc.SharedEgress)
+	if rc := f.record("p-c"); rc.SharedEgress != 0 {
+		t.Fatalf("p-c egresses alone but is flagged as sharing with %d others", rc.SharedEgress)
 	}
-	if ra := f.record("p-a"); ra.EgressIP != "127.0.0.1" {
-		t.Fatalf("p-a egress: got %q, want 127.0.0.1", ra.EgressIP)
-	}
+
+	// p-b's proxy comes back egressing from 127.0.0.2: it moves to p-c's
+	// group and leaves p-a alone.
+	b.stop()
+	b.source = "127.0.0.2"
+	b.start()
+	f.eventually("p-b in the group 127.0.0.2", func() bool {
+		ra, rb, rc := f.record("p-a"), f.record("p-b"), f.record("p-c")
+		return ra.SharedEgress == 0 && rb.EgressIP == "127.0.0.2" && rb.SharedEgress == 1 && rc.SharedEgress == 1
+	})
 
 	// A retiring proxy is no longer probed: stopping it emits nothing.
 	f.waitState("p-c", events.ProxyReady)
@@ -327,6 +371,10 @@ func TestSharedEgressIsFlagged(t *testing.T) {
 	f.waitState("p-c", events.ProxyRetiring)
 	c.stop()
 	f.waitProbes("p-a", unhealthyAfter+3)
+	f.eventually("p-b alone once p-c is no longer probed", func() bool {
+		rb := f.record("p-b")
+		return rb.SharedEgress == 0 && rb.EgressIP == "127.0.0.2"
+	})
 	if n := len(f.kinds("p-c")[events.ProxyUnhealthy]); n != 0 {
 		t.Fatalf("retiring proxy got %d unhealthy events, want 0", n)
 	}

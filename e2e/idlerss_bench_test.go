@@ -213,10 +213,8 @@ var (
 func idleBinaries(b *testing.B) string {
 	b.Helper()
 	idleBuildOnce.Do(func() {
-		idleBinDir, idleBuildErr = os.MkdirTemp("", "proxyfleet-idle-")
-		if idleBuildErr != nil {
-			return
-		}
+		// Under binDir, which TestMain removes.
+		idleBinDir = filepath.Join(binDir, "idle")
 		targets := []string{"--no-print-directory", "-C", "..", "BIN=" + idleBinDir}
 		for _, s := range idleServices() {
 			if s.name != "baseline" {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agentcmd"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/service"
 )
 
@@ -55,6 +56,7 @@ func writeFile(t *testing.T, body string) string {
 func TestMainExitCodesAndOutput(t *testing.T) {
 	t.Setenv("NATS_URL", "")
 	t.Setenv("NATS_CONTEXT", "")
+	srv := bustest.Start(t)
 	good, bad := writeFile(t, "zone: z1\n"), writeFile(t, "zone: \n")
 	for _, c := range []struct {
 		name    string
@@ -69,8 +71,9 @@ func TestMainExitCodesAndOutput(t *testing.T) {
 		{"bad config", []string{"--config", bad}, 2, []string{"demo-agent: " + bad + ": zone: is required"}, true},
 		{"missing file", []string{"--config", bad + ".gone"}, 2, []string{"no such file"}, true},
 		{"check valid", []string{"--config", good, "--check-config"}, 0, []string{"demo-agent: " + good + " is valid"}, true},
+		{"no server", []string{"--config", good, "--data-dir", t.TempDir()}, 2, []string{"demo-agent: --nats-url or --nats-context is required"}, true},
 		{"serve", []string{"--config", good, "--recheck-interval", "7s", "--demo-level", "high", "--data-dir", t.TempDir(),
-			"--nats-listen", "127.0.0.1:-1", "--log-level", "error"}, 0, nil, false},
+			"--nats-url", srv.ClientURL(), "--log-level", "error"}, 0, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out strings.Builder

@@ -1,5 +1,6 @@
-// Package bus connects a service to NATS: it embeds a JetStream server when no
-// URL is given, or connects to the operator's cluster; it defines every
+// Package bus connects a service to NATS: it connects to the operator's
+// cluster, or, in a service that can embed one (see [Config.Embed]), starts
+// a JetStream server when no URL is given; it defines every
 // stream, consumer and KV bucket in one place and creates or updates them
 // idempotently; and it provides the event store that appends domain events
 // with idempotency and optimistic-concurrency checks.
@@ -10,13 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,10 +20,27 @@ import (
 // DefaultListen is where an embedded server listens unless told otherwise.
 const DefaultListen = "127.0.0.1:4222"
 
+// Server is an embedded NATS server (a *server.Server of nats-server v2).
+type Server interface {
+	ClientURL() string
+	Shutdown()
+	WaitForShutdown()
+}
+
+// EmbedFunc starts the server [Connect] embeds, from cfg's DataDir, Listen
+// and PortsFileDir. [proxyfleet/pkg/bus/embedded.Start] is the one there is;
+// it lives in its own package so that programs which never embed do not
+// link nats-server.
+type EmbedFunc func(cfg Config, log *slog.Logger) (Server, error)
+
+// ErrNoServer is returned by [Connect] when it is given neither a URL nor a
+// context and cannot embed a server.
+var ErrNoServer = errors.New("no NATS URL or context given, and this program does not embed a NATS server")
+
 // Config says how to reach NATS.
 type Config struct {
 	// URL of the operator's NATS servers. Empty (and no Context) means:
-	// embed a server.
+	// embed a server with Embed.
 	URL string
 	// Context names a nats CLI context (`nats context save`) giving the URL
 	// and credentials; URL and CredsFile, when set, take precedence.
@@ -40,6 +53,9 @@ type Config struct {
 	// Name is the client connection name, shown by `nats server report connections`.
 	Name string
 
+	// Embed starts a server when URL and Context are empty; nil means this
+	// program does not embed, and Connect returns [ErrNoServer] instead.
+	Embed EmbedFunc
 	// DataDir is the embedded server's JetStream store directory.
 	DataDir string
 	// Listen is the embedded server's client address ("127.0.0.1:4222";
@@ -61,7 +77,7 @@ type Config struct {
 type Conn struct {
 	NC     *nats.Conn
 	JS     jetstream.JetStream
-	Server *server.Server // nil when connected to an external server
+	Server Server // nil when connected to an external server
 
 	replicas int
 }
@@ -108,7 +124,10 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		opts = append(opts, ctxOpts...)
 	}
 	if url == "" {
-		srv, err := Embed(cfg, log)
+		if cfg.Embed == nil {
+			return nil, ErrNoServer
+		}
+		srv, err := cfg.Embed(cfg, log)
 		if err != nil {
 			return nil, err
 		}
@@ -149,58 +168,6 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, fmt.Errorf("JetStream is not available at %s: %w", url, err)
 	}
 	return c, nil
-}
-
-// Embed starts a JetStream-enabled nats-server that stores under
-// cfg.DataDir and listens on cfg.Listen (default [DefaultListen]).
-func Embed(cfg Config, log *slog.Logger) (*server.Server, error) {
-	if cfg.DataDir == "" {
-		return nil, errors.New("embedded NATS needs a data directory")
-	}
-	listen := cfg.Listen
-	if listen == "" {
-		listen = DefaultListen
-	}
-	host, portStr, err := net.SplitHostPort(listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen address %q: %w", listen, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("listen address %q: port must be a number", listen)
-	}
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-		return nil, err
-	}
-	storeDir, err := filepath.Abs(cfg.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	opts := &server.Options{
-		ServerName: "proxyfleet-embedded",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   storeDir,
-		NoSigs:     true,
-		NoLog:      true,
-
-		PortsFileDir: cfg.PortsFileDir,
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS: %w", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, fmt.Errorf("embedded NATS did not start listening on %s within 10s (is the port in use?)", listen)
-	}
-	log.Info("embedded NATS started", "url", srv.ClientURL(), "store", storeDir)
-	return srv, nil
 }
 
 // Close drains the connection and stops the embedded server, if any.

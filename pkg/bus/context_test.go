@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/embedded"
 )
 
 // TestConnectWithNATSContext connects through a nats CLI context file to a
@@ -44,7 +46,7 @@ func TestConnectWithNATSContext(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := bus.Connect(ctx, bus.Config{Context: "prod", Name: "ctx-test"}, nil)
+	c, err := bus.Connect(ctx, bus.Config{Context: "prod", Name: "ctx-test", Embed: embedded.Start, DataDir: t.TempDir()}, nil)
 	if err != nil {
 		t.Fatalf("connect with context prod: %v", err)
 	}
@@ -66,5 +68,18 @@ func TestConnectWithNATSContext(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("context %s: got %v, want an error mentioning %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestConnectNeedsAServer: without a URL or a context, a program that does
+// not embed gets ErrNoServer and nothing is started.
+func TestConnectNeedsAServer(t *testing.T) {
+	dir := t.TempDir()
+	c, err := bus.Connect(context.Background(), bus.Config{DataDir: filepath.Join(dir, "jetstream"), Listen: "127.0.0.1:0", PortsFileDir: dir}, nil)
+	if !errors.Is(err, bus.ErrNoServer) || c != nil {
+		t.Fatalf("Connect = %v, %v; want ErrNoServer", c, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("%s holds %d entries; no server should have started", dir, len(entries))
 	}
 }

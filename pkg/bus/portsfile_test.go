@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/embedded"
 )
 
 // An embedded server asked for port 0 names the port the kernel chose in its
@@ -21,6 +22,7 @@ func TestEmbedWritesPortsFile(t *testing.T) {
 	dir := t.TempDir()
 	c, err := bus.Connect(ctx, bus.Config{
 		DataDir: filepath.Join(dir, "jetstream"), Listen: "127.0.0.1:0", PortsFileDir: dir, Name: t.Name(),
+		Embed: embedded.Start,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// Command is the command line of one service binary: the common [Flags]
-// and the service's own, a --help that explains the service, and the
+// Command is the command line of one agent binary: the common [Flags]
+// (without embedding: agents connect to the planner's or the operator's
+// NATS server) and the agent's own, a --help that explains the service, and the
 // run-until-signal life of [Command.Serve]. A cmd/<svc>/main.go registers
 // its own flags on [Command.Flags], parses, loads its configuration and
 // hands its composition to Serve.
@@ -56,8 +57,12 @@ func (c *Command) Printf(format string, args ...any) {
 // Serve runs the service until SIGINT or SIGTERM: it starts the logger,
 // telemetry and NATS ([Start]), calls run with a context that ends on the
 // signal, and closes them when run returns. The exit status is 0 when run
-// returns nil, 1 when start-up or run fails (the error is logged).
+// returns nil, 1 when start-up or run fails (the error is logged), and 2
+// when no NATS server is given (a [Command] never embeds one).
 func (c *Command) Serve(run func(ctx context.Context, base *Base) error) int {
+	if err := c.Common.needServer(c.Name); err != nil {
+		return c.Fail(2, err)
+	}
 	ctx, stop := SignalContext()
 	defer stop()
 	base, err := Start(ctx, c.Name, c.Common)

@@ -3,9 +3,11 @@ package service_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/service"
 )
 
@@ -17,7 +19,8 @@ func TestCommandParse(t *testing.T) {
 		ok   bool
 		want []string
 	}{
-		{"help", []string{"--help"}, 0, false, []string{"Usage: demo-agent [flags]\n\nServes demos.\n\nFlags:\n", "-nats-url", "-data-dir", "-demo"}},
+		{"help", []string{"--help"}, 0, false, []string{"Usage: demo-agent [flags]\n\nServes demos.\n\nFlags:\n", "-nats-url", "demo-agent does not embed a server", "-data-dir", "-demo"}},
+		{"no embedding", []string{"--nats-listen", "127.0.0.1:0"}, 2, false, []string{"flag provided but not defined: -nats-listen"}},
 		{"bad flag", []string{"--nope"}, 2, false, []string{"flag provided but not defined: -nope"}},
 		{"argument", []string{"extra"}, 2, false, []string{`demo-agent: unexpected argument "extra" (see --help)`}},
 		{"fine", []string{"--demo", "x"}, 0, true, nil},
@@ -56,21 +59,19 @@ func TestCommandFailAndPrintf(t *testing.T) {
 	}
 }
 
-// TestCommandServe starts the service on an embedded NATS server and
+// TestCommandServe starts the service on a NATS server of the test's and
 // checks the exit status follows what run returns.
 func TestCommandServe(t *testing.T) {
+	srv := bustest.Start(t)
 	for _, c := range []struct {
 		name string
 		err  error
 		code int
 	}{{"clean stop", nil, 0}, {"failure", errors.New("boom"), 1}} {
 		t.Run(c.name, func(t *testing.T) {
-			// The embedded server, whatever the shell points the nats CLI at.
-			t.Setenv("NATS_URL", "")
-			t.Setenv("NATS_CONTEXT", "")
 			var out strings.Builder
 			cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
-			if _, ok := cmd.Parse([]string{"--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:-1", "--log-level", "error"}); !ok {
+			if _, ok := cmd.Parse([]string{"--nats-url", srv.ClientURL(), "--data-dir", t.TempDir(), "--log-level", "error"}); !ok {
 				t.Fatalf("Parse: %s", &out)
 			}
 			ran := false
@@ -82,5 +83,28 @@ func TestCommandServe(t *testing.T) {
 				t.Errorf("Serve = %d (run called with a live base: %v), want %d; output:\n%s", code, ran, c.code, &out)
 			}
 		})
+	}
+}
+
+// TestCommandServeNeedsAServer: a command never embeds NATS, so without a
+// URL or a context it stops before starting anything, with a usage error
+// that names the flags.
+func TestCommandServeNeedsAServer(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	t.Setenv("NATS_CONTEXT", "")
+	var out strings.Builder
+	cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+	dataDir := t.TempDir()
+	if _, ok := cmd.Parse([]string{"--data-dir", dataDir, "--log-level", "error"}); !ok {
+		t.Fatalf("Parse: %s", &out)
+	}
+	ran := false
+	code := cmd.Serve(func(context.Context, *service.Base) error { ran = true; return nil })
+	want := "demo-agent: --nats-url or --nats-context is required (env NATS_URL, NATS_CONTEXT): demo-agent does not embed a NATS server; the planner does\n"
+	if code != 2 || ran || out.String() != want {
+		t.Errorf("Serve = %d (ran: %v), output %q; want 2, not run, %q", code, ran, out.String(), want)
+	}
+	if entries, _ := os.ReadDir(dataDir); len(entries) != 0 {
+		t.Errorf("the data directory holds %d entries; nothing should have started", len(entries))
 	}
 }

@@ -33,22 +33,34 @@ type Flags struct {
 	// EnsureTopology creates or updates streams and buckets at start. Turn it
 	// off for services whose NATS user may not (agents under least privilege).
 	EnsureTopology bool
+	// Embed starts the NATS server this service embeds when given neither
+	// --nats-url nor --nats-context (embedded.Start, for the planner and
+	// health). It is set before [Flags.Register]; nil means the service
+	// never embeds, has no --nats-listen, and needs a URL or a context.
+	Embed bus.EmbedFunc
 }
 
 // Register adds the common flags to fs. Environment variables give the
 // defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, PROXYFLEET_DATA_DIR,
 // PROXYFLEET_LOG_LEVEL.
 func (f *Flags) Register(fs *flag.FlagSet, service string) {
-	fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
-		"NATS server URL(s), comma separated; empty (and no --nats-context) embeds a JetStream server (env NATS_URL)")
+	if f.Embed != nil {
+		fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
+			"NATS server URL(s), comma separated; empty (and no --nats-context) embeds a JetStream server (env NATS_URL)")
+		fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
+			"directory for this service's state; the embedded server stores JetStream under <data-dir>/jetstream (env PROXYFLEET_DATA_DIR)")
+		fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
+			"client address of the embedded NATS server (only without --nats-url); port 0 picks a free port, written to <data-dir>/<program>_<pid>.ports")
+	} else {
+		fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
+			"NATS server URL(s), comma separated; this or --nats-context is required: "+service+" does not embed a server (env NATS_URL)")
+		fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
+			"directory for this service's state (env PROXYFLEET_DATA_DIR)")
+	}
 	fs.StringVar(&f.NATSContext, "nats-context", os.Getenv("NATS_CONTEXT"),
 		"nats CLI context (name or path of its JSON file) giving the URL and credentials (env NATS_CONTEXT)")
 	fs.StringVar(&f.NATSCreds, "nats-creds", os.Getenv("NATS_CREDS"),
 		"NATS credentials file used with --nats-url (env NATS_CREDS)")
-	fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
-		"directory for this service's state; the embedded server stores JetStream under <data-dir>/jetstream (env PROXYFLEET_DATA_DIR)")
-	fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
-		"client address of the embedded NATS server (only without --nats-url); port 0 picks a free port, written to <data-dir>/<program>_<pid>.ports")
 	fs.IntVar(&f.Replicas, "replicas", 0,
 		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
@@ -57,6 +69,15 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
 	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
 		"create or update the streams and buckets at start; set false when this service's NATS user may not (see deploy/nats)")
+}
+
+// needServer returns an error naming the flags to set when the service
+// would start without a NATS server: no URL, no context, and no embedding.
+func (f *Flags) needServer(service string) error {
+	if f.Embed != nil || f.NATSURL != "" || f.NATSContext != "" {
+		return nil
+	}
+	return fmt.Errorf("--nats-url or --nats-context is required (env NATS_URL, NATS_CONTEXT): %s does not embed a NATS server; the planner does", service)
 }
 
 func envOr(key, def string) string {
@@ -77,6 +98,9 @@ type Base struct {
 // Start builds the logger, telemetry and NATS connection for service name,
 // and creates or updates the stream topology.
 func Start(ctx context.Context, name string, f Flags) (*Base, error) {
+	if err := f.needServer(name); err != nil {
+		return nil, err
+	}
 	level, err := telemetry.ParseLevel(f.LogLevel)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.LogLevel)
@@ -98,6 +122,7 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		DataDir:   f.DataDir + "/jetstream",
 		Listen:    f.Listen,
 		Replicas:  f.Replicas,
+		Embed:     f.Embed,
 		// <data-dir>/<program>_<pid>.ports names the embedded server's
 		// client URL, also when --nats-listen asked for port 0.
 		PortsFileDir: f.DataDir,

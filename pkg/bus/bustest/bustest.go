@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/embedded"
 )
 
 // Start embeds a JetStream server for t, creates the proxyfleet topology and
@@ -23,7 +24,7 @@ func StartIn(t testing.TB, dir string) *bus.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := bus.Connect(ctx, bus.Config{DataDir: dir, Listen: "127.0.0.1:-1", Name: t.Name()}, nil)
+	c, err := bus.Connect(ctx, bus.Config{DataDir: dir, Listen: "127.0.0.1:-1", Name: t.Name(), Embed: embedded.Start}, nil)
 	if err != nil {
 		t.Fatalf("embedded NATS: %v", err)
 	}

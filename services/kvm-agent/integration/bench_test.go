@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/kvm-agent/internal/image"
 	"proxyfleet/services/kvm-agent/internal/kvm"
@@ -153,8 +154,9 @@ func fileDigest(t *testing.T, path string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// idleRSS starts the kvm-agent binary with an embedded NATS server, waits
-// until it serves, lets it idle, and reads its VmRSS.
+// idleRSS starts the kvm-agent binary against a NATS server of the test's
+// (agents do not embed one), waits until it serves, lets it idle, and reads
+// its VmRSS.
 func idleRSS(t *testing.T, socket, pool, network, url string) string {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kvm-agent")
@@ -167,7 +169,8 @@ func idleRSS(t *testing.T, socket, pool, network, url string) string {
 	if err := os.WriteFile(cfgPath, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--config", cfgPath, "--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:-1")
+	nats := bustest.Start(t)
+	cmd := exec.Command(bin, "--config", cfgPath, "--data-dir", filepath.Join(dir, "data"), "--nats-url", nats.ClientURL())
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

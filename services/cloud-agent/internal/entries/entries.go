@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
-	"k8s.io/client-go/kubernetes"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
@@ -92,12 +91,12 @@ func entryDrivers(ctx context.Context, e config.Entry, log *slog.Logger) (map[st
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
 		rc.UserAgent = "proxyfleet-cloud-agent"
-		cs, err := kubernetes.NewForConfig(rc)
+		api, err := kube.NewClient(rc)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
 		for _, ns := range e.Targets {
-			drivers[ns] = kube.New(cs, kube.Options{Entry: e.Name, Namespace: ns, Namespaces: e.Targets, Config: *e.Kubernetes,
+			drivers[ns] = kube.New(api, kube.Options{Entry: e.Name, Namespace: ns, Namespaces: e.Targets, Config: *e.Kubernetes,
 				Log: log.With("component", "kubernetes")})
 		}
 	default:

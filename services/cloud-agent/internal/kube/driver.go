@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -74,15 +73,15 @@ type Options struct {
 
 // Driver is the Kubernetes [agent.Driver] for one namespace.
 type Driver struct {
-	cs  kubernetes.Interface
+	api *Client
 	o   Options
 	log *slog.Logger
 }
 
 var _ agent.Driver = (*Driver)(nil)
 
-// New returns a driver using cs.
-func New(cs kubernetes.Interface, o Options) *Driver {
+// New returns a driver calling the API through api.
+func New(api *Client, o Options) *Driver {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -95,7 +94,7 @@ func New(cs kubernetes.Interface, o Options) *Driver {
 	if o.Config.AuthHelper == "" {
 		o.Config.AuthHelper = config.DefaultAuthHelper
 	}
-	return &Driver{cs: cs, o: o, log: o.Log.With("namespace", o.Namespace)}
+	return &Driver{api: api, o: o, log: o.Log.With("namespace", o.Namespace)}
 }
 
 // ProviderID returns "<namespace>/<pod>".
@@ -142,7 +141,7 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 	if len(spec.UserData) > 0 {
 		d.log.Debug("the pool's cloud-init user-data does not apply to Pods and is ignored", "proxy", spec.ProxyID)
 	}
-	pods := d.cs.CoreV1().Pods(d.o.Namespace)
+	pods := d.api.pods(d.o.Namespace)
 	got, err := pods.Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		got, err = pods.Get(ctx, spec.Name, metav1.GetOptions{})
@@ -248,7 +247,7 @@ func (d *Driver) ensureSecret(ctx context.Context, spec agent.Spec, pod *corev1.
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
 	}
-	secrets := d.cs.CoreV1().Secrets(pod.Namespace)
+	secrets := d.api.secrets(pod.Namespace)
 	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		old, gerr := secrets.Get(ctx, spec.Name, metav1.GetOptions{})
@@ -273,7 +272,7 @@ func (d *Driver) Get(ctx context.Context, ref agent.Ref) (agent.Instance, error)
 	if err != nil {
 		return agent.Instance{}, err
 	}
-	pod, err := d.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	pod, err := d.api.pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return agent.Instance{}, fmt.Errorf("get pod %s/%s: %w", ns, name, classify(err))
 	}
@@ -288,7 +287,7 @@ func (d *Driver) Delete(ctx context.Context, ref agent.Ref) error {
 	if err != nil {
 		return err
 	}
-	pods := d.cs.CoreV1().Pods(ns)
+	pods := d.api.pods(ns)
 	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		d.deleteSecret(ctx, ns, name, ref.ProxyID)
@@ -315,7 +314,7 @@ func (d *Driver) Delete(ctx context.Context, ref agent.Ref) error {
 // deleteSecret removes the Pod's Secret when it carries proxyID's marker.
 // The owner reference removes it too; this only makes it prompt.
 func (d *Driver) deleteSecret(ctx context.Context, ns, name, proxyID string) {
-	secrets := d.cs.CoreV1().Secrets(ns)
+	secrets := d.api.secrets(ns)
 	sec, err := secrets.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return
@@ -340,7 +339,7 @@ func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	var out []agent.Instance
 	opts := metav1.ListOptions{LabelSelector: d.selector(), Limit: listPageSize}
 	for {
-		list, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+		list, err := d.api.pods(metav1.NamespaceAll).List(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("list pods by label %s: %w", opts.LabelSelector, classify(err))
 		}
@@ -367,7 +366,7 @@ func (d *Driver) owns(ns string) bool {
 // relies on) and asks the API server whether this agent may create and
 // delete Pods and Secrets in its namespace.
 func (d *Driver) Check(ctx context.Context) []agent.Verdict {
-	_, err := d.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: d.selector(), Limit: 1})
+	_, err := d.api.pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: d.selector(), Limit: 1})
 	api := agent.Verdict{Check: "kubernetes-api", OK: err == nil, Detail: "pods listed cluster-wide by label"}
 	if err != nil {
 		api.Detail = classify(err).Error()
@@ -375,7 +374,7 @@ func (d *Driver) Check(ctx context.Context) []agent.Verdict {
 	perm := agent.Verdict{Check: "permissions", OK: true, Detail: "may create and delete pods and secrets in " + d.o.Namespace}
 	var missing []string
 	for _, a := range []struct{ verb, resource string }{{"create", "pods"}, {"delete", "pods"}, {"create", "secrets"}, {"delete", "secrets"}} {
-		r, err := d.cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{
+		r, err := d.api.reviewAccess(ctx, &authzv1.SelfSubjectAccessReview{
 			Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
 				Namespace: d.o.Namespace, Verb: a.verb, Resource: a.resource,
 			}},

@@ -37,8 +37,8 @@ const agentSubject = "system:serviceaccount:proxyfleet:cloud-agent"
 
 type kubeEnv struct {
 	t     *testing.T
-	admin kubernetes.Interface
-	agent kubernetes.Interface // impersonates the agent's service account
+	admin kubernetes.Interface // the generated clientset, for setting up and inspecting
+	agent *Client              // the driver's client, impersonating the agent's service account
 }
 
 func newKubeEnv(t *testing.T) *kubeEnv {
@@ -49,7 +49,14 @@ func newKubeEnv(t *testing.T) *kubeEnv {
 	ac := rest.CopyConfig(cfg)
 	ac.Impersonate = rest.ImpersonationConfig{UserName: agentSubject,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:proxyfleet", "system:authenticated"}}
-	return &kubeEnv{t: t, admin: admin, agent: kubernetes.NewForConfigOrDie(ac)}
+	return &kubeEnv{t: t, admin: admin, agent: newClient(t, ac)}
+}
+
+func newClient(t *testing.T, cfg *rest.Config) *Client {
+	t.Helper()
+	c, err := NewClient(cfg)
+	must(t, err)
+	return c
 }
 
 // applyRBAC creates the objects of deploy/kubernetes/rbac.yaml, so every
@@ -384,7 +391,7 @@ func TestKubeCheck(t *testing.T) {
 	}
 	cfg := adminConfig(t)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "nobody", Groups: []string{"system:authenticated"}}
-	d := New(kubernetes.NewForConfigOrDie(cfg), Options{Entry: "k8s", Namespace: ns})
+	d := New(newClient(t, cfg), Options{Entry: "k8s", Namespace: ns})
 	v = d.Check(tctx(t))
 	if v[0].OK || v[1].OK || !strings.Contains(v[1].Detail, "create pods") {
 		t.Fatalf("check without rights = %+v, want both failing", v)

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
@@ -55,7 +56,7 @@ type flags struct {
 }
 
 func parse(args []string) (*flags, error) {
-	var f flags
+	f := flags{base: service.Flags{Embed: embedded.Start}}
 	fs := flag.NewFlagSet("health", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"time"
 
+	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/service"
 	"proxyfleet/services/planner/internal/planner"
 )
@@ -82,7 +83,7 @@ func run() int {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
-	var common service.Flags
+	common := service.Flags{Embed: embedded.Start}
 	common.Register(fs, "planner")
 	var cfg planner.Config
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 2*time.Second,

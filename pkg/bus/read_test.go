@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -43,7 +44,11 @@ func appendPools(ctx context.Context, t *testing.T, s *bus.EventStore, prefix st
 // server behind c through a relay the test can stall.
 func readerThrough(t *testing.T, c *bus.Conn) (*bus.EventStore, *relay) {
 	t.Helper()
-	r := startRelay(t, c.Server.Addr().String())
+	u, err := url.Parse(c.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRelay(t, u.Host)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d, err := bus.Connect(ctx, bus.Config{URL: r.URL(), Name: t.Name() + "-reader", Replicas: 1}, nil)

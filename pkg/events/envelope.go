@@ -91,6 +91,11 @@ func (e *Envelope) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return err
 	}
+	if onlyKnownAttrs(b) {
+		// Most envelopes: a second decode, into a map, would find nothing.
+		*e = Envelope(p)
+		return nil
+	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		return err
@@ -107,11 +112,95 @@ func (e *Envelope) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// onlyKnownAttrs reports whether b, valid JSON, is an object whose
+// attribute names are all in knownAttrs. It scans names without decoding
+// values; on anything it does not expect (an escaped name, say) it reports
+// false, and the caller takes the long way.
+func onlyKnownAttrs(b []byte) bool {
+	i := skipSpace(b, 0)
+	if i == len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return true
+	}
+	for i < len(b) && b[i] == '"' {
+		j := i + 1
+		for j < len(b) && b[j] != '"' && b[j] != '\\' {
+			j++
+		}
+		if j == len(b) || b[j] != '"' || !knownAttrs[string(b[i+1:j])] {
+			return false
+		}
+		i = skipSpace(b, j+1)
+		if i == len(b) || b[i] != ':' {
+			return false
+		}
+		var ok bool
+		if i, ok = skipValue(b, skipSpace(b, i+1)); !ok {
+			return false
+		}
+		i = skipSpace(b, i)
+		if i < len(b) && b[i] == '}' {
+			return true
+		}
+		if i == len(b) || b[i] != ',' {
+			return false
+		}
+		i = skipSpace(b, i+1)
+	}
+	return false
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index after the JSON value starting at i.
+func skipValue(b []byte, i int) (int, bool) {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(b) {
+				return i, false
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i, true // the end of the enclosing object
+			}
+			depth--
+		case ',':
+			if depth == 0 {
+				return i, true
+			}
+		}
+		i++
+		if depth == 0 && (b[i-1] == '"' || b[i-1] == '}' || b[i-1] == ']') {
+			return i, true
+		}
+	}
+	return i, depth == 0
+}
+
 // DecodeEnvelope parses and checks an envelope. Bad JSON and missing or
 // invalid attributes return a [*DecodeError]; it never panics.
 func DecodeEnvelope(b []byte) (Envelope, error) {
 	var e Envelope
-	if err := json.Unmarshal(b, &e); err != nil {
+	// UnmarshalJSON directly: through json.Unmarshal the input would be
+	// scanned once more before it.
+	if err := e.UnmarshalJSON(b); err != nil {
 		return Envelope{}, &DecodeError{Reason: "envelope is not valid JSON", Err: err}
 	}
 	var v ValidationError

@@ -7,8 +7,13 @@ import (
 	"strings"
 	"testing"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -115,6 +120,39 @@ func TestBatchesGiveTheViewsOfOneEventAtATime(t *testing.T) {
 	}
 	same("replay")
 
+	// A replay whose batches lose writes, or fail once all are made, reads
+	// their events again from the batch's first one. Small batches put the
+	// failures in the middle of the log.
+	reader := sdkmetric.NewManualReader()
+	meter := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("test")
+	p = projection.New(e.conn, nil, &telemetry.Telemetry{Tracer: tracenoop.NewTracerProvider().Tracer(""), Meter: meter})
+	p.SetReplayKeys(40)
+	written, dropped, failed := 0, 0, 0
+	p.SetCrash(func(w int, _, _ string) bool {
+		switch {
+		case w < 0:
+			written++
+			if written == 12 || written == 20 {
+				failed++
+				return true
+			}
+		case written >= 5 && dropped < 30 && r.IntN(2) == 0:
+			dropped++
+			return true
+		}
+		return false
+	})
+	if err := projection.ReplayWith(e.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if dropped < 30 || failed < 2 {
+		t.Fatalf("the replay dropped %d writes and failed %d batches; want 30 and 2", dropped, failed)
+	}
+	if n := appliedEvents(t, reader); n != int64(len(msgs)) {
+		t.Errorf("the replay counted %d events applied; want every event once: %d", n, len(msgs))
+	}
+	same("replay with failed writes")
+
 	// The live consumer: a crash while the second batch is written, then
 	// one before the next projector acknowledges its first batch. A crash
 	// leaves the consumer pinned to the dead projector for a while;
@@ -212,8 +250,11 @@ func TestTwoProjectorsTakeTurns(t *testing.T) {
 		}
 		return info.PriorityGroups[0].PinnedClientID
 	}
-	var holder string
-	e.eventually("a projector to hold the consumer", func() bool { holder = pinned(); return holder != "" })
+	e.caughtUp()
+	holder := pinned()
+	if holder == "" {
+		t.Fatal("no projector holds the consumer after applying events")
+	}
 	restart := func(r *runner) {
 		r.stop()
 		if err := <-r.done; err != nil {
@@ -237,4 +278,24 @@ func TestTwoProjectorsTakeTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 	diffDumps(t, e.dump(), live)
+}
+
+// appliedEvents sums the projection's events metric over its aggregates.
+func appliedEvents(t *testing.T, reader *sdkmetric.ManualReader) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "proxyfleet.health.projection.events" {
+				for _, dp := range sum.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
 }

@@ -1,6 +1,10 @@
 package projection
 
-import "context"
+import (
+	"context"
+
+	"proxyfleet/pkg/bus"
+)
 
 // Raw is one stored FLEET_EVENTS message, for [Projector.ApplyBatch].
 type Raw struct {
@@ -24,3 +28,23 @@ func (p *Projector) SetCrash(f func(wave int, bucket, key string) bool) { p.cras
 
 // ErrCrashed is what a batch the crash hook stopped returns.
 var ErrCrashed = errCrashed
+
+// SetReplayKeys sets how many keys a batch of a replay holds, and how many
+// events it folds at a time.
+func (p *Projector) SetReplayKeys(n int) { p.replayKeys = n }
+
+// ReplayWith is Replay applying the log through p.
+func ReplayWith(ctx context.Context, p *Projector) error {
+	if err := Rebuild(ctx, p.conn); err != nil {
+		return err
+	}
+	st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return err
+	}
+	return p.replayAll(ctx, st, info.State.LastSeq)
+}

@@ -93,27 +93,49 @@ var errCrashed = errors.New("simulated crash")
 // the cache is dropped and the caller applies the same events again, which
 // is what a redelivery after a crash does too (see fold.noteReplacement).
 func (p *Projector) apply(ctx context.Context, evs []event) error {
-	err := p.applyOnce(ctx, evs)
+	b, err := p.newBatch(ctx)
+	if err == nil {
+		err = b.fold(ctx, evs)
+	}
+	if err == nil {
+		err = b.write(ctx)
+	}
 	if err != nil {
-		p.proxies.forget()
-		p.pools.forget()
+		p.forget()
 	}
 	return err
 }
 
-func (p *Projector) applyOnce(ctx context.Context, evs []event) error {
+// forget drops the cache of both buckets.
+func (p *Projector) forget() {
+	p.proxies.forget()
+	p.pools.forget()
+}
+
+// newBatch starts a batch, checking the cache first (see [bucket]).
+func (p *Projector) newBatch(ctx context.Context) (*batch, error) {
 	if err := p.bind(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := p.proxies.check(ctx, p.conn.JS); err != nil {
-		return err
+		return nil, err
 	}
 	if err := p.pools.check(ctx, p.conn.JS); err != nil {
-		return err
+		return nil, err
 	}
+	return &batch{p: p, proxies: map[string]*slot[Proxy]{}, pools: map[string]*slot[Pool]{}}, nil
+}
+
+// size is the number of keys in the batch.
+func (b *batch) size() int { return len(b.proxies) + len(b.pools) }
+
+// fold reads the keys evs touch that are not cached yet, and folds evs
+// into the batch.
+func (b *batch) fold(ctx context.Context, evs []event) error {
+	p := b.p
 	proxyKeys, poolKeys := map[string]struct{}{}, map[string]struct{}{}
-	for _, ev := range evs {
-		switch {
+	for i := range evs {
+		switch ev := &evs[i]; {
 		case !ev.fold:
 		case ev.agg == events.AggregateProxy:
 			proxyKeys[ev.id] = struct{}{}
@@ -130,24 +152,27 @@ func (p *Projector) applyOnce(ctx context.Context, evs []event) error {
 	if err := p.pools.load(ctx, p.conn.NC, poolKeys); err != nil {
 		return err
 	}
-
-	b := &batch{p: p, proxies: map[string]*slot[Proxy]{}, pools: map[string]*slot[Pool]{}}
-	for _, ev := range evs {
+	for i := range evs {
+		ev := &evs[i]
 		if !ev.fold {
 			continue
 		}
-		var err error
 		switch ev.agg {
 		case events.AggregateProxy:
 			b.proxy(ev)
 		case events.AggregatePool:
-			err = b.pool(ctx, ev)
-		}
-		if err != nil {
-			return err
+			if err := b.pool(ctx, ev); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
+}
 
+// write makes the batch durable, wave by wave, and keeps what it wrote in
+// the cache.
+func (b *batch) write(ctx context.Context) error {
+	p := b.p
 	waves := 0
 	for _, s := range b.proxies {
 		if s.dirty {
@@ -177,7 +202,7 @@ func (p *Projector) applyOnce(ctx context.Context, evs []event) error {
 // proxy folds one proxy event. It mirrors, per event, what the projection
 // did one event at a time: the lifecycle table decides, a redelivered
 // event changes nothing, a deleted proxy never comes back.
-func (b *batch) proxy(ev event) {
+func (b *batch) proxy(ev *event) {
 	s := b.p.proxies.slot(b.proxies, ev.id)
 	seq, id, kind, env := ev.seq, ev.id, ev.kind, ev.env
 	if s.exists && s.val.Seq >= seq {
@@ -252,7 +277,7 @@ func (b *batch) noteReplacement(s *slot[Proxy], old, by, why string) {
 }
 
 // pool folds one pool event.
-func (b *batch) pool(ctx context.Context, ev event) error {
+func (b *batch) pool(ctx context.Context, ev *event) error {
 	s := b.p.pools.slot(b.pools, ev.id)
 	seq, name, kind, env := ev.seq, ev.id, ev.kind, ev.env
 	if s.exists && s.val.Seq >= seq {
@@ -341,10 +366,10 @@ func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq ui
 
 // logProxy and logPool are the projection's loggers for one event, made
 // only when there is something to log.
-func (b *batch) logProxy(ev event) *slog.Logger {
+func (b *batch) logProxy(ev *event) *slog.Logger {
 	return b.p.log.With("seq", ev.seq, "proxy", ev.id, "event", ev.kind)
 }
 
-func (b *batch) logPool(ev event) *slog.Logger {
+func (b *batch) logPool(ev *event) *slog.Logger {
 	return b.p.log.With("seq", ev.seq, "pool", ev.id, "event", ev.kind)
 }

@@ -15,6 +15,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,10 +58,14 @@ const (
 	maxAckPending = 2 * batchLimit
 	// batchLimit bounds the events of one batch of [Projector.Run].
 	batchLimit = 2048
-	// replayBatchLimit bounds the events of one batch of [Replay], which
-	// owns the views and waits for full batches: the more events a batch
-	// holds, the more of them each key write covers.
-	replayBatchLimit = 32768
+	// replayKeyLimit bounds the keys of one batch of [Replay], which owns
+	// the views: the more events a batch folds, the more of them each key
+	// write covers.
+	replayKeyLimit = 32768
+	// replayChunk is how many events [Replay] prepares and folds at a
+	// time, and replayAhead how many it prepares while it writes.
+	replayChunk = 4096
+	replayAhead = 4 * replayChunk
 	// writeTimeout bounds the wait for the acknowledgement of a KV write.
 	writeTimeout = 10 * time.Second
 )
@@ -131,6 +136,10 @@ type Projector struct {
 	proxies *bucket[Proxy]
 	pools   *bucket[Pool]
 
+	// replayKeys bounds the keys of one batch of a replay: replayKeyLimit
+	// but in tests.
+	replayKeys int
+
 	// crash, a test hook, simulates the process dying in a batch: it is
 	// asked about every KV write (wave, bucket, key), and once (-1, "",
 	// "") when the writes are durable and the batch about to be
@@ -154,6 +163,7 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	return &Projector{
 		conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0),
 		proxies: newBucket[Proxy](bus.BucketProxies, log), pools: newBucket[Pool](bus.BucketPools, log),
+		replayKeys: replayKeyLimit,
 	}
 }
 
@@ -164,7 +174,7 @@ func (p *Projector) bind() error {
 	// A JetStream context of its own: its pending acknowledgements are the
 	// projection's alone, and they time out.
 	js, err := jetstream.New(p.conn.NC,
-		jetstream.WithPublishAsyncMaxPending(2*replayBatchLimit),
+		jetstream.WithPublishAsyncMaxPending(2*replayKeyLimit),
 		jetstream.WithPublishAsyncTimeout(writeTimeout))
 	if err != nil {
 		return err
@@ -223,7 +233,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 	)
 	defer func() {
 		if src != nil {
-			seen = src.stop()
+			seen = cmp.Or(src.stop(), seen)
 		}
 		if seen != "" && !errors.Is(err, errCrashed) {
 			p.unpin(ctx, cons, seen)
@@ -247,7 +257,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			// it left unacknowledged must come first. Stop pulling (the
 			// messages in flight are dropped with the subscription), reset
 			// the consumer to its acknowledgement floor, and pull again.
-			seen = src.stop()
+			seen = cmp.Or(src.stop(), seen)
 			src = nil
 			if err := p.reset(ctx); err != nil {
 				return err
@@ -298,8 +308,8 @@ func (p *Projector) unpin(ctx context.Context, cons jetstream.Consumer, pin stri
 //
 // Replay reads the log with an ordered consumer: it owns the views (other
 // health instances are stopped first), so it needs no acknowledgements,
-// and its batches are larger. Batches are applied as [Projector.Run]
-// applies them.
+// and its batches are larger. Events are folded and written as
+// [Projector.Run] does.
 func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	if err := Rebuild(ctx, c); err != nil {
 		return err
@@ -316,7 +326,14 @@ func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	if until == 0 {
 		return nil
 	}
-	if err := New(c, log, nil).replay(ctx, st, until); err != nil {
+	return New(c, log, nil).replayAll(ctx, st, until)
+}
+
+// replayAll applies the log up to until into empty views, then positions
+// the consumer after it.
+func (p *Projector) replayAll(ctx context.Context, st jetstream.Stream, until uint64) error {
+	c := p.conn
+	if err := p.replay(ctx, st, until); err != nil {
 		return err
 	}
 	// A crash before this line leaves no consumer: the next health
@@ -330,31 +347,102 @@ func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	return nil
 }
 
+// replay applies the log from its start to the event at until, retrying
+// in place what fails.
 func (p *Projector) replay(ctx context.Context, st jetstream.Stream, until uint64) error {
-	oc, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.EventsAll}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	from, delay := uint64(1), 100*time.Millisecond
+	for {
+		next, err := p.replayFrom(ctx, st, from, until)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if next > from {
+			delay = 100 * time.Millisecond
+		}
+		from = next
+		p.log.Warn("replaying events failed; reading them again", "from_seq", from, "in", delay.String(), "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// replayFrom reads the log from sequence from on, folding it into batches
+// of up to replayKeyLimit keys (and a chunk), each written when full; the events are not
+// kept, so a batch may cover many more events than [Projector.Run] holds at
+// once. On an error it returns the first sequence of the batch that failed:
+// the events are read again from there.
+func (p *Projector) replayFrom(ctx context.Context, st jetstream.Stream, from, until uint64) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.EventsAll}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	oc, err := st.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return err
+		return from, err
 	}
 	it, err := oc.Messages(jetstream.PullMaxMessages(maxAckPending))
 	if err != nil {
-		return err
+		return from, err
 	}
-	src := newSource(p, it, "", replayBatchLimit)
+	src := newSource(p, it, "", replayAhead)
 	defer src.stop()
 	for {
-		b, err := src.next(ctx, replayBatchLimit, until)
+		b, err := p.replayBatch(ctx, src, until)
 		if err != nil {
-			return err
+			p.forget()
+			return from, err
 		}
-		if err := p.applyBatch(ctx, b, false); err != nil {
-			return err
+		if b.done {
+			return 0, nil
 		}
-		if b.last {
-			return nil
-		}
+		from = b.next
 	}
+}
+
+// replayed is the outcome of one batch of a replay.
+type replayed struct {
+	next uint64 // the sequence after the batch's last event
+	done bool   // the batch ended at the event wanted last
+}
+
+func (p *Projector) replayBatch(ctx context.Context, src *source, until uint64) (replayed, error) {
+	var r replayed
+	b, err := p.newBatch(ctx)
+	if err != nil {
+		return r, err
+	}
+	counts := map[string]int64{}
+	for !r.done && b.size() < p.replayKeys {
+		in, err := src.next(ctx, min(replayChunk, p.replayKeys), until)
+		if err != nil {
+			return r, err
+		}
+		for _, m := range in.bad {
+			p.log.Error("event without JetStream metadata; skipped", "subject", m.Subject())
+		}
+		if err := b.fold(ctx, in.evs); err != nil {
+			return r, err
+		}
+		for i := range in.evs {
+			counts[in.evs[i].agg]++
+			r.next = in.evs[i].seq + 1
+		}
+		r.done = in.last
+	}
+	if err := b.write(ctx); err != nil {
+		return r, err
+	}
+	for agg, n := range counts {
+		p.applied.Add(ctx, n, metric.WithAttributes(attribute.String("aggregate", agg)))
+	}
+	return r, nil
 }
 
 // Apply folds the event stored at sequence seq on subject into the views,
@@ -576,7 +664,7 @@ func (b *batchIn) add(d delivery, until uint64) {
 }
 
 // stop ends the pulling, dropping the messages in flight, and returns the
-// pin of the last message pulled.
+// pin of the last message pulled ("" if none was).
 func (s *source) stop() string {
 	s.it.Stop()
 	close(s.done)

@@ -144,7 +144,8 @@ type Projector struct {
 	// asked about every KV write (wave, bucket, key), and once (-1, "",
 	// "") when the writes are durable and the batch about to be
 	// acknowledged; true drops that write, or the acknowledgements, and
-	// ends [Projector.Run] with errCrashed.
+	// fails the batch with errCrashed, which ends [Projector.Run] (a
+	// replay reads the batch again).
 	crash func(wave int, bucket, key string) bool
 }
 

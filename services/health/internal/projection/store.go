@@ -72,7 +72,10 @@ type bucket[T any] struct {
 	// as the projection left them; created is zero when nothing is known.
 	created time.Time
 	last    uint64
-	log     *slog.Logger
+	// lo, hi and n are the lowest and highest revision, and the number, of
+	// the writes of the batch being applied.
+	lo, hi, n uint64
+	log       *slog.Logger
 }
 
 func newBucket[T any](name string, log *slog.Logger) *bucket[T] {
@@ -82,6 +85,7 @@ func newBucket[T any](name string, log *slog.Logger) *bucket[T] {
 // forget drops everything cached; the next [bucket.check] starts over.
 func (b *bucket[T]) forget() {
 	b.keys, b.complete, b.markers, b.created, b.last, b.fresh = nil, false, 0, time.Time{}, 0, nil
+	b.lo, b.hi, b.n = 0, 0, 0
 }
 
 // check keeps the cache if the bucket's stream is where the projection
@@ -104,6 +108,7 @@ func (b *bucket[T]) check(ctx context.Context, js jetstream.JetStream) error {
 	b.keys, b.markers = map[string]*key[T]{}, 0
 	b.complete = info.State.Msgs == 0
 	b.created, b.last = info.Created, info.State.LastSeq
+	b.lo, b.hi, b.n = 0, 0, 0
 	return nil
 }
 
@@ -155,11 +160,12 @@ func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error 
 		if err != nil {
 			return err
 		}
-		inbox := nats.NewInbox()
+		inbox := nc.NewInbox()
 		sub, err := nc.SubscribeSync(inbox)
 		if err != nil {
 			return err
 		}
+		left := len(want)
 		more, err := b.collect(ctx, nc, sub, inbox, req, want)
 		_ = sub.Unsubscribe()
 		if err != nil {
@@ -167,6 +173,9 @@ func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error 
 		}
 		if !more {
 			break
+		}
+		if len(want) == left {
+			return fmt.Errorf("direct get of %d keys returned none and said more were left", left)
 		}
 	}
 	for k := range want {
@@ -304,7 +313,10 @@ func publish[T any](js jetstream.JetStream, b *bucket[T], slots map[string]*slot
 		}
 		out = append(out, write{bucket: b.name, key: k, fut: f, done: func(rev uint64) {
 			s.rev = rev
-			b.last = max(b.last, rev)
+			if b.n == 0 || rev < b.lo {
+				b.lo = rev
+			}
+			b.hi, b.n = max(b.hi, rev), b.n+1
 		}})
 	}
 	return out, crashed
@@ -331,8 +343,19 @@ func await(ctx context.Context, ws []write) error {
 }
 
 // keep folds the batch's slots into the cache once they are durable, and
-// bounds what the cache holds.
+// bounds what the cache holds. Unless the batch's writes are the revisions
+// right after the one [bucket.check] saw, somebody else wrote meanwhile,
+// and the cache is dropped instead.
 func (b *bucket[T]) keep(slots map[string]*slot[T]) {
+	if b.n > 0 {
+		lo, hi, n := b.lo, b.hi, b.n
+		b.lo, b.hi, b.n = 0, 0, 0
+		if lo != b.last+1 || hi-lo+1 != n {
+			b.forget()
+			return
+		}
+		b.last = hi
+	}
 	for k, s := range slots {
 		c := b.keys[k]
 		if c.ended {
@@ -350,7 +373,7 @@ func (b *bucket[T]) keep(slots map[string]*slot[T]) {
 		// Only the live keys are worth keeping: the others are read again
 		// in the rare case they are needed.
 		for _, k := range fresh {
-			if !b.keys[k].exists {
+			if c, ok := b.keys[k]; ok && !c.exists {
 				delete(b.keys, k)
 			}
 		}

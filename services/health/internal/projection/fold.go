@@ -24,8 +24,9 @@ type event struct {
 	// (already logged): it is only acknowledged.
 	fold bool
 	// invalid is the error of data that does not decode into the event's
-	// type (proxy events); the fold logs it unless the event is a
-	// redelivery.
+	// type, for the proxy events whose data the fold does not decode
+	// itself (requested, deleted, abandoned); the fold logs it unless the
+	// event is a redelivery.
 	invalid error
 	// requested is the data of a proxy's requested event. Its Replaces is
 	// read with the batch.
@@ -64,14 +65,17 @@ func (p *Projector) prepare(seq uint64, subject string, data []byte, h nats.Head
 	}
 	ev.env, ev.fold = env, true
 	if agg == events.AggregateProxy {
-		if kind == events.ProxyRequested {
+		switch kind {
+		case events.ProxyRequested:
 			var d events.ProxyRequestedData
 			if ev.invalid = env.DecodeData(&d); ev.invalid == nil {
 				ev.requested = &d
 			}
-		} else {
+		case events.ProxyDeleted, events.ProxyAbandoned:
 			ev.invalid = events.CheckProxyData(kind, env)
 		}
+		// The data of the other types is decoded by the fold, once:
+		// ProxyView.Apply refuses what does not decode.
 	}
 	return ev
 }
@@ -224,6 +228,10 @@ func (b *batch) proxy(ev *event) {
 	}
 	to, ok := events.Transition(from, kind)
 	if !ok {
+		if err := events.CheckProxyData(kind, env); err != nil {
+			b.logProxy(ev).Error("invalid event data; skipped", "err", err)
+			return
+		}
 		// For example a probe that raced the planner's decision must not
 		// make a retiring or failed proxy look serviceable again, and an
 		// event for a missing key (an unhealthy observation racing the

@@ -1,22 +1,26 @@
 // Package projection folds the FLEET_EVENTS log into the fleet-proxies and
-// fleet-pools KV views. It reads through one durable consumer
-// ("health-projection") and acknowledges each event after its KV writes.
+// fleet-pools KV views. It follows the log through one durable consumer
+// ("health-projection") and acknowledges events once their KV writes are
+// durable; a rebuild ([Replay]) reads it with an ordered consumer.
 //
 // The views are a pure function of the log: values carry only event data
 // and event times, each records the sequence of the last event applied so a
-// redelivered event is skipped, and events are applied strictly in stream
-// order (the consumer allows one unacknowledged event at a time). Dropping
-// both buckets and the consumer and replaying, see [Rebuild], gives the same
-// bytes.
+// redelivered event is skipped, and events are applied in stream order.
+// Events are applied in batches: every key a batch touches is read once,
+// every event of the batch is folded into it in order, and it is written
+// once, the writes pipelined; the batch is acknowledged when they are all
+// durable. Dropping both buckets and the consumer and replaying, see
+// [Rebuild] and [Replay], gives the same bytes as applying the log one
+// event at a time.
 package projection
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,25 +38,65 @@ import (
 // ConsumerName is the durable consumer the projection reads FLEET_EVENTS with.
 const ConsumerName = "health-projection"
 
-// ackWait is how long an event may stay unacknowledged before it is
-// redelivered. Retries of a failing KV write send InProgress meanwhile.
-const ackWait = 30 * time.Second
+// PriorityGroup is the consumer's one priority group: the projection pulls
+// as a pinned client of it.
+const PriorityGroup = "projection"
+
+const (
+	// ackWait is how long an event may stay unacknowledged before it is
+	// redelivered. Retries of a failing batch send InProgress meanwhile.
+	ackWait = 30 * time.Second
+	// pinnedTTL is how long the server keeps the consumer pinned to a
+	// projector that stopped pulling without unpinning: how long a
+	// projector started after a crash waits before it takes over.
+	pinnedTTL = 30 * time.Second
+	// pullExpiry is how long one pull request waits; a pinned projector
+	// renews its pin with every pull, so it is well below pinnedTTL.
+	pullExpiry = 5 * time.Second
+	// maxAckPending bounds the events delivered and not yet acknowledged:
+	// the batch being applied and the next one, prefetched meanwhile.
+	maxAckPending = 2 * batchLimit
+	// batchLimit bounds the events of one batch of [Projector.Run].
+	batchLimit = 2048
+	// replayKeyLimit bounds the keys of one batch of [Replay], which owns
+	// the views: the more events a batch folds, the more of them each key
+	// write covers.
+	replayKeyLimit = 32768
+	// replayChunk is how many events [Replay] prepares and folds at a
+	// time, and replayAhead how many it prepares while it writes.
+	replayChunk = 4096
+	replayAhead = 4 * replayChunk
+	// writeTimeout bounds the wait for the acknowledgement of a KV write.
+	writeTimeout = 10 * time.Second
+)
+
+// pinHeader names the pin of the projector a message was delivered to.
+const pinHeader = "Nats-Pin-Id"
 
 // EnsureConsumer creates or updates the projection's durable consumer.
 //
-// MaxAckPending is 1 on purpose: a projection must apply events in stream
-// order, and with more than one outstanding event a crash would let newer
-// events through before the older unacknowledged ones are redelivered, which
-// the per-key sequence check would then drop.
+// A projection must apply events in stream order, and one projector at a
+// time: with two, or with newer events delivered before older ones that a
+// crashed projector held unacknowledged, a newer event would reach a key
+// first and the per-key sequence check would then drop the older one. So
+// the consumer pins one projector (PriorityPolicy pinned_client), and a
+// projector, whenever it gets the pin, first resets the consumer to its
+// acknowledgement floor: everything not acknowledged is delivered again,
+// in order. Up to MaxAckPending events are in flight to the pinned
+// projector, which applies them in batches and acknowledges a batch once
+// its writes are durable.
 func EnsureConsumer(ctx context.Context, c *bus.Conn) (jetstream.Consumer, error) {
 	return c.JS.CreateOrUpdateConsumer(ctx, bus.EventsStream, jetstream.ConsumerConfig{
-		Durable:       ConsumerName,
-		Description:   "health: projection of FLEET_EVENTS into fleet-proxies and fleet-pools",
-		FilterSubject: events.EventsAll,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWait,
-		MaxAckPending: 1,
+		Durable:        ConsumerName,
+		Description:    "health: projection of FLEET_EVENTS into fleet-proxies and fleet-pools",
+		FilterSubject:  events.EventsAll,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        ackWait,
+		MaxAckPending:  maxAckPending,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{PriorityGroup},
+		PinnedTTL:      pinnedTTL,
 		// Replicas 0: the consumer follows the stream's replica count.
 	})
 }
@@ -78,18 +122,31 @@ func Rebuild(ctx context.Context, c *bus.Conn) error {
 
 // Projector applies events to the views.
 //
-// A Projector is not safe for concurrent use: events must be applied one at
-// a time, in order.
+// A Projector is not safe for concurrent use: events must be applied in
+// order, one batch at a time.
 type Projector struct {
 	conn    *bus.Conn
 	log     *slog.Logger
 	tracer  trace.Tracer
 	applied metric.Int64Counter
+	rejects *bus.Rejects
 
-	proxies, pools jetstream.KeyValue // bound on first use
-	stream         jetstream.Stream
-	proxiesStream  jetstream.Stream // the stream behind the proxies bucket
-	rejects        *bus.Rejects
+	js      jetstream.JetStream // pipelined KV writes, bound on first use
+	stream  jetstream.Stream    // FLEET_EVENTS, bound on first use
+	proxies *bucket[Proxy]
+	pools   *bucket[Pool]
+
+	// replayKeys bounds the keys of one batch of a replay: replayKeyLimit
+	// but in tests.
+	replayKeys int
+
+	// crash, a test hook, simulates the process dying in a batch: it is
+	// asked about every KV write (wave, bucket, key), and once (-1, "",
+	// "") when the writes are durable and the batch about to be
+	// acknowledged; true drops that write, or the acknowledgements, and
+	// fails the batch with errCrashed, which ends [Projector.Run] (a
+	// replay reads the batch again).
+	crash func(wave int, bucket, key string) bool
 }
 
 // New returns a projector writing through c. log and tel may be nil.
@@ -104,18 +161,156 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	applied, _ := meter.Int64Counter("proxyfleet.health.projection.events",
 		metric.WithDescription("events read by the projection, by aggregate"))
 	log = log.With("component", "projection")
-	return &Projector{conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0)}
+	return &Projector{
+		conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0),
+		proxies: newBucket[Proxy](bus.BucketProxies, log), pools: newBucket[Pool](bus.BucketPools, log),
+		replayKeys: replayKeyLimit,
+	}
+}
+
+func (p *Projector) bind() error {
+	if p.js != nil {
+		return nil
+	}
+	// A JetStream context of its own: its pending acknowledgements are the
+	// projection's alone, and they time out.
+	js, err := jetstream.New(p.conn.NC,
+		jetstream.WithPublishAsyncMaxPending(2*replayKeyLimit),
+		jetstream.WithPublishAsyncTimeout(writeTimeout))
+	if err != nil {
+		return err
+	}
+	p.js = js
+	return nil
 }
 
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
 // rebuild, or a NATS outage) is recreated after a short pause.
 func (p *Projector) Run(ctx context.Context) error {
-	return p.run(ctx, 0)
+	for {
+		err := p.follow(ctx)
+		if errors.Is(err, errCrashed) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		p.log.Warn("projection consumer stopped; restarting it", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// follow applies events from the durable consumer until ctx ends or the
+// consumer fails.
+func (p *Projector) follow(ctx context.Context) (err error) {
+	p.proxies.forget()
+	p.pools.forget()
+	cons, err := EnsureConsumer(ctx, p.conn)
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
+	}
+	// Unless another projector holds the consumer, deliver at once what a
+	// projector before this one (this process, before a restart) left
+	// unacknowledged: the server would otherwise wait ackWait before
+	// delivering it, and deliver nothing else meanwhile if it filled
+	// MaxAckPending.
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
+	}
+	if len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID == "" {
+		if err := p.reset(ctx); err != nil {
+			return err
+		}
+	}
+	var (
+		src  *source
+		pin  string // the pin this projector holds, once it reset the consumer
+		seen string // the pin of the last message pulled
+	)
+	defer func() {
+		if src != nil {
+			seen = cmp.Or(src.stop(), seen)
+		}
+		if seen != "" && !errors.Is(err, errCrashed) {
+			p.unpin(ctx, cons, seen)
+		}
+	}()
+	for {
+		if src == nil {
+			it, err := cons.Messages(jetstream.PullPriorityGroup(PriorityGroup),
+				jetstream.PullMaxMessages(maxAckPending), jetstream.PullExpiry(pullExpiry))
+			if err != nil {
+				return err
+			}
+			src = newSource(p, it, pin, maxAckPending)
+		}
+		b, err := src.next(ctx, batchLimit, 0)
+		if err != nil {
+			return err
+		}
+		if got := b.pin; got != pin {
+			// This projector just got the pin: whatever a projector before
+			// it left unacknowledged must come first. Stop pulling (the
+			// messages in flight are dropped with the subscription), reset
+			// the consumer to its acknowledgement floor, and pull again.
+			seen = cmp.Or(src.stop(), seen)
+			src = nil
+			if err := p.reset(ctx); err != nil {
+				return err
+			}
+			p.log.Debug("consumer pinned to this projector; delivering from the acknowledgement floor", "pin", got)
+			pin = got
+			p.proxies.forget()
+			p.pools.forget()
+			continue
+		}
+		if err := p.applyBatch(ctx, b, true); err != nil {
+			return err
+		}
+	}
+}
+
+// reset makes the consumer deliver again, in order, every event from its
+// acknowledgement floor on.
+func (p *Projector) reset(ctx context.Context) error {
+	if _, err := p.conn.JS.ResetConsumer(ctx, bus.EventsStream, ConsumerName); err != nil {
+		return fmt.Errorf("reset consumer %s to its acknowledgement floor (needs nats-server 2.14 or later): %w", ConsumerName, err)
+	}
+	return nil
+}
+
+// unpin hands the consumer over at once to the next projector, if this
+// one still holds it.
+func (p *Projector) unpin(ctx context.Context, cons jetstream.Consumer, pin string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil || len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID != pin {
+		return
+	}
+	st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+	if err == nil {
+		err = st.UnpinConsumer(ctx, ConsumerName, PriorityGroup)
+	}
+	if err != nil {
+		p.log.Debug("unpin failed; the next projector waits for the pin to expire", "err", err)
+	}
 }
 
 // Replay drops the views and the consumer (see [Rebuild]) and projects the
 // whole log into them again, returning once every event stored when it
-// started has been applied.
+// started has been applied. The consumer is then created to deliver the
+// events after those.
+//
+// Replay reads the log with an ordered consumer: it owns the views (other
+// health instances are stopped first), so it needs no acknowledgements,
+// and its batches are larger. Events are folded and written as
+// [Projector.Run] does.
 func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	if err := Rebuild(ctx, c); err != nil {
 		return err
@@ -128,103 +323,48 @@ func Replay(ctx context.Context, c *bus.Conn, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if info.State.LastSeq == 0 {
+	until := info.State.LastSeq
+	if until == 0 {
 		return nil
 	}
-	return New(c, log, nil).run(ctx, info.State.LastSeq)
+	return New(c, log, nil).replayAll(ctx, st, until)
 }
 
-// errReached ends a consume loop that was asked to stop at a sequence.
-var errReached = errors.New("reached the requested sequence")
-
-// run consumes until ctx ends or, with until > 0, until the event at
-// sequence until is applied.
-func (p *Projector) run(ctx context.Context, until uint64) error {
-	for {
-		err := p.consume(ctx, until)
-		if errors.Is(err, errReached) {
-			return nil
-		}
-		if ctx.Err() != nil {
-			if until > 0 {
-				return ctx.Err()
-			}
-			return nil
-		}
-		p.log.Warn("projection consumer stopped; restarting it", "err", err)
-		select {
-		case <-ctx.Done():
-			if until > 0 {
-				return ctx.Err()
-			}
-			return nil
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-func (p *Projector) consume(ctx context.Context, until uint64) error {
-	p.proxies, p.pools, p.stream, p.proxiesStream = nil, nil, nil, nil
-	cons, err := EnsureConsumer(ctx, p.conn)
-	if err != nil {
-		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
+// replayAll applies the log up to until into empty views, then positions
+// the consumer after it.
+func (p *Projector) replayAll(ctx context.Context, st jetstream.Stream, until uint64) error {
+	c := p.conn
+	if err := p.replay(ctx, st, until); err != nil {
 		return err
 	}
-	defer it.Stop()
-	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			return err
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			p.log.Error("event without JetStream metadata; skipped", "subject", msg.Subject(), "err", err)
-			_ = msg.Term()
-			continue
-		}
-		seq := md.Sequence.Stream
-		// The projection joins the trace of whoever appended the event.
-		sctx, span := p.tracer.Start(telemetry.Extract(ctx, msg.Headers()), "health.project",
-			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(attribute.String("subject", msg.Subject()), attribute.Int64("seq", int64(seq))))
-		err = p.applyRetrying(sctx, msg, seq)
-		span.End()
-		if err != nil {
-			return err
-		}
-		agg, _, _, _ := events.ParseEventSubject(msg.Subject())
-		p.applied.Add(ctx, 1, metric.WithAttributes(attribute.String("aggregate", agg)))
-		if until > 0 && seq >= until {
-			// Confirmed, so the caller may exit right away.
-			if err := msg.DoubleAck(ctx); err != nil {
-				return err
-			}
-			return errReached
-		}
-		if err := msg.Ack(); err != nil {
-			// The event comes back after ackWait and is skipped by its sequence.
-			p.log.Warn("ack failed", "seq", seq, "err", err)
-		}
+	// A crash before this line leaves no consumer: the next health
+	// creates it and replays the log again, changing nothing.
+	if _, err := EnsureConsumer(ctx, c); err != nil {
+		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
 	}
+	if _, err := c.JS.ResetConsumerToSequence(ctx, bus.EventsStream, ConsumerName, until+1); err != nil {
+		return fmt.Errorf("position consumer %s after the replayed events: %w", ConsumerName, err)
+	}
+	return nil
 }
 
-// applyRetrying applies one event, retrying KV failures in place (never
-// moving on: order matters) until they succeed or ctx ends.
-func (p *Projector) applyRetrying(ctx context.Context, msg jetstream.Msg, seq uint64) error {
-	delay := 100 * time.Millisecond
+// replay applies the log from its start to the event at until, retrying
+// in place what fails.
+func (p *Projector) replay(ctx context.Context, st jetstream.Stream, until uint64) error {
+	from, delay := uint64(1), 100*time.Millisecond
 	for {
-		err := p.Apply(ctx, seq, msg.Subject(), msg.Data())
+		next, err := p.replayFrom(ctx, st, from, until)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		p.log.Warn("applying event failed; retrying", "seq", seq, "subject", msg.Subject(), "in", delay.String(), "err", err)
-		_ = msg.InProgress()
+		if next > from {
+			delay = 100 * time.Millisecond
+		}
+		from = next
+		p.log.Warn("replaying events failed; reading them again", "from_seq", from, "in", delay.String(), "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -234,278 +374,301 @@ func (p *Projector) applyRetrying(ctx context.Context, msg jetstream.Msg, seq ui
 	}
 }
 
-// Apply folds the event stored at sequence seq on subject into the views.
-// It returns an error only when a KV operation failed (the caller retries);
-// events it cannot decode or does not know are logged and skipped.
+// replayFrom reads the log from sequence from on, folding it into batches
+// of up to replayKeyLimit keys (and a chunk), each written when full; the events are not
+// kept, so a batch may cover many more events than [Projector.Run] holds at
+// once. On an error it returns the first sequence of the batch that failed:
+// the events are read again from there.
+func (p *Projector) replayFrom(ctx context.Context, st jetstream.Stream, from, until uint64) (uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.EventsAll}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if from > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	oc, err := st.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return from, err
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(maxAckPending))
+	if err != nil {
+		return from, err
+	}
+	src := newSource(p, it, "", replayAhead)
+	defer src.stop()
+	for {
+		b, err := p.replayBatch(ctx, src, until)
+		if err != nil {
+			p.forget()
+			return from, err
+		}
+		if b.done {
+			return 0, nil
+		}
+		from = b.next
+	}
+}
+
+// replayed is the outcome of one batch of a replay.
+type replayed struct {
+	next uint64 // the sequence after the batch's last event
+	done bool   // the batch ended at the event wanted last
+}
+
+func (p *Projector) replayBatch(ctx context.Context, src *source, until uint64) (replayed, error) {
+	var r replayed
+	b, err := p.newBatch(ctx)
+	if err != nil {
+		return r, err
+	}
+	counts := map[string]int64{}
+	for !r.done && b.size() < p.replayKeys {
+		in, err := src.next(ctx, min(replayChunk, p.replayKeys), until)
+		if err != nil {
+			return r, err
+		}
+		for _, m := range in.bad {
+			p.log.Error("event without JetStream metadata; skipped", "subject", m.Subject())
+		}
+		if err := b.fold(ctx, in.evs); err != nil {
+			return r, err
+		}
+		for i := range in.evs {
+			counts[in.evs[i].agg]++
+			r.next = in.evs[i].seq + 1
+		}
+		r.done = in.last
+	}
+	if err := b.write(ctx); err != nil {
+		return r, err
+	}
+	for agg, n := range counts {
+		p.applied.Add(ctx, n, metric.WithAttributes(attribute.String("aggregate", agg)))
+	}
+	return r, nil
+}
+
+// Apply folds the event stored at sequence seq on subject into the views,
+// as a batch of one. It returns an error only when a KV operation failed
+// (the caller retries); events it cannot decode or does not know are
+// logged and skipped.
 func (p *Projector) Apply(ctx context.Context, seq uint64, subject string, data []byte) error {
-	agg, id, kind, ok := events.ParseEventSubject(subject)
-	if !ok {
-		p.log.Error("event subject has the wrong shape; skipped", "seq", seq, "subject", subject)
-		return nil
-	}
-	if agg == events.AggregatePlanner {
-		// Leader terms and decision fences: no view shows them.
-		return nil
-	}
-	env, err := events.DecodeEnvelope(data)
-	if err != nil {
-		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)
-		return nil
-	}
-	if fe := events.CheckEvent(agg, id, kind, env.Source); fe != nil {
-		p.rejects.Report(seq, agg, id, kind, env.Source, fe)
-		return nil
-	}
-	switch agg {
-	case events.AggregateProxy:
-		return p.applyProxy(ctx, seq, id, kind, env)
-	case events.AggregatePool:
-		return p.applyPool(ctx, seq, id, kind, env)
-	}
-	p.log.Warn("event of an unknown aggregate; skipped", "seq", seq, "subject", subject)
-	return nil
+	return p.apply(ctx, []event{p.prepare(seq, subject, data, nil)})
 }
 
-func (p *Projector) applyProxy(ctx context.Context, seq uint64, id, kind string, env events.Envelope) error {
-	kv, err := p.bucket(ctx, &p.proxies, bus.BucketProxies)
-	if err != nil {
-		return err
+// applyBatch applies one batch of messages, retrying in place (never
+// moving on: order matters) until it succeeds or ctx ends, then
+// acknowledges it when ack is set.
+func (p *Projector) applyBatch(ctx context.Context, b *batchIn, ack bool) error {
+	for _, m := range b.bad {
+		p.log.Error("event without JetStream metadata; skipped", "subject", m.Subject())
+		if ack {
+			_ = m.Term()
+		}
 	}
-	log := p.log.With("seq", seq, "proxy", id, "event", kind)
-	cur, exists, err := load[Proxy](ctx, kv, id, log)
-	if err != nil {
-		return err
-	}
-	if exists && cur.Seq >= seq {
-		return nil // applied before: a redelivery
-	}
-	skip := func(err error) error {
-		log.Error("invalid event data; skipped", "err", err)
+	evs := b.evs
+	if len(evs) == 0 {
 		return nil
 	}
-	if err := events.CheckProxyData(kind, env); err != nil {
-		return skip(err)
+	msgs := b.msgs
+	if !ack {
+		msgs = nil
 	}
-	// The lifecycle is events.Transition, shared with the planner's fold. A
-	// deleted or abandoned proxy has no key; its delete marker tells it from
-	// a proxy never requested, and a terminal proxy absorbs everything.
-	from := ""
-	if exists {
-		from = cur.State
-	} else if kind == events.ProxyRequested {
-		ended, err := p.ended(ctx, id)
-		if err != nil {
-			return err
-		}
-		if ended {
-			log.Debug("requested for a proxy that ended; skipped")
-			return nil
-		}
-	}
-	to, ok := events.Transition(from, kind)
-	if !ok {
-		// For example a probe that raced the planner's decision must not
-		// make a retiring or failed proxy look serviceable again, and an
-		// event for a missing key (an unhealthy observation racing the
-		// deletion) must not resurrect a deleted proxy.
-		log.Debug("event ignored in the proxy's state", "state", from)
-		return nil
-	}
-	if kind == events.ProxyDeleted || kind == events.ProxyAbandoned {
-		// The event kind alone is the fact: the proxy is gone.
-		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return err
-		}
-		return nil
-	}
-	if kind == events.ProxyRequested && !exists {
-		var d events.ProxyRequestedData
-		if err := env.DecodeData(&d); err != nil {
-			return skip(err)
-		}
-		// The replaced proxy first: if this fails or the process dies, the
-		// event is delivered again and finds no key for this proxy yet.
-		if err := p.noteReplacement(ctx, kv, d.Replaces, id, d.ReplaceReason, log); err != nil {
-			return err
-		}
-		return put(ctx, kv, id, events.NewProxyView(id, env.ID, seq, env.Time, d))
-	}
-	v := cur
-	if err := v.Apply(to, seq, kind, env); err != nil {
-		return skip(err)
-	}
-	return put(ctx, kv, id, v)
-}
-
-// noteReplacement records on proxy old that proxy by replaces it. It is
-// idempotent and changes neither old's sequence nor its times: the fact
-// belongs to by's requested event.
-func (p *Projector) noteReplacement(ctx context.Context, kv jetstream.KeyValue, old, by, why string, log *slog.Logger) error {
-	if old == "" || old == by {
-		return nil
-	}
-	v, exists, err := load[Proxy](ctx, kv, old, log)
-	if err != nil || !exists || (v.ReplacedBy == by && v.ReplaceReason == why) {
-		return err
-	}
-	v.NoteReplacement(by, why)
-	return put(ctx, kv, old, v)
-}
-
-// ended reports whether the proxy's key was deleted: the projection applied
-// its deleted or abandoned event. The key's delete marker stays in the
-// bucket (History 1, no TTL) and is rebuilt by a replay in log order.
-func (p *Projector) ended(ctx context.Context, id string) (bool, error) {
-	if p.proxiesStream == nil {
-		st, err := p.conn.JS.Stream(ctx, "KV_"+bus.BucketProxies)
-		if err != nil {
-			return false, err
-		}
-		p.proxiesStream = st
-	}
-	raw, err := p.proxiesStream.GetLastMsgForSubject(ctx, "$KV."+bus.BucketProxies+"."+id)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	// The KV protocol marks deletes and purges with this header.
-	switch raw.Header.Get("KV-Operation") {
-	case "DEL", "PURGE":
-		return true, nil
-	}
-	return false, nil
-}
-
-func (p *Projector) applyPool(ctx context.Context, seq uint64, name, kind string, env events.Envelope) error {
-	kv, err := p.bucket(ctx, &p.pools, bus.BucketPools)
-	if err != nil {
-		return err
-	}
-	log := p.log.With("seq", seq, "pool", name, "event", kind)
-	cur, exists, err := load[Pool](ctx, kv, name, log)
-	if err != nil {
-		return err
-	}
-	if exists && cur.Seq >= seq {
-		return nil
-	}
-	at := env.Time.UTC()
-	switch kind {
-	case events.PoolApplied:
-		if !exists {
-			if gone, err := p.endedLater(ctx, events.AggregatePool, name, seq); err != nil || gone {
-				return err
-			}
-		}
-		var d events.PoolAppliedData
-		if err := env.DecodeData(&d); err != nil {
-			log.Error("invalid event data; skipped", "err", err)
-			return nil
-		}
-		v := Pool{
-			Name: cmp.Or(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.Size,
-			Spec: d.Spec.Public(), Revision: d.Revision, SecretsDigest: d.SecretsDigest,
-			CreatedAt: at, UpdatedAt: at, Seq: seq,
-		}
-		if exists {
-			v.CreatedAt = cur.CreatedAt
-			v.Conditions = cur.Conditions
-		}
-		return put(ctx, kv, name, v)
-	case events.PoolCondition:
-		if !exists {
-			// A condition of a pool that is not in the view (deleted, or its
-			// applied event was skipped): nothing to annotate.
-			return nil
-		}
-		var d events.PoolConditionData
-		if err := env.DecodeData(&d); err != nil {
-			log.Error("invalid event data; skipped", "err", err)
-			return nil
-		}
-		v := cur
-		v.Conditions = events.SetCondition(cur.Conditions, d, at)
-		v.Seq = seq
-		return put(ctx, kv, name, v)
-	case events.PoolDeleted:
-		if err := kv.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return err
-		}
-		return nil
-	}
-	log.Warn("unknown pool event; skipped")
-	return nil
-}
-
-// endedLater reports whether the aggregate was deleted (or abandoned) by
-// an event stored after seq. A creating event delivered again after its
-// aggregate was deleted, and its key removed, must not bring the key back;
-// the log knows it is gone. On a replay this skips aggregates that end
-// deleted, which gives the same final views.
-func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq uint64) (bool, error) {
-	if p.stream == nil {
-		st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
-		if err != nil {
-			return false, err
-		}
-		p.stream = st
-	}
-	ends := []string{events.ProxyDeleted, events.ProxyAbandoned}
-	if aggregate == events.AggregatePool {
-		ends = []string{events.PoolDeleted}
-	}
-	for _, kind := range ends {
-		raw, err := p.stream.GetLastMsgForSubject(ctx, events.EventSubject(aggregate, id, kind))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+	// One span for the batch, and one per event joining the trace of
+	// whoever appended it, ended when the event's writes are durable.
+	bctx, span := p.tracer.Start(ctx, "health.project.batch", trace.WithAttributes(attribute.Int("events", len(evs))))
+	var spans []trace.Span
+	for i := range evs {
+		ev := &evs[i]
+		if ev.header == nil {
 			continue
 		}
-		if err != nil {
-			return false, err
+		sc := trace.SpanContextFromContext(telemetry.Extract(context.Background(), ev.header))
+		if !sc.IsValid() {
+			continue
 		}
-		if raw.Sequence > seq {
-			return true, nil
-		}
+		_, s := p.tracer.Start(trace.ContextWithRemoteSpanContext(ctx, sc), "health.project",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithLinks(trace.LinkFromContext(bctx)),
+			trace.WithAttributes(attribute.String("subject", ev.subject), attribute.Int64("seq", int64(ev.seq))))
+		spans = append(spans, s)
 	}
-	return false, nil
-}
-
-func (p *Projector) bucket(ctx context.Context, h *jetstream.KeyValue, name string) (jetstream.KeyValue, error) {
-	if *h == nil {
-		kv, err := p.conn.JS.KeyValue(ctx, name)
-		if err != nil {
-			return nil, fmt.Errorf("bucket %s: %w", name, err)
-		}
-		*h = kv
+	err := p.applyRetrying(bctx, evs, msgs)
+	for _, s := range spans {
+		s.End()
 	}
-	return *h, nil
-}
-
-// load reads and decodes key. A value that does not decode is reported and
-// treated as absent, so the next creating event replaces it.
-func load[T any](ctx context.Context, kv jetstream.KeyValue, key string, log *slog.Logger) (T, bool, error) {
-	var v T
-	e, err := kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return v, false, nil
-	}
-	if err != nil {
-		return v, false, err
-	}
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		log.Error("stored view value does not decode; treating it as absent", "err", err)
-		var zero T
-		return zero, false, nil
-	}
-	return v, true, nil
-}
-
-func put(ctx context.Context, kv jetstream.KeyValue, key string, v any) error {
-	b, err := json.Marshal(v)
+	span.End()
 	if err != nil {
 		return err
 	}
-	_, err = kv.Put(ctx, key, b)
-	return err
+	counts := map[string]int64{}
+	for i := range evs {
+		counts[evs[i].agg]++
+	}
+	for agg, n := range counts {
+		p.applied.Add(ctx, n, metric.WithAttributes(attribute.String("aggregate", agg)))
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			// The event comes back after ackWait and is skipped by its sequence.
+			p.log.Warn("ack failed", "subject", m.Subject(), "err", err)
+		}
+	}
+	return nil
+}
+
+func (p *Projector) applyRetrying(ctx context.Context, evs []event, msgs []jetstream.Msg) error {
+	delay := 100 * time.Millisecond
+	for {
+		err := p.apply(ctx, evs)
+		if err == nil || errors.Is(err, errCrashed) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.log.Warn("applying events failed; retrying", "first_seq", evs[0].seq, "events", len(evs), "in", delay.String(), "err", err)
+		for _, m := range msgs {
+			_ = m.InProgress()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// source pulls messages from an iterator and prepares them, while the
+// caller applies the previous batch, and hands them out in batches.
+type source struct {
+	it   jetstream.MessagesContext
+	in   chan delivery
+	done chan struct{}
+	wg   sync.WaitGroup
+	pin  string
+	held *delivery // the start of the next batch: a message or the error
+	seen string    // the pin of the last message pulled, kept by the puller
+}
+
+// delivery is one message and its event, or the error that ended the
+// iterator.
+type delivery struct {
+	msg jetstream.Msg
+	ev  event
+	ok  bool   // the message has JetStream metadata; ev is prepared
+	end uint64 // messages the stream holds after this one
+	err error
+}
+
+// batchIn is one batch from a source.
+type batchIn struct {
+	evs  []event         // in stream order
+	msgs []jetstream.Msg // the messages of evs
+	bad  []jetstream.Msg // messages without JetStream metadata
+	pin  string          // the pin they were delivered under
+	last bool            // the batch ends at the message wanted last
+	n    int             // messages
+}
+
+// newSource starts pulling from it, preparing up to ahead messages with p
+// while the caller applies the previous batch. A batch holds the messages
+// of one pin: the pin the caller holds, or the first message alone.
+func newSource(p *Projector, it jetstream.MessagesContext, pin string, ahead int) *source {
+	s := &source{it: it, in: make(chan delivery, ahead), done: make(chan struct{}), pin: pin}
+	s.wg.Go(func() {
+		for {
+			m, err := it.Next()
+			d := delivery{msg: m, err: err}
+			if err == nil {
+				s.seen = m.Headers().Get(pinHeader)
+				if md, merr := m.Metadata(); merr == nil {
+					d.ev, d.ok, d.end = p.prepare(md.Sequence.Stream, m.Subject(), m.Data(), m.Headers()), true, md.NumPending
+				}
+			}
+			select {
+			case s.in <- d:
+			case <-s.done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	return s
+}
+
+// next returns the next batch: at least one message and at most limit.
+// With until > 0 it ends at the message stored at until, or the last one
+// the stream holds, and waits for limit messages before that; otherwise
+// it takes what has arrived.
+func (s *source) next(ctx context.Context, limit int, until uint64) (*batchIn, error) {
+	var first delivery
+	if s.held != nil {
+		first, s.held = *s.held, nil
+	} else {
+		select {
+		case first = <-s.in:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if first.err != nil {
+		s.held = &first // the iterator has ended: it stays ended
+		return nil, first.err
+	}
+	size := limit
+	if until == 0 {
+		size = min(limit, 1+len(s.in))
+	}
+	b := &batchIn{evs: make([]event, 0, size), msgs: make([]jetstream.Msg, 0, size), pin: first.msg.Headers().Get(pinHeader)}
+	b.add(first, until)
+	if b.pin != s.pin || b.last {
+		return b, nil
+	}
+	for b.n < limit {
+		var d delivery
+		if until > 0 {
+			select {
+			case d = <-s.in:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		} else {
+			select {
+			case d = <-s.in:
+			default:
+				return b, nil
+			}
+		}
+		if d.err != nil || d.msg.Headers().Get(pinHeader) != s.pin {
+			s.held = &d
+			return b, nil
+		}
+		if b.add(d, until); b.last {
+			break
+		}
+	}
+	return b, nil
+}
+
+// add appends d and notes whether it is the last message wanted: stored
+// at until or later, or the last the stream holds.
+func (b *batchIn) add(d delivery, until uint64) {
+	b.n++
+	if !d.ok {
+		b.bad = append(b.bad, d.msg)
+		return
+	}
+	b.evs, b.msgs = append(b.evs, d.ev), append(b.msgs, d.msg)
+	b.last = until > 0 && (d.ev.seq >= until || d.end == 0)
+}
+
+// stop ends the pulling, dropping the messages in flight, and returns the
+// pin of the last message pulled ("" if none was).
+func (s *source) stop() string {
+	s.it.Stop()
+	close(s.done)
+	s.wg.Wait()
+	return s.seen
 }

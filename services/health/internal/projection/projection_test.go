@@ -32,11 +32,17 @@ type env struct {
 
 func start(t *testing.T) *env {
 	t.Helper()
+	e := open(t)
+	e.run()
+	return e
+}
+
+// open starts NATS for one test, without a projector.
+func open(t *testing.T) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	e := &env{t: t, ctx: ctx, conn: c}
-	e.run()
+	e := &env{t: t, ctx: ctx, conn: bustest.Start(t), stop: func() {}}
 	t.Cleanup(func() { e.stop() })
 	return e
 }

@@ -1,0 +1,50 @@
+package projection
+
+import (
+	"context"
+
+	"proxyfleet/pkg/bus"
+)
+
+// Raw is one stored FLEET_EVENTS message, for [Projector.ApplyBatch].
+type Raw struct {
+	Seq     uint64
+	Subject string
+	Data    []byte
+}
+
+// ApplyBatch applies evs as one batch, as [Projector.Run] applies the
+// messages of one delivery.
+func (p *Projector) ApplyBatch(ctx context.Context, evs []Raw) error {
+	prepared := make([]event, len(evs))
+	for i, e := range evs {
+		prepared[i] = p.prepare(e.Seq, e.Subject, e.Data, nil)
+	}
+	return p.apply(ctx, prepared)
+}
+
+// SetCrash sets the crash test hook (see Projector.crash).
+func (p *Projector) SetCrash(f func(wave int, bucket, key string) bool) { p.crash = f }
+
+// ErrCrashed is what a batch the crash hook stopped returns.
+var ErrCrashed = errCrashed
+
+// SetReplayKeys sets how many keys a batch of a replay holds, and how many
+// events it folds at a time.
+func (p *Projector) SetReplayKeys(n int) { p.replayKeys = n }
+
+// ReplayWith is Replay applying the log through p.
+func ReplayWith(ctx context.Context, p *Projector) error {
+	if err := Rebuild(ctx, p.conn); err != nil {
+		return err
+	}
+	st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return err
+	}
+	return p.replayAll(ctx, st, info.State.LastSeq)
+}

@@ -110,6 +110,7 @@ bench: ## Go benchmarks of every module (idle RSS of every service too), with ra
 	@mkdir -p $(BIN)
 	@set -o pipefail; for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done | tee $(BIN)/bench.txt
 	@awk -f scripts/bench-ratios.awk $(BIN)/bench.txt
+	@awk -f scripts/bench-table.awk $(BIN)/bench.txt
 
 # make run's state directory (scripts/run.sh reads the same variable).
 RUN_DIR ?= $(or $(PROXYFLEET_RUN_DIR),.run)

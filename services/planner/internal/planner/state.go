@@ -88,8 +88,14 @@ func isActive(s string) bool {
 // state is the projection of FLEET_EVENTS. Applying one event costs O(1).
 // It is not safe for concurrent use; the [Planner] guards it with its mutex.
 type state struct {
-	log     *slog.Logger
-	seq     uint64
+	log *slog.Logger
+	// seq is the sequence of the last event applied: the state is the
+	// fold of FLEET_EVENTS up to it.
+	seq uint64
+	// anchor is the last applied event that stays in the stream (fence
+	// messages expire): a snapshot names it, so a load can tell whether
+	// the stream is still the one the snapshot was taken from.
+	anchor  anchor
 	pools   map[string]*Pool
 	proxies map[string]*Proxy
 	// targets maps an entry to the targets events named for it (a pool's
@@ -160,6 +166,9 @@ func decisionID(id, typ string, n uint64, data any) string {
 func (s *state) apply(ev bus.Event) bool {
 	if ev.Seq > s.seq {
 		s.seq = ev.Seq
+	}
+	if ev.Aggregate != events.AggregatePlanner || ev.Kind != events.PlannerFence {
+		s.anchor = anchor{Seq: ev.Seq, ID: ev.Envelope.ID}
 	}
 	if fe := events.CheckEvent(ev.Aggregate, ev.ID, ev.Kind, ev.Source); fe != nil {
 		s.reject(ev, fe)

@@ -104,6 +104,8 @@ func run() int {
 		"an orphaned marked instance, or a running proxy's missing instance, must be seen so this long before it is deleted or the proxy failed (vanished)")
 	fs.DurationVar(&cfg.InventoryTimeout, "inventory-timeout", 10*time.Second,
 		"bound of one inventory request; a target that does not answer is skipped for the round")
+	fs.IntVar(&cfg.KeepFinished, "keep-finished", 1000,
+		"how many finished (deleted or abandoned) proxies stay in memory; proxy.get answers older ones from the event log (-1: none)")
 	fs.IntVar(&cfg.SnapshotEvery, "snapshot-events", 50_000,
 		"write a snapshot once the event log advanced this many sequences past the last one (-1: never by count)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 10*time.Minute,

@@ -149,7 +149,7 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id)
 				continue
 			}
-			if x := p.st.proxies[id]; x != nil && x.State != events.ProxyDeleted {
+			if p.st.keepsInstance(id) {
 				continue // live, being retired, or abandoned on purpose
 			}
 			k := orphanKey{target: tk, instance: inst.Name}

@@ -31,6 +31,9 @@ type logGen struct {
 	pending []jetstream.PubAckFuture
 	// n counts the events appended.
 	n int
+	// failed is set once an append failed (reported with Errorf, so a
+	// generator may run on a goroutine of its own): it appends no more.
+	failed bool
 
 	pools map[string]*genPool
 	names []string
@@ -72,25 +75,37 @@ func newLogGen(tb testing.TB, c *bus.Conn, seed uint64) *logGen {
 		now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), pools: map[string]*genPool{}}
 }
 
+// fail reports an append that failed.
+func (g *logGen) fail(format string, args ...any) {
+	g.tb.Errorf(format, args...)
+	g.failed = true
+}
+
 // emit appends one event.
 func (g *logGen) emit(aggregate, id, typ, msgID, source string, data any) {
+	if g.failed {
+		return
+	}
 	g.now = g.now.Add(time.Duration(1+g.rng.IntN(1000)) * time.Millisecond)
 	env, err := events.NewEnvelope(msgID, source, events.EnvelopeType(aggregate, typ), id, g.now, data)
-	if err != nil {
-		g.tb.Fatal(err)
+	if err == nil {
+		var body []byte
+		body, err = env.MarshalJSON()
+		msg := nats.NewMsg(events.EventSubject(aggregate, id, typ))
+		msg.Data = body
+		msg.Header.Set(jetstream.MsgIDHeader, msgID)
+		var f jetstream.PubAckFuture
+		if err == nil {
+			f, err = g.js.PublishMsgAsync(msg)
+		}
+		if err == nil {
+			g.pending = append(g.pending, f)
+		}
 	}
-	body, err := env.MarshalJSON()
 	if err != nil {
-		g.tb.Fatal(err)
+		g.fail("append %s %s %s: %v", aggregate, id, typ, err)
+		return
 	}
-	msg := nats.NewMsg(events.EventSubject(aggregate, id, typ))
-	msg.Data = body
-	msg.Header.Set(jetstream.MsgIDHeader, msgID)
-	f, err := g.js.PublishMsgAsync(msg)
-	if err != nil {
-		g.tb.Fatal(err)
-	}
-	g.pending = append(g.pending, f)
 	g.n++
 	if len(g.pending) >= 2048 {
 		g.flush()
@@ -100,12 +115,15 @@ func (g *logGen) emit(aggregate, id, typ, msgID, source string, data any) {
 // flush waits for every outstanding acknowledgement.
 func (g *logGen) flush() {
 	for _, f := range g.pending {
+		if g.failed {
+			break
+		}
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			g.tb.Fatalf("append %s: %v", f.Msg().Subject, err)
+			g.fail("append %s: %v", f.Msg().Subject, err)
 		case <-time.After(30 * time.Second):
-			g.tb.Fatalf("append %s: no acknowledgement", f.Msg().Subject)
+			g.fail("append %s: no acknowledgement", f.Msg().Subject)
 		}
 	}
 	g.pending = g.pending[:0]
@@ -317,10 +335,13 @@ func (g *logGen) step() {
 
 // fill appends activity until at least n events were appended.
 func (g *logGen) fill(n int) {
-	for g.n < n {
+	for g.n < n && !g.failed {
 		g.step()
 	}
 	g.flush()
+	if g.failed {
+		g.tb.FailNow()
+	}
 }
 
 // streamEvents returns every message of FLEET_EVENTS from sequence from on,

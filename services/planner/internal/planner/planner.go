@@ -85,6 +85,11 @@ type Config struct {
 	// InventoryTimeout bounds one inventory request; a target that does not
 	// answer in time is skipped for the round (default 10s).
 	InventoryTimeout time.Duration
+	// KeepFinished is how many finished (deleted or abandoned) proxies stay
+	// in memory, most recent first, so proxy.get answers about them from
+	// memory; older ones leave it and proxy.get folds them from the log
+	// (default 1000; negative: none).
+	KeepFinished int
 	// SnapshotEvery is how many sequences of FLEET_EVENTS the projection
 	// advances between two snapshots of it (default 50,000; negative: no
 	// snapshot by count). See snapshot.go.
@@ -109,6 +114,9 @@ func (c *Config) defaults() {
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCGrace, 10*time.Minute)
 	def(&c.InventoryTimeout, 10*time.Second)
+	if c.KeepFinished == 0 {
+		c.KeepFinished = defaultKeepFinished
+	}
 	if c.SnapshotEvery == 0 {
 		c.SnapshotEvery = 50_000
 	}
@@ -213,7 +221,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 		tracer:     tracer,
 		now:        time.Now,
 		ageNow:     time.Now,
-		st:         newState(log),
+		st:         newState(log, cfg.KeepFinished),
 		agents:     map[string]agentSeen{},
 		seen:       map[string]map[string]bool{},
 		progressed: make(chan struct{}),

@@ -61,7 +61,7 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 // id is retired once it is ready. Repeating it changes nothing.
 func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
-	x, aerr := p.lookupProxy(id)
+	x, aerr := p.lookupProxy(ctx, id)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -80,7 +80,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	if err := p.waitSeq(ctx, seq); err != nil {
 		return nil, internal("replacement recorded but not yet visible; get the proxy again")
 	}
-	x, aerr = p.lookupProxy(id)
+	x, aerr = p.lookupProxy(ctx, id)
 	if aerr != nil {
 		return nil, aerr
 	}

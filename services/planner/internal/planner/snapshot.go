@@ -115,6 +115,10 @@ type snapAvoid struct {
 type snapTrailer struct {
 	Targets map[string][]string  `json:"targets"`
 	Avoid   map[string]snapAvoid `json:"avoid"`
+	// Finished lists the finished proxies among the records, in the order
+	// they finished; Abandoned every proxy ever abandoned.
+	Finished  []string `json:"finished"`
+	Abandoned []string `json:"abandoned"`
 	// End is always true: a snapshot without it is incomplete.
 	End bool `json:"end"`
 }
@@ -161,6 +165,11 @@ func (s *state) image() *image {
 	for k, a := range s.avoid {
 		img.trailer.Avoid[k] = snapAvoid{Class: a.class, At: a.at}
 	}
+	img.trailer.Finished = s.finished.list()
+	img.trailer.Abandoned = make([]string, 0, len(s.abandoned))
+	for id := range s.abandoned {
+		img.trailer.Abandoned = append(img.trailer.Abandoned, id)
+	}
 	img.header.Pools, img.header.Proxies = len(img.pools), len(img.proxies)
 	return img
 }
@@ -192,10 +201,11 @@ func (img *image) encode(w io.Writer) error {
 // not read.
 var errSnapshotVersion = errors.New("unknown snapshot format version")
 
-// decodeSnapshot reads a snapshot into a new state. It reads r to its end,
-// so a reader that verifies a digest at the end (an object store get)
-// reports a mismatch before the state is used.
-func decodeSnapshot(r io.Reader, log *slog.Logger) (*state, error) {
+// decodeSnapshot reads a snapshot into a new state keeping keep finished
+// proxies. It reads r to its end, so a reader that verifies a digest at
+// the end (an object store get) reports a mismatch before the state is
+// used.
+func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 	dec := json.NewDecoder(bufio.NewReaderSize(r, 256<<10))
 	var h snapHeader
 	if err := dec.Decode(&h); err != nil {
@@ -210,7 +220,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger) (*state, error) {
 	if h.Pools < 0 || h.Proxies < 0 {
 		return nil, fmt.Errorf("header: negative record counts")
 	}
-	s := newState(log)
+	s := newState(log, keep)
 	s.seq, s.anchor = h.Seq, h.Anchor
 	for i := range h.Pools {
 		var sp snapPool
@@ -266,6 +276,27 @@ func decodeSnapshot(r io.Reader, log *slog.Logger) (*state, error) {
 	for k, a := range t.Avoid {
 		s.avoid[k] = avoidance{class: a.Class, at: a.At}
 	}
+	for _, id := range t.Abandoned {
+		s.abandoned[id] = struct{}{}
+	}
+	finished := 0
+	for _, id := range t.Finished {
+		x := s.proxies[id]
+		if x == nil || !events.IsTerminal(x.State) {
+			return nil, fmt.Errorf("trailer: finished proxy %q has no finished record", id)
+		}
+		s.finished.push(id)
+		finished++
+	}
+	for _, x := range s.proxies {
+		if events.IsTerminal(x.State) {
+			finished--
+		}
+	}
+	if finished != 0 {
+		return nil, errors.New("trailer: the finished list does not name every finished record")
+	}
+	s.trimFinished()
 	// Nothing may follow the trailer, and reading on to the end lets the
 	// reader check its digest.
 	var extra json.RawMessage
@@ -355,7 +386,7 @@ func (p *Planner) readSnapshot(ctx context.Context) (*state, error) {
 		return nil, fmt.Errorf("read the snapshot: %w", err)
 	}
 	defer res.Close()
-	st, err := decodeSnapshot(res, p.log)
+	st, err := decodeSnapshot(res, p.log, p.cfg.KeepFinished)
 	if err != nil {
 		return nil, fmt.Errorf("the snapshot is unreadable: %w", err)
 	}

@@ -22,13 +22,17 @@ import (
 	"proxyfleet/pkg/events"
 )
 
+// testKeep is how many finished proxies the snapshot tests keep in
+// memory: few, so older ones leave it in every history.
+const testKeep = 20
+
 // observedAt is the clock of every observation: the round's view of time
 // must not differ between two states compared.
 var observedAt = time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
 
 // foldEvents folds the events of evs up to sequence upto into a new state.
 func foldEvents(evs []bus.Event, upto uint64) *state {
-	st := newState(testLogger())
+	st := newState(testLogger(), testKeep)
 	applyEvents(st, evs, 0, upto)
 	return st
 }
@@ -49,7 +53,7 @@ func roundTrip(t *testing.T, st *state) *state {
 	if err := st.image().encode(&buf); err != nil {
 		t.Fatalf("encode: %v", err)
 	}
-	out, err := decodeSnapshot(&buf, testLogger())
+	out, err := decodeSnapshot(&buf, testLogger(), testKeep)
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -60,7 +64,7 @@ func roundTrip(t *testing.T, st *state) *state {
 // answer from st.
 func observer(t *testing.T, c *bus.Conn, st *state) *Planner {
 	t.Helper()
-	p, err := New(c, Config{ID: "observer"}, testLogger(), nil)
+	p, err := New(c, Config{ID: "observer", KeepFinished: testKeep}, testLogger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +214,7 @@ func TestSnapshotPlusTailEqualsReplay(t *testing.T) {
 	cuts := cutPoints(evs, 12)
 	// The full replay's answers at every cut point.
 	at := map[uint64]map[string]string{last: want}
-	ref := newState(testLogger())
+	ref := newState(testLogger(), testKeep)
 	prev := uint64(0)
 	for _, k := range cuts {
 		applyEvents(ref, evs, prev, k)
@@ -289,7 +293,7 @@ func (h *harness) holdLease() {
 // lease) and never writes snapshots on its own.
 func (h *harness) follower(id string) *running {
 	h.t.Helper()
-	return h.startPlannerWith(Config{ID: id, SnapshotEvery: -1, SnapshotInterval: -1}, nil)
+	return h.startPlannerWith(Config{ID: id, SnapshotEvery: -1, SnapshotInterval: -1, KeepFinished: testKeep}, nil)
 }
 
 // snapshotBytes returns a snapshot of the fold of evs up to k.
@@ -425,7 +429,7 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 			rec := &logRecorder{}
 			// A snapshot is due every 100 sequences (so a missing one is
 			// worth a warning), but none is written during the test.
-			r := h.startPlannerWith(Config{ID: fmt.Sprintf("r%d", i), SnapshotEvery: 100, SnapshotInterval: -1}, nil,
+			r := h.startPlannerWith(Config{ID: fmt.Sprintf("r%d", i), SnapshotEvery: 100, SnapshotInterval: -1, KeepFinished: testKeep}, nil,
 				func(p *Planner) { p.log, p.snapKick = slog.New(rec), nil })
 			if r.snapLoaded != 0 {
 				t.Fatalf("loaded the %s snapshot (at %d), want a full replay", tc.name, r.snapLoaded)
@@ -498,12 +502,13 @@ func TestSnapshotOfRecreatedStreamIsNotLoaded(t *testing.T) {
 }
 
 // TestSnapshotsWrittenWhileEventsArrive: a replica writes snapshots on its
-// own (every 300 sequences) while events keep arriving; every snapshot it
-// stored is exactly the fold of the log up to its sequence.
+// own (every 1000 sequences) while events keep arriving; every snapshot it
+// stored is exactly the fold of the log up to its sequence. (A read that
+// races the next put fails its digest check and is retried.)
 func TestSnapshotsWrittenWhileEventsArrive(t *testing.T) {
 	h := newHarness(t)
 	h.holdLease()
-	r := h.startPlannerWith(Config{ID: "writer", SnapshotEvery: 300, SnapshotInterval: -1}, nil)
+	r := h.startPlannerWith(Config{ID: "writer", SnapshotEvery: 1000, SnapshotInterval: -1, KeepFinished: testKeep}, nil)
 	obs, err := h.c.JS.ObjectStore(t.Context(), bus.ObjectSnapshots)
 	if err != nil {
 		t.Fatal(err)
@@ -513,10 +518,9 @@ func TestSnapshotsWrittenWhileEventsArrive(t *testing.T) {
 	var wg sync.WaitGroup
 	g := newLogGen(t, h.c, 23)
 	wg.Go(func() {
-		for g.n < 60_000 {
+		for g.n < 1_000_000 && !g.failed {
 			select {
 			case <-stop:
-				g.flush()
 				return
 			default:
 			}
@@ -526,6 +530,10 @@ func TestSnapshotsWrittenWhileEventsArrive(t *testing.T) {
 			g.flush()
 		}
 	})
+	var once sync.Once
+	halt := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	// Registered after the server's cleanup, so it runs before it.
+	t.Cleanup(halt)
 	taken := map[uint64][]byte{}
 	h.waitFor("three snapshots written while events arrive", func() bool {
 		info, err := obs.GetInfo(t.Context(), snapshotObject)
@@ -544,13 +552,15 @@ func TestSnapshotsWrittenWhileEventsArrive(t *testing.T) {
 		}
 		return len(taken) >= 3
 	})
-	close(stop)
-	wg.Wait()
+	halt()
+	if g.failed {
+		t.FailNow()
+	}
 	h.folded(r)
 	evs := streamEvents(t, h.c, 0)
 	pools, proxies := logNames(evs)
 	for seq, b := range taken {
-		st, err := decodeSnapshot(bytes.NewReader(b), testLogger())
+		st, err := decodeSnapshot(bytes.NewReader(b), testLogger(), testKeep)
 		if err != nil {
 			t.Fatalf("snapshot at %d: %v", seq, err)
 		}

@@ -95,9 +95,19 @@ type state struct {
 	// anchor is the last applied event that stays in the stream (fence
 	// messages expire): a snapshot names it, so a load can tell whether
 	// the stream is still the one the snapshot was taken from.
-	anchor  anchor
-	pools   map[string]*Pool
+	anchor anchor
+	pools  map[string]*Pool
+	// proxies holds the live proxies and the last keepFinished finished
+	// (deleted or abandoned) ones; older finished proxies leave memory
+	// (see [state.finish]).
 	proxies map[string]*Proxy
+	// finished lists the finished proxies still in proxies, in the order
+	// they finished; keepFinished bounds it.
+	finished     fifo
+	keepFinished int
+	// abandoned holds the id of every proxy ever abandoned, in memory or
+	// not: the garbage collector never touches their instances.
+	abandoned map[string]struct{}
 	// targets maps an entry to the targets events named for it (a pool's
 	// provider adds the entry with no target).
 	targets map[string]map[string]bool
@@ -116,15 +126,84 @@ type avoidance struct {
 	at    time.Time
 }
 
-func newState(log *slog.Logger) *state {
+// defaultKeepFinished is how many finished proxies stay in memory unless
+// [Config.KeepFinished] says otherwise.
+const defaultKeepFinished = 1000
+
+// newState returns an empty state keeping the last keep finished proxies
+// in memory.
+func newState(log *slog.Logger, keep int) *state {
 	return &state{
-		log:     log,
-		pools:   map[string]*Pool{},
-		proxies: map[string]*Proxy{},
-		targets: map[string]map[string]bool{},
-		avoid:   map[string]avoidance{},
-		rejects: bus.NewRejects(log, 0),
+		log:          log,
+		pools:        map[string]*Pool{},
+		proxies:      map[string]*Proxy{},
+		keepFinished: max(keep, 0),
+		abandoned:    map[string]struct{}{},
+		targets:      map[string]map[string]bool{},
+		avoid:        map[string]avoidance{},
+		rejects:      bus.NewRejects(log, 0),
 	}
+}
+
+// fifo is a queue of proxy ids.
+type fifo struct {
+	ids  []string
+	head int
+}
+
+func (q *fifo) len() int { return len(q.ids) - q.head }
+
+func (q *fifo) push(id string) { q.ids = append(q.ids, id) }
+
+func (q *fifo) pop() string {
+	id := q.ids[q.head]
+	q.ids[q.head] = ""
+	q.head++
+	// Compact once the consumed head is most of the slice.
+	if q.head > 64 && q.head*2 >= len(q.ids) {
+		q.ids = append(q.ids[:0:0], q.ids[q.head:]...)
+		q.head = 0
+	}
+	return id
+}
+
+// list returns the ids in order.
+func (q *fifo) list() []string { return append([]string(nil), q.ids[q.head:]...) }
+
+// finish records that proxy x reached a terminal state. The state keeps
+// the last keepFinished finished proxies, so proxy.get answers about a
+// recently finished proxy from memory (older ones are folded from the log
+// on request, see [Planner.lookupProxy]); the ids of abandoned proxies
+// stay for good, for the garbage collector. Nothing else needs a finished
+// proxy: decisions are taken on live proxies only, a late event for a
+// finished proxy changes nothing (terminal states absorb every event, and
+// an unknown proxy is created only by a requested event, which the
+// planner appends expecting the aggregate to be empty), and the garbage
+// collector treats a deleted proxy and an unknown one alike.
+func (s *state) finish(x *Proxy) {
+	if x.State == events.ProxyAbandoned {
+		s.abandoned[x.ID] = struct{}{}
+	}
+	s.finished.push(x.ID)
+	s.trimFinished()
+}
+
+// trimFinished drops the oldest finished proxies beyond keepFinished.
+func (s *state) trimFinished() {
+	for s.finished.len() > s.keepFinished {
+		delete(s.proxies, s.finished.pop())
+	}
+}
+
+// keepsInstance reports whether the instance of proxy id must be left
+// alone by the garbage collector: its proxy is live (or being retired), or
+// was abandoned on purpose.
+func (s *state) keepsInstance(id string) bool {
+	if _, ok := s.abandoned[id]; ok {
+		return true
+	}
+	x := s.proxies[id]
+	return x != nil && !events.IsTerminal(x.State)
 }
 
 func (s *state) noteTarget(entry, target string) {
@@ -263,12 +342,17 @@ func (s *state) setState(x *Proxy, to string) {
 		}
 	}
 	p.counts[to]++
+	if to != events.ProxyRequested {
+		// Only a requested proxy's create is re-issued from it.
+		x.requested = events.ProxyRequestedData{}
+	}
+	x.State = to
 	if events.IsTerminal(to) {
 		delete(p.members, x.ID)
+		s.finish(x)
 	} else {
 		p.members[x.ID] = x
 	}
-	x.State = to
 }
 
 func (s *state) applyProxy(ev bus.Event) bool {
@@ -302,6 +386,10 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		return false
 	}
 	if x == nil {
+		if _, gone := s.abandoned[ev.ID]; gone {
+			s.log.Debug("event for an abandoned proxy no longer in memory", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind)
+			return false
+		}
 		var d events.ProxyRequestedData
 		if err := ev.DecodeData(&d); err != nil {
 			return s.skip(ev, err)

@@ -11,7 +11,7 @@ import (
 // Pool defaults applied by [PoolSpec.Normalize].
 const (
 	DefaultProxyPort = 3128
-	MaxPoolSize      = 1000
+	MaxPoolSize      = 100_000
 	// DefaultUnhealthyAfter is how long a proxy may stay unhealthy before it
 	// is replaced, when the pool does not say.
 	DefaultUnhealthyAfter = 2 * time.Minute

@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
 	"proxyfleet/pkg/telemetry"
 )
 
@@ -239,12 +242,17 @@ func (r *Runtime) startService() (micro.Service, error) {
 		return nil, err
 	}
 	g := svc.AddGroup(events.AgentGroup(info.Entry, info.Target))
-	add := func(name string, fn func(ctx context.Context) (any, error)) error {
+	add := func(name string, fn func(ctx context.Context, body []byte) (any, error)) error {
 		return g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
 			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CheckTimeout)
 			defer cancel()
-			out, err := fn(ctx)
-			if err != nil {
+			out, err := fn(ctx, req.Data())
+			var bad *badRequest
+			switch {
+			case errors.As(err, &bad):
+				_ = req.Error("400", bad.Error(), nil)
+				return
+			case err != nil:
 				r.log.Warn("request failed", "endpoint", name, "err", err)
 				_ = req.Error("500", err.Error(), nil)
 				return
@@ -252,19 +260,13 @@ func (r *Runtime) startService() (micro.Service, error) {
 			_ = req.RespondJSON(out)
 		}))
 	}
-	if err := add(events.AgentInfo, func(context.Context) (any, error) { return info, nil }); err != nil {
+	if err := add(events.AgentInfo, func(context.Context, []byte) (any, error) { return info, nil }); err != nil {
 		return nil, err
 	}
-	if err := add(events.AgentInventory, func(ctx context.Context) (any, error) {
-		list, err := r.drv.List(ctx)
-		if list == nil {
-			list = []Instance{}
-		}
-		return list, err
-	}); err != nil {
+	if err := add(events.AgentInventory, r.inventory); err != nil {
 		return nil, err
 	}
-	if err := add(events.AgentCheck, func(ctx context.Context) (any, error) {
+	if err := add(events.AgentCheck, func(ctx context.Context, _ []byte) (any, error) {
 		v := r.drv.Check(ctx)
 		if v == nil {
 			v = []Verdict{}
@@ -616,4 +618,41 @@ func (r *Runtime) ack(ctx context.Context, msg jetstream.Msg, log *slog.Logger) 
 	if err := msg.DoubleAck(actx); err != nil {
 		log.Warn("ack failed; the command may be redelivered and will be found done", "err", err)
 	}
+}
+
+// badRequest is a request an agent endpoint refuses with 400.
+type badRequest struct{ reason string }
+
+func (e *badRequest) Error() string { return e.reason }
+
+// Inventory is one page of an agent's inventory reply: its marked
+// instances ordered by name, and the Next cursor (see package [page]).
+type Inventory struct {
+	Instances []Instance `json:"instances"`
+	Next      string     `json:"next"`
+}
+
+// inventory answers one page of the target's marked instances. The body
+// is empty (the first page) or a [page.Request]; each reply fits in one
+// message however many instances the target holds.
+func (r *Runtime) inventory(ctx context.Context, body []byte) (any, error) {
+	var req page.Request
+	if len(bytes.TrimSpace(body)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return nil, &badRequest{"inventory request: want {\"limit\":N,\"after\":\"<next>\"} or nothing: " + err.Error()}
+		}
+	}
+	limit := cmp.Or(req.Limit, page.DefaultLimit)
+	if limit < 1 || limit > page.MaxLimit {
+		return nil, &badRequest{fmt.Sprintf("inventory request: limit must be between 1 and %d, got %d", page.MaxLimit, req.Limit)}
+	}
+	list, err := r.drv.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name := func(i Instance) string { return i.Name }
+	items := page.FirstAfter(slices.Values(list), name, req.After, limit+1)
+	return page.Encode("instances", items, name, limit, page.Budget(r.conn.NC.MaxPayload()))
 }

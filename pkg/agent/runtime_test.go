@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
@@ -383,8 +386,8 @@ func TestServiceEndpointsAndHeartbeat(t *testing.T) {
 				t.Fatalf("info = %s", msg.Data)
 			}
 		case events.AgentInventory:
-			var list []agent.Instance
-			if err := json.Unmarshal(msg.Data, &list); err != nil || len(list) != 1 || list[0].Marker.ProxyID != "s-1" {
+			var inv agent.Inventory
+			if err := json.Unmarshal(msg.Data, &inv); err != nil || len(inv.Instances) != 1 || inv.Instances[0].Marker.ProxyID != "s-1" || inv.Next != "" {
 				t.Fatalf("inventory = %s", msg.Data)
 			}
 		case events.AgentCheck:
@@ -506,5 +509,55 @@ func TestQueuedCommandIsNotRedelivered(t *testing.T) {
 	defer d.mu.Unlock()
 	if got := strings.Join(d.order, " "); got != "create:slow-1 delete:slow-1" {
 		t.Fatalf("driver calls %q, want one create then one delete", got)
+	}
+}
+
+// TestInventoryIsPaged: the inventory answers pages in name order that a
+// walk by "next" covers exactly once, and refuses a malformed request.
+func TestInventoryIsPaged(t *testing.T) {
+	d := newMemDriver()
+	h := start(t, d)
+	var want []string
+	for _, id := range []string{"p-3", "p-1", "p-5", "p-2", "p-4"} {
+		h.create(id, 1)
+		h.waitFor(id, events.ProxyRunning)
+		want = append(want, events.InstanceName(id))
+	}
+	slices.Sort(want)
+	subject := events.AgentSubject("mem", "t1", events.AgentInventory)
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		if pages > len(want) {
+			t.Fatalf("walk did not end after %d pages: %v", pages, got)
+		}
+		body, _ := json.Marshal(map[string]any{"limit": 2, "after": after})
+		msg, err := h.conn.NC.Request(subject, body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inv agent.Inventory
+		if err := json.Unmarshal(msg.Data, &inv); err != nil || len(inv.Instances) > 2 {
+			t.Fatalf("page after %q = %s (%v); want at most 2 instances", after, msg.Data, err)
+		}
+		for _, i := range inv.Instances {
+			got = append(got, i.Name)
+		}
+		if inv.Next == "" {
+			break
+		}
+		after = inv.Next
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("walk = %v, want %v", got, want)
+	}
+	for _, bad := range []string{`{"limit":-1}`, `{"limti":2}`, `[`} {
+		msg, err := h.conn.NC.Request(subject, []byte(bad), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "400" {
+			t.Errorf("inventory %s: code %q (%s), want 400", bad, code, msg.Data)
+		}
 	}
 }

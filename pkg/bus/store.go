@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -117,10 +118,15 @@ func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error)
 	if err != nil {
 		return nil, err
 	}
-	return decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
+	ev, err := decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
+	if err != nil {
+		return nil, err
+	}
+	return &ev, nil
 }
 
-// Load returns every event of one aggregate in order.
+// Load returns every event of one aggregate in order, up to its last event
+// when Load began.
 func (s *EventStore) Load(ctx context.Context, aggregate, id string) ([]Event, error) {
 	var out []Event
 	err := s.read(ctx, events.AggregateFilter(aggregate, id), 0, false, func(e Event) error {
@@ -131,14 +137,19 @@ func (s *EventStore) Load(ctx context.Context, aggregate, id string) ([]Event, e
 }
 
 // Replay calls fn for every event from sequence from (0 or 1: the beginning)
-// to the current end of the stream, then returns.
+// to the last event of the stream when Replay began, then returns. It
+// returns only when that event was delivered, fn failed or ctx ended: a slow
+// server or network makes it slower, never shorter.
 func (s *EventStore) Replay(ctx context.Context, from uint64, fn func(Event) error) error {
 	return s.read(ctx, events.EventsAll, from, false, fn, nil)
 }
 
 // Follow calls fn for every event from sequence from, first the history and
 // then live events, until ctx ends or fn returns an error. caughtUp, if not
-// nil, is called once when the history has been delivered.
+// nil, is called once, on the reading goroutine, right after fn returned for
+// the last event of the stream when Follow began (or before any event, when
+// the stream has nothing at or after from): from then on the caller's state
+// is at least as new as the log was when it started following.
 //
 // Events that fail to decode are logged and skipped, in every reader, so one
 // bad message never stalls a projection.
@@ -146,102 +157,142 @@ func (s *EventStore) Follow(ctx context.Context, from uint64, fn func(Event) err
 	return s.read(ctx, events.EventsAll, from, true, fn, caughtUp)
 }
 
+// readAhead is how many events a reader asks the server for at once, so the
+// next ones are on their way while fn handles the current one.
+const readAhead = 1024
+
+// read delivers the events on filter from sequence from through one
+// ordered consumer. Its end (or, following, the caught-up point) is the last
+// sequence on filter when the read began: that message is never removed
+// (the stream denies delete and purge; only fence messages expire, and each
+// is followed by the decision it fences), so the read reaches it however
+// long the server takes, and never stops at a pause that merely looks like
+// the end.
 func (s *EventStore) read(ctx context.Context, filter string, from uint64, follow bool, fn func(Event) error, caughtUp func()) error {
+	end, err := s.lastSeq(ctx, filter)
+	if err != nil {
+		return err
+	}
+	from = max(from, 1)
+	if end < from {
+		if !follow {
+			return nil
+		}
+		if caughtUp != nil {
+			caughtUp()
+			caughtUp = nil
+		}
+	}
 	stream, err := s.js.Stream(ctx, EventsStream)
 	if err != nil {
 		return err
 	}
-	info, err := stream.Info(ctx)
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	})
 	if err != nil {
 		return err
 	}
-	end := info.State.LastSeq
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if from > 1 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = from
-	}
-	if !follow && (end == 0 || end < from) {
-		return nil
-	}
-	cons, err := stream.OrderedConsumer(ctx, cfg)
+	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
 	if err != nil {
 		return err
 	}
-	signalled := false
-	signal := func() {
-		if !signalled {
-			signalled = true
-			if caughtUp != nil {
-				caughtUp()
-			}
-		}
-	}
-	if end == 0 || end < from {
-		signal()
-	}
+	defer s.closeReader(ctx, cons, it)
 	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		wait := 500 * time.Millisecond
-		if !follow {
-			wait = 100 * time.Millisecond
-		}
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(wait))
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if errors.Is(err, context.Canceled) || ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			md, err := msg.Metadata()
-			if err != nil {
-				return err
-			}
-			ev, derr := decodeRaw(msg.Subject(), md.Sequence.Stream, msg.Headers(), msg.Data())
-			if derr != nil {
-				s.log.Error("skipping undecodable event", "seq", md.Sequence.Stream, "subject", msg.Subject(), "err", derr)
-			} else if err := fn(*ev); err != nil {
-				return err
-			}
-			if md.NumPending == 0 || md.Sequence.Stream >= end {
-				if !follow {
-					// Let the fetch finish so no goroutine outlives the read.
-					for range batch.Messages() {
-					}
-					return nil
-				}
-				signal()
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			return fmt.Errorf("read %s: %w", filter, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", filter, err)
+		}
+		seq := md.Sequence.Stream
+		ev, derr := decodeRaw(msg.Subject(), seq, msg.Headers(), msg.Data())
+		if derr != nil {
+			s.log.Error("skipping undecodable event", "seq", seq, "subject", msg.Subject(), "err", derr)
+		} else if err := fn(ev); err != nil {
 			return err
 		}
-		if n == 0 {
+		if seq >= end {
 			if !follow {
-				// Everything up to end was filtered out for this subject.
 				return nil
 			}
-			signal()
+			if caughtUp != nil {
+				caughtUp()
+				caughtUp = nil
+			}
 		}
 	}
 }
 
-func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (*Event, error) {
+// lastSeq is the sequence of the last message on filter, 0 when there is
+// none. It asks the stream leader (the message get API): a direct get may be
+// answered by a replica that lags behind, which would put the end of a read
+// too early.
+func (s *EventStore) lastSeq(ctx context.Context, filter string) (uint64, error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{filter})
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, verdictTimeout)
+	defer cancel()
+	msg, err := s.js.Conn().RequestWithContext(rctx, jetstream.DefaultAPIPrefix+"STREAM.MSG.GET."+EventsStream, req)
+	if err != nil {
+		return 0, fmt.Errorf("last sequence of %s: %w", filter, err)
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("last sequence of %s: %w", filter, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, nil
+	case resp.Error != nil:
+		return 0, fmt.Errorf("last sequence of %s: %w", filter, resp.Error)
+	case resp.Message == nil:
+		return 0, fmt.Errorf("last sequence of %s: the server's answer holds no message", filter)
+	}
+	return resp.Message.Seq, nil
+}
+
+// closeReader stops the iterator and deletes its consumer, which would
+// otherwise linger on the server until its inactivity threshold. A read
+// that ends with its context leaves that to the server rather than delay
+// the caller's shutdown.
+func (s *EventStore) closeReader(ctx context.Context, cons jetstream.Consumer, it jetstream.MessagesContext) {
+	it.Stop()
+	info := cons.CachedInfo()
+	if info == nil || ctx.Err() != nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.js.DeleteConsumer(dctx, EventsStream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		s.log.Debug("delete a reader's consumer", "consumer", info.Name, "err", err)
+	}
+}
+
+func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, error) {
 	agg, id, typ, ok := events.ParseEventSubject(subject)
 	if !ok {
-		return nil, fmt.Errorf("event subject %q has the wrong shape", subject)
+		return Event{}, fmt.Errorf("event subject %q has the wrong shape", subject)
 	}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
-		return nil, fmt.Errorf("event %d on %s: %w", seq, subject, err)
+		return Event{}, fmt.Errorf("event %d on %s: %w", seq, subject, err)
 	}
-	return &Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, Header: h}, nil
+	return Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, Header: h}, nil
 }

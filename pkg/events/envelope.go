@@ -1,10 +1,12 @@
 package events
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // SpecVersion is the CloudEvents version of every envelope.
@@ -84,34 +86,156 @@ func (e Envelope) MarshalJSON() ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// UnmarshalJSON reads an envelope, keeping unknown attributes.
+// UnmarshalJSON reads an envelope, keeping unknown attributes. b is checked
+// by one scan and split into attributes by a second, light one that relies
+// on that check: known attributes are converted from their raw values, and
+// data and unknown attributes are kept raw, in one copy of b. Attribute
+// names match exactly, as CloudEvents names are lower-case.
 func (e *Envelope) UnmarshalJSON(b []byte) error {
-	type plain Envelope
-	var p plain
-	if err := json.Unmarshal(b, &p); err != nil {
-		return err
+	if !json.Valid(b) {
+		var m map[string]json.RawMessage
+		return json.Unmarshal(b, &m) // the syntax error, with its offset
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		return err
+	buf := bytes.Clone(b)
+	i := skipSpace(buf, 0)
+	if buf[i] == 'n' { // null
+		*e = Envelope{}
+		return nil
 	}
-	for k, v := range m {
-		if !knownAttrs[k] {
-			if p.Extensions == nil {
-				p.Extensions = map[string]json.RawMessage{}
+	if buf[i] != '{' {
+		var m map[string]json.RawMessage
+		return json.Unmarshal(b, &m) // the type error
+	}
+	var out Envelope
+	for i = skipSpace(buf, i+1); buf[i] != '}'; i = skipSpace(buf, i) {
+		if buf[i] == ',' {
+			i = skipSpace(buf, i+1)
+		}
+		end := stringEnd(buf, i)
+		key := buf[i:end]
+		i = skipSpace(buf, skipSpace(buf, end)+1) // past the colon
+		end = valueEnd(buf, i)
+		v := json.RawMessage(buf[i:end:end])
+		i = end
+		name := key[1 : len(key)-1]
+		if bytes.IndexByte(name, '\\') >= 0 || !utf8.Valid(name) {
+			var unquoted string
+			if err := json.Unmarshal(key, &unquoted); err != nil {
+				return err
 			}
-			p.Extensions[k] = v
+			name = []byte(unquoted)
+		}
+		var err error
+		switch string(name) {
+		case "specversion":
+			err = unmarshalString(v, &out.SpecVersion)
+		case "id":
+			err = unmarshalString(v, &out.ID)
+		case "source":
+			err = unmarshalString(v, &out.Source)
+		case "type":
+			err = unmarshalString(v, &out.Type)
+		case "subject":
+			err = unmarshalString(v, &out.Subject)
+		case "datacontenttype":
+			err = unmarshalString(v, &out.DataContentType)
+		case "time":
+			err = out.Time.UnmarshalJSON(v)
+		case "data":
+			out.Data = v
+		default:
+			if out.Extensions == nil {
+				out.Extensions = map[string]json.RawMessage{}
+			}
+			out.Extensions[string(name)] = v
+		}
+		if err != nil {
+			return fmt.Errorf("attribute %q: %w", name, err)
 		}
 	}
-	*e = Envelope(p)
+	*e = out
 	return nil
+}
+
+// The scanners below walk JSON that json.Valid accepted.
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON white space.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// isDelimiter reports whether c ends a number or a literal.
+func isDelimiter(c byte) bool {
+	switch c {
+	case ',', '}', ']', ' ', '\t', '\n', '\r':
+		return true
+	}
+	return false
+}
+
+// stringEnd returns the index just past the string that starts at i.
+func stringEnd(b []byte, i int) int {
+	for i++; ; i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+}
+
+// valueEnd returns the index just past the value that starts at i.
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+	}
+	for i < len(b) && !isDelimiter(b[i]) {
+		i++
+	}
+	return i
+}
+
+// unmarshalString sets *s from the raw JSON value v. A string without
+// escapes, the common case, is taken as it stands.
+func unmarshalString(v json.RawMessage, s *string) error {
+	if n := len(v); n >= 2 && v[0] == '"' && v[n-1] == '"' {
+		inner := v[1 : n-1]
+		if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+			*s = string(inner)
+			return nil
+		}
+	}
+	return json.Unmarshal(v, s)
 }
 
 // DecodeEnvelope parses and checks an envelope. Bad JSON and missing or
 // invalid attributes return a [*DecodeError]; it never panics.
 func DecodeEnvelope(b []byte) (Envelope, error) {
 	var e Envelope
-	if err := json.Unmarshal(b, &e); err != nil {
+	if err := e.UnmarshalJSON(b); err != nil {
 		return Envelope{}, &DecodeError{Reason: "envelope is not valid JSON", Err: err}
 	}
 	var v ValidationError

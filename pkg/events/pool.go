@@ -8,10 +8,12 @@ import (
 	"time"
 )
 
-// Pool defaults applied by [PoolSpec.Normalize].
+// Pool defaults applied by [PoolSpec.Normalize], and limits checked by
+// [PoolSpec.Validate].
 const (
 	DefaultProxyPort = 3128
-	MaxPoolSize      = 100_000
+	// MaxPoolSize is the largest size a pool may ask for.
+	MaxPoolSize = 100_000
 	// DefaultUnhealthyAfter is how long a proxy may stay unhealthy before it
 	// is replaced, when the pool does not say.
 	DefaultUnhealthyAfter = 2 * time.Minute

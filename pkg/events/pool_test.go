@@ -38,3 +38,36 @@ func TestPoolSpecUnhealthyAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolSpecSize: a pool holds 0 to MaxPoolSize (100,000) proxies; a size
+// outside names the field and the bound.
+func TestPoolSpecSize(t *testing.T) {
+	if events.MaxPoolSize != 100_000 {
+		t.Errorf("MaxPoolSize: got %d, want 100000", events.MaxPoolSize)
+	}
+	cases := []struct {
+		size int
+		want string // the exact validation message, "" when valid
+	}{
+		{0, ""},
+		{1, ""},
+		{100_000, ""},
+		{100_001, `size: must be at most 100000 (got "100001")`},
+		{-1, `size: must be zero or more (got "-1")`},
+	}
+	for _, c := range cases {
+		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: c.size}
+		spec.Normalize()
+		err := spec.Validate()
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("size %d: got %v, want valid", c.size, err)
+			}
+			continue
+		}
+		var ve *events.ValidationError
+		if !errors.As(err, &ve) || len(ve.Fields) != 1 || ve.Fields[0].Error() != c.want {
+			t.Errorf("size %d: got %v, want exactly %q", c.size, err, c.want)
+		}
+	}
+}

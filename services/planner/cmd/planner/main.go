@@ -27,10 +27,14 @@ It answers the operator API as the NATS micro service "fleet-planner":
                           (optional: targets, image, profile, port, auth,
                           userData, maxAge "72h", unhealthyAfter "2m")
   fleet.api.pool.get      {"name":"demo"}
-  fleet.api.pool.list     {}
+  fleet.api.pool.list     {}                       (a page: limit, after)
   fleet.api.pool.delete   {"name":"demo"}
   fleet.api.proxy.get     {"id":"demo-abcdefghij"}
-  fleet.api.proxy.list    {"pool":"demo"}          (pool optional)
+  fleet.api.proxy.list    {"pool":"demo","limit":100,"after":"..."}
+                          (every field optional; a page of the live
+                          proxies in id order, at most 1000, default 500,
+                          and "next", the "after" of the following page,
+                          "" on the last)
   fleet.api.proxy.delete  {"id":"...","skipCleanup":false}
   fleet.api.proxy.recycle {"id":"...","now":false}
                           (replacement first; "now":true retires at once)

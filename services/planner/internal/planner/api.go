@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -116,17 +115,28 @@ type (
 		ID     string `json:"id"`
 		Reason string `json:"reason,omitempty"`
 	}
-	// ProxyListRequest is the body of proxy.list; Pool is optional.
+	// ProxyListRequest is the body of proxy.list: one page of the live
+	// proxies in id order, of one pool when Pool is set.
 	ProxyListRequest struct {
 		Pool string `json:"pool,omitempty"`
+		PageRequest
+	}
+	// PoolListRequest is the body of pool.list: one page of the pools in
+	// name order.
+	PoolListRequest struct {
+		PageRequest
 	}
 	// PoolList is the reply of pool.list.
 	PoolList struct {
 		Pools []PoolView `json:"pools"`
+		// Next is the After of the next page; "" on the last page.
+		Next string `json:"next"`
 	}
 	// ProxyList is the reply of proxy.list.
 	ProxyList struct {
 		Proxies []events.ProxyView `json:"proxies"`
+		// Next is the After of the next page; "" on the last page.
+		Next string `json:"next"`
 	}
 )
 
@@ -184,6 +194,10 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 		ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
 		out, aerr := fn(ctx, req.Data())
+		var body []byte
+		if aerr == nil {
+			body, aerr = p.replyBody(out)
+		}
 		if aerr != nil {
 			span.SetStatus(codes.Error, aerr.Code)
 			level := p.log.InfoContext
@@ -197,10 +211,27 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 			}
 			return
 		}
-		if err := req.RespondJSON(out); err != nil {
+		if err := req.Respond(body); err != nil {
 			p.log.Warn("reply", "endpoint", name, "err", err)
 		}
 	})
+}
+
+// replyBody encodes a reply and refuses one over [Planner.replyBudget]: the
+// server would drop it and the client would wait for nothing. List replies
+// are built to fit (see paging.go); this catches any other.
+func (p *Planner) replyBody(out any) ([]byte, *APIError) {
+	body, ok := out.(json.RawMessage)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(out); err != nil {
+			return nil, internal("could not encode the reply; retry")
+		}
+	}
+	if budget := p.replyBudget(); len(body) > budget {
+		return nil, internal(fmt.Sprintf("the reply (%d bytes) does not fit under the server's max payload (%d bytes)", len(body), budget))
+	}
+	return body, nil
 }
 
 // poolApply accepts a pool spec: it validates it, writes its secrets to
@@ -378,21 +409,36 @@ func (p *Planner) poolGet(_ context.Context, body []byte) (any, *APIError) {
 	return p.poolView(req.Name), nil
 }
 
+// poolList answers one page of the pools an operator can see: applied
+// ones, and deleted ones until their last proxy is gone.
 func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
-	var req struct{}
-	if aerr := decodeStrict(body, &req, true); aerr != nil {
+	var req PoolListRequest
+	present, aerr := decodeStrictPresent(body, &req, true)
+	if aerr != nil {
 		return nil, aerr
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := PoolList{Pools: []PoolView{}}
-	for _, pl := range p.st.sortedPools() {
-		if pl.Revision == 0 || (pl.Deleted && len(pl.members) == 0) {
-			continue
-		}
-		out.Pools = append(out.Pools, pl.view())
+	limit, fields := checkPage(req.PageRequest, present, "pool name")
+	if len(fields) > 0 {
+		return nil, invalid(fields)
 	}
-	return out, nil
+	p.mu.Lock()
+	visible := func(yield func(*Pool) bool) {
+		for _, pl := range p.st.pools {
+			if pl.Revision == 0 || (pl.Deleted && len(pl.members) == 0) {
+				continue
+			}
+			if !yield(pl) {
+				return
+			}
+		}
+	}
+	pools := firstAfter(visible, func(pl *Pool) string { return pl.Name }, req.After, limit+1)
+	views := make([]PoolView, len(pools))
+	for i, pl := range pools {
+		views[i] = pl.view()
+	}
+	p.mu.Unlock()
+	return pageJSON("pools", views, func(v PoolView) string { return v.Name }, limit, p.replyBudget(), "pool")
 }
 
 // poolDelete appends pool deleted, then removes the pool's secrets from
@@ -468,10 +514,22 @@ func (p *Planner) proxyGet(ctx context.Context, body []byte) (any, *APIError) {
 	return x.ProxyView, nil
 }
 
+// proxyList answers one page of the live proxies (not deleted or
+// abandoned), of one pool or of all, in id order.
 func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
 	var req ProxyListRequest
-	if aerr := decodeStrict(body, &req, true); aerr != nil {
+	present, aerr := decodeStrictPresent(body, &req, true)
+	if aerr != nil {
 		return nil, aerr
+	}
+	limit, fields := checkPage(req.PageRequest, present, "proxy id")
+	if req.Pool != "" {
+		if fe := events.CheckIdentifier("pool", req.Pool); fe != nil {
+			fields = append([]events.FieldError{*fe}, fields...)
+		}
+	}
+	if len(fields) > 0 {
+		return nil, invalid(fields)
 	}
 	if req.Pool != "" {
 		if _, aerr := p.lookupPool("pool", req.Pool); aerr != nil {
@@ -479,18 +537,29 @@ func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
 		}
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := ProxyList{Proxies: []events.ProxyView{}}
-	for _, pl := range p.st.sortedPools() {
-		if req.Pool != "" && pl.Name != req.Pool {
-			continue
-		}
-		for _, x := range pl.members {
-			out.Proxies = append(out.Proxies, x.ProxyView)
+	pools := p.st.pools
+	if req.Pool != "" {
+		pools = map[string]*Pool{req.Pool: p.st.pools[req.Pool]}
+	}
+	live := func(yield func(*Proxy) bool) {
+		for _, pl := range pools {
+			if pl == nil {
+				continue
+			}
+			for _, x := range pl.members {
+				if !yield(x) {
+					return
+				}
+			}
 		}
 	}
-	sort.Slice(out.Proxies, func(i, j int) bool { return out.Proxies[i].ID < out.Proxies[j].ID })
-	return out, nil
+	proxies := firstAfter(live, func(x *Proxy) string { return x.ID }, req.After, limit+1)
+	views := make([]events.ProxyView, len(proxies))
+	for i, x := range proxies {
+		views[i] = x.ProxyView
+	}
+	p.mu.Unlock()
+	return pageJSON("proxies", views, func(v events.ProxyView) string { return v.ID }, limit, p.replyBudget(), "proxy")
 }
 
 func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError) {

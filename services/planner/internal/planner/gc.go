@@ -13,6 +13,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
 )
 
 // gcReason is the retiring reason of an instance the garbage collector
@@ -98,22 +99,38 @@ func (p *Planner) gather(ctx context.Context) inventory {
 	return in
 }
 
-// requestInventory asks one agent for its marked instances.
+// requestInventory asks one agent for its marked instances, page by page;
+// InventoryTimeout bounds the whole walk.
 func (p *Planner) requestInventory(ctx context.Context, a agentSeen) ([]agent.Instance, error) {
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.InventoryTimeout)
 	defer cancel()
-	msg, err := p.conn.NC.RequestWithContext(rctx, events.AgentSubject(a.Entry, a.Target, events.AgentInventory), nil)
-	if err != nil {
-		return nil, err
+	var all []agent.Instance
+	after := ""
+	for {
+		body, err := json.Marshal(page.Request{Limit: page.MaxLimit, After: after})
+		if err != nil {
+			return nil, err
+		}
+		msg, err := p.conn.NC.RequestWithContext(rctx, events.AgentSubject(a.Entry, a.Target, events.AgentInventory), body)
+		if err != nil {
+			return nil, err
+		}
+		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+			return nil, fmt.Errorf("agent answered error %s: %s", code, msg.Header.Get(micro.ErrorHeader))
+		}
+		var pg agent.Inventory
+		if err := json.Unmarshal(msg.Data, &pg); err != nil {
+			return nil, fmt.Errorf("unreadable inventory: %w", err)
+		}
+		all = append(all, pg.Instances...)
+		if pg.Next == "" {
+			return all, nil
+		}
+		if pg.Next <= after {
+			return nil, fmt.Errorf("inventory page after %q names next %q, which does not move forward", after, pg.Next)
+		}
+		after = pg.Next
 	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		return nil, fmt.Errorf("agent answered error %s: %s", code, msg.Header.Get(micro.ErrorHeader))
-	}
-	var list []agent.Instance
-	if err := json.Unmarshal(msg.Data, &list); err != nil {
-		return nil, fmt.Errorf("unreadable inventory: %w", err)
-	}
-	return list, nil
 }
 
 // isUp reports whether a proxy in state s has an instance its agent must

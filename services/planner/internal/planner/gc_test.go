@@ -2,6 +2,7 @@ package planner
 
 import (
 	"encoding/json"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
 )
 
 // fakeInventory answers the inventory requests of one target the way
@@ -35,7 +37,19 @@ func (h *harness) fakeInventory(entry, target string, silent bool) *fakeInventor
 		if f.silent {
 			return
 		}
-		b, _ := json.Marshal(list)
+		// Pages of at most two instances, so every walk takes several.
+		var req page.Request
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			h.t.Errorf("inventory request %q: %v", m.Data, err)
+			return
+		}
+		limit := min(req.Limit, 2)
+		name := func(i agent.Instance) string { return i.Name }
+		b, err := page.Encode("instances", page.FirstAfter(slices.Values(list), name, req.After, limit+1), name, limit, 1<<20)
+		if err != nil {
+			h.t.Errorf("inventory page: %v", err)
+			return
+		}
 		_ = m.Respond(b)
 	})
 	if err != nil {

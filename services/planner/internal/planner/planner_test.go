@@ -58,7 +58,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"bad duration", poolApply, `{"name":"bad","provider":"local","size":1,"maxAge":"soon"}`, "400", "maxAge", "duration"},
 		{"bad name", poolApply, `{"name":"Bad_Name","provider":"local","size":1,"userData":"SECRET-UD"}`, "422", "name", "lowercase"},
 		{"negative size", poolApply, `{"name":"bad","provider":"local","size":-1,"userData":"SECRET-UD"}`, "422", "size", "zero or more"},
-		{"too large", poolApply, `{"name":"bad","provider":"local","size":100000}`, "422", "size", "at most"},
+		{"too large", poolApply, `{"name":"bad","provider":"local","size":100001}`, "422", "size", "at most 100000"},
 		{"every field at once", poolApply, `{"name":"-x","provider":"local","size":-2,"port":70000}`, "422", "port", "size"},
 		{"unknown provider", poolApply, `{"name":"bad","provider":"gce-nowhere","size":1,"userData":"SECRET-UD"}`, "422", "provider", "known: local, other"},
 		{"unknown target", poolApply, `{"name":"bad","provider":"local","targets":["t1","t9"],"size":1}`, "422", "targets[1]", "not a target"},

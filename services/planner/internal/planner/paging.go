@@ -1,0 +1,70 @@
+package planner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"strconv"
+
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
+)
+
+// Paging of the list replies (proxy.list, pool.list) follows package
+// [page]: items ordered by key (proxy id, pool name), a cursor that is a
+// key, every reply cut to fit the connection's max payload.
+const (
+	// DefaultPageLimit is the size of a page when the request sets no limit.
+	DefaultPageLimit = page.DefaultLimit
+	// MaxPageLimit is the largest limit a request may set.
+	MaxPageLimit = page.MaxLimit
+)
+
+// PageRequest is the paging part of a list request.
+type PageRequest = page.Request
+
+// check validates the paging fields of a request decoded with present (the
+// keys it carried) and returns the limit to use. what names the key After
+// holds ("proxy id", "pool name").
+func checkPage(r PageRequest, present map[string]bool, what string) (int, []events.FieldError) {
+	var fields []events.FieldError
+	limit := DefaultPageLimit
+	if present["limit"] {
+		limit = r.Limit
+		if limit < 1 || limit > MaxPageLimit {
+			fields = append(fields, events.FieldError{Field: "limit",
+				Reason: fmt.Sprintf("must be between 1 and %d", MaxPageLimit), Value: strconv.Itoa(r.Limit)})
+		}
+	}
+	if r.After != "" && !events.IsIdentifier(r.After) {
+		fields = append(fields, events.FieldError{Field: "after",
+			Reason: `must be the "next" of a previous page, a ` + what + ` (` + events.IdentifierRule + `)`, Value: clip(r.After)})
+	}
+	return limit, fields
+}
+
+// replyBudget is the most bytes a reply body may take: the max payload the
+// server announced to this connection, less room for headers.
+func (p *Planner) replyBudget() int {
+	return page.Budget(p.conn.NC.MaxPayload())
+}
+
+// firstAfter is [page.FirstAfter].
+func firstAfter[T any](all iter.Seq[T], key func(T) string, after string, n int) []T {
+	return page.FirstAfter(all, key, after, n)
+}
+
+// pageJSON encodes a page as [page.Encode] does; what names an item ("proxy",
+// "pool") in the error for one too big for any reply.
+func pageJSON[T any](field string, items []T, key func(T) string, limit, budget int, what string) (json.RawMessage, *APIError) {
+	raw, err := page.Encode(field, items, key, limit, budget)
+	var big *page.TooBigError
+	switch {
+	case errors.As(err, &big):
+		return nil, internal(what + " " + big.Error())
+	case err != nil:
+		return nil, internal("could not encode the page; retry")
+	}
+	return raw, nil
+}

@@ -3,16 +3,20 @@ package planner
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -94,7 +98,7 @@ func startPlanner(tb testing.TB, c *bus.Conn, cfg Config) (p *Planner, took time
 	tb.Helper()
 	conn := dialBench(tb, c)
 	start := time.Now()
-	p, err := New(conn, cfg, nil, nil)
+	p, err := New(conn, cfg, testLogger(), nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -277,4 +281,245 @@ func heapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+var benchConvergeSize = flag.Int("planner.converge-size", 10_000,
+	"pool size BenchmarkConverge fills")
+
+// instantAgent is the backend of one target that builds every proxy at
+// once: it consumes its target's commands as an agent does (its durable
+// consumer on FLEET_CMDS) and answers each create with provisioning and
+// running, each delete with deleted, appended asynchronously; it acks a
+// command once its events are stored. Every acknowledgement is checked.
+type instantAgent struct {
+	c             *bus.Conn
+	entry, target string
+	errs          chan error
+}
+
+// messagesPerProxy counts the messages one proxy of a fill costs: the
+// fence and the requested decision (one atomic batch), the create
+// command, and the agent's provisioning and running.
+const messagesPerProxy = 5
+
+func (a *instantAgent) run(ctx context.Context) error {
+	cons, err := bus.EnsureAgentConsumer(ctx, a.c, a.entry, a.target)
+	if err != nil {
+		return err
+	}
+	source := events.AgentSource(a.entry, a.target)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		env, err := events.DecodeEnvelope(m.Data())
+		if err != nil {
+			a.fail(err)
+			return
+		}
+		var acks []jetstream.PubAckFuture
+		pub := func(id, typ string, n int, data any) {
+			msgID := events.ProxyEventID(id, typ, uint64(n))
+			e, err := events.NewEnvelope(msgID, source, events.EnvelopeType(events.AggregateProxy, typ), id, time.Now(), data)
+			if err != nil {
+				a.fail(err)
+				return
+			}
+			body, _ := e.MarshalJSON()
+			msg := nats.NewMsg(events.EventSubject(events.AggregateProxy, id, typ))
+			msg.Data = body
+			msg.Header.Set(jetstream.MsgIDHeader, msgID)
+			f, err := a.c.JS.PublishMsgAsync(msg)
+			if err != nil {
+				a.fail(err)
+				return
+			}
+			acks = append(acks, f)
+		}
+		switch verb := m.Subject()[strings.LastIndexByte(m.Subject(), '.')+1:]; verb {
+		case events.VerbCreate:
+			var cmd events.CreateCommand
+			if err := env.DecodeData(&cmd); err != nil {
+				a.fail(err)
+				return
+			}
+			pub(cmd.ProxyID, events.ProxyProvisioning, cmd.Attempt, events.ProxyProvisioningData{Entry: a.entry, Target: a.target,
+				Instance: cmd.Instance, ProviderID: "pid-" + cmd.ProxyID, Attempt: cmd.Attempt})
+			pub(cmd.ProxyID, events.ProxyRunning, cmd.Attempt, events.ProxyRunningData{ProviderID: "pid-" + cmd.ProxyID,
+				Address: "127.0.0.1:1", Attempt: cmd.Attempt})
+		case events.VerbDelete:
+			var cmd events.DeleteCommand
+			if err := env.DecodeData(&cmd); err != nil {
+				a.fail(err)
+				return
+			}
+			pub(cmd.ProxyID, events.ProxyDeleted, cmd.Attempt, events.ProxyDeletedData{Attempt: cmd.Attempt})
+		}
+		// The command is done once its facts are stored: ack then, off
+		// the delivery goroutine.
+		go func() {
+			for _, f := range acks {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					a.fail(err)
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+			if err := m.Ack(); err != nil && ctx.Err() == nil {
+				a.fail(err)
+			}
+		}()
+	}, jetstream.PullMaxMessages(512))
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+func (a *instantAgent) fail(err error) {
+	select {
+	case a.errs <- err:
+	default:
+	}
+}
+
+// BenchmarkConverge measures how fast a leader fills a pool of
+// -planner.converge-size proxies (default 10,000) on instant backends:
+// four targets whose agents (instantAgent) answer every create with
+// provisioning and running at once. ns/op is the time per proxy from
+// pool.apply until every proxy of the pool is running in the leader's
+// projection; proxies/s is its inverse. The baseline is the ceiling in the
+// same run: the time JetStream takes to store messagesPerProxy small
+// messages published asynchronously (the messages one proxy costs), so
+// scripts/bench-ratios.awk prints converge as the inverse of the fraction
+// of the ceiling reached.
+func BenchmarkConverge(b *testing.B) {
+	size := *benchConvergeSize
+	b.Run("baseline", func(b *testing.B) {
+		c, stop := benchServer(b)
+		defer stop()
+		ctx := context.Background()
+		if _, err := c.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"},
+			Storage: jetstream.FileStorage, Duplicates: bus.DuplicateWindow}); err != nil {
+			b.Fatal(err)
+		}
+		body := make([]byte, 300) // about a proxy event's size
+		var total time.Duration
+		for range b.N {
+			n := size * messagesPerProxy
+			start := time.Now()
+			var pending []jetstream.PubAckFuture
+			for i := range n {
+				msg := nats.NewMsg(fmt.Sprintf("ceiling.%d", i))
+				msg.Data = body
+				msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m%d.%d", len(pending), i))
+				f, err := c.JS.PublishMsgAsync(msg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pending = append(pending, f)
+				if len(pending) == 2048 {
+					waitAcks(b, pending)
+					pending = pending[:0]
+				}
+			}
+			waitAcks(b, pending)
+			total += time.Since(start)
+		}
+		per := total / time.Duration(b.N*size)
+		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		b.ReportMetric(1/per.Seconds(), "proxies/s")
+	})
+	b.Run("converge", func(b *testing.B) {
+		var total time.Duration
+		for range b.N {
+			total += convergeOnce(b, size)
+		}
+		per := total / time.Duration(b.N*size)
+		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		b.ReportMetric(1/per.Seconds(), "proxies/s")
+	})
+}
+
+// waitAcks checks every acknowledgement.
+func waitAcks(tb testing.TB, fs []jetstream.PubAckFuture) {
+	tb.Helper()
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			tb.Fatal(err)
+		case <-time.After(30 * time.Second):
+			tb.Fatal("no acknowledgement")
+		}
+	}
+}
+
+// convergeOnce fills one pool of size proxies on a fresh server and
+// returns how long it took.
+func convergeOnce(b *testing.B, size int) time.Duration {
+	b.Helper()
+	c, stopServer := benchServer(b)
+	defer stopServer()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	agentsKV, err := c.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		b.Fatal(err)
+	}
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for _, target := range []string{"t1", "t2", "t3", "t4"} {
+		info := agent.Info{Entry: "local", Target: target, Type: "local"}
+		now := time.Now().UTC()
+		hb, _ := json.Marshal(agent.Heartbeat{Info: info, StartedAt: now, At: now})
+		if _, err := agentsKV.Put(ctx, agent.HeartbeatKey("local", target), hb); err != nil {
+			b.Fatal(err)
+		}
+		a := &instantAgent{c: dialBench(b, c), entry: "local", target: target, errs: errs}
+		defer a.c.Close()
+		wg.Go(func() {
+			if err := a.run(ctx); err != nil {
+				a.fail(err)
+			}
+		})
+	}
+	p, _, stop := startPlanner(b, c, Config{ID: "bench", SnapshotEvery: -1, SnapshotInterval: -1})
+	defer stop()
+	deadline := time.Now().Add(time.Minute)
+	for !p.IsLeader() {
+		if time.Now().After(deadline) {
+			b.Fatal("no leader")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	body := fmt.Sprintf(`{"name":"big","provider":"local","size":%d}`, size)
+	start := time.Now()
+	msg, err := c.NC.Request(events.APISubject("pool", "apply"), []byte(body), 30*time.Second)
+	if err != nil || msg.Header.Get("Nats-Service-Error-Code") != "" {
+		b.Fatalf("pool.apply: %v %s", err, msg.Data)
+	}
+	deadline = time.Now().Add(10 * time.Minute)
+	for {
+		select {
+		case err := <-errs:
+			b.Fatalf("agent: %v", err)
+		default:
+		}
+		if p.poolView("big").States[events.ProxyRunning] == size {
+			took := time.Since(start)
+			if v := p.poolView("big"); v.Active != size {
+				b.Fatalf("pool: %+v, want exactly %d active", v, size)
+			}
+			return took
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("pool not running after 10m: %+v", p.poolView("big").States)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

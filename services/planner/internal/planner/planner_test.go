@@ -584,7 +584,9 @@ func TestConflictIsRereadNotDoubleDecided(t *testing.T) {
 		other, &bus.Expect{Seq: last.Seq}); err != nil {
 		t.Fatal(err)
 	}
-	p.reconcilePool(context.Background(), r, r.pools[0])
+	f := p.newFlight(context.Background())
+	p.reconcilePool(context.Background(), r, r.pools[0], f)
+	f.wait()
 	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRetiring)); n != 1 {
 		t.Fatalf("retiring events: got %d, want 1 (the planner's stale decision must conflict)", n)
 	}

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
 
@@ -44,17 +45,21 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	if !ok {
 		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
 	}
-	id, seq, err := p.request(ctx, p.store.Append, pool, a, sec, x.ID, why, func(ctx context.Context, cmd events.CreateCommand) {
-		if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
-			// The decision stands; the reconciler re-issues the create when
-			// the proxy stays requested.
-			p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
-		}
-	})
+	req := newRequest(pool, a, x.ID, why)
+	ctx, span := p.startRequest(ctx, req)
+	defer span.End()
+	seq, err := p.store.Append(ctx, events.AggregateProxy, req.id, events.ProxyRequested, req.msgID, req.data, &bus.Expect{Seq: 0})
 	if err != nil {
 		return "", 0, err
 	}
-	return id, seq, nil
+	p.log.InfoContext(ctx, "decided", req.logArgs()...)
+	cmd := createCommand(req.id, req.data, 1, sec)
+	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
+		// The decision stands; the reconciler re-issues the create when
+		// the proxy stays requested.
+		p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
+	}
+	return req.id, seq, nil
 }
 
 // recycle replaces proxy id surge first: a replacement is requested now and

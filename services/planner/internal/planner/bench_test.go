@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -503,23 +504,90 @@ func convergeOnce(b *testing.B, size int) time.Duration {
 	if err != nil || msg.Header.Get("Nats-Service-Error-Code") != "" {
 		b.Fatalf("pool.apply: %v %s", err, msg.Data)
 	}
-	deadline = time.Now().Add(10 * time.Minute)
+	timeout := time.After(10 * time.Minute)
 	for {
-		select {
-		case err := <-errs:
-			b.Fatalf("agent: %v", err)
-		default:
+		// Read the count the projection keeps, woken by its progress.
+		p.mu.Lock()
+		running, progressed := 0, p.progressed
+		if pl := p.st.pools["big"]; pl != nil {
+			running = pl.counts[events.ProxyRunning]
 		}
-		if p.poolView("big").States[events.ProxyRunning] == size {
+		p.mu.Unlock()
+		if running == size {
 			took := time.Since(start)
 			if v := p.poolView("big"); v.Active != size {
 				b.Fatalf("pool: %+v, want exactly %d active", v, size)
 			}
 			return took
 		}
-		if time.Now().After(deadline) {
+		select {
+		case err := <-errs:
+			b.Fatalf("agent: %v", err)
+		case <-timeout:
 			b.Fatalf("pool not running after 10m: %+v", p.poolView("big").States)
+		case <-progressed:
 		}
-		time.Sleep(time.Millisecond)
 	}
+}
+
+// BenchmarkPlannerMemory measures what a planner replica holds for its
+// state: the live heap (after a collection) and the resident set it adds
+// once it has folded a log of one pool of about 10,000 live proxies (some
+// fail on the way up) that also rotated 5,000 away (finished proxies
+// beyond KeepFinished leave memory).
+// It reports both per 10,000 live proxies; the embedded server runs in the
+// same process, so the figures are differences from before the replica
+// started.
+func BenchmarkPlannerMemory(b *testing.B) {
+	const live, rotated = 10_000, 5_000
+	c, stopServer := benchServer(b)
+	defer stopServer()
+	release := holdLeaseOn(b, c)
+	defer release()
+	g := newLogGen(b, c, 3)
+	g.apply("big", live)
+	pl := g.pools["big"]
+	for range live {
+		g.create(pl, "", "")
+	}
+	for i := range rotated {
+		old := pl.live[i%len(pl.live)]
+		g.create(pl, old, "rotated: older than maxAge 1h0m0s")
+		g.retire(pl, i%len(pl.live), "rotated: older than maxAge 1h0m0s", false)
+	}
+	for len(g.inflight) > 0 || len(g.deleting) > 0 {
+		g.moveOn()
+	}
+	g.flush()
+	var heap, rss, active float64
+	for range b.N {
+		heap0, rss0 := heapInUse(), residentSet(b)
+		p, _, stop := startPlanner(b, c, Config{ID: "bench", SnapshotEvery: -1, SnapshotInterval: -1})
+		v := p.poolView("big")
+		if v.Active < live*9/10 {
+			b.Fatalf("pool: %d active, want about %d", v.Active, live)
+		}
+		heap += float64(heapInUse()) - float64(heap0)
+		rss += float64(residentSet(b)) - float64(rss0)
+		active += float64(v.Active)
+		runtime.KeepAlive(p)
+		stop()
+	}
+	b.ReportMetric(heap/active*10_000, "heap-B/10k-live")
+	b.ReportMetric(rss/active*10_000, "rss-B/10k-live")
+	b.ReportMetric(active/float64(b.N), "live")
+}
+
+// residentSet returns the process's resident set size in bytes.
+func residentSet(tb testing.TB) uint64 {
+	tb.Helper()
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		tb.Skip("no /proc/self/statm: resident set not measured")
+	}
+	var size, res uint64
+	if _, err := fmt.Sscan(string(b), &size, &res); err != nil {
+		tb.Fatal(err)
+	}
+	return res * uint64(os.Getpagesize())
 }

@@ -35,7 +35,7 @@ func (p *Planner) updateConditions(ctx context.Context, f *flight, pool Pool, wa
 	if len(ds) == 0 {
 		return
 	}
-	f.decide(ctx, nil, events.AggregatePool, pool.Name, &bus.Expect{Seq: pool.LastSeq}, ds,
+	f.decide(ctx, nil, pool.Name, events.AggregatePool, pool.Name, &bus.Expect{Seq: pool.LastSeq}, ds,
 		[]any{"pool", pool.Name, "decision", events.PoolCondition, "conditions", len(ds)},
 		func(ctx context.Context, _ uint64) {
 			for _, d := range changed {

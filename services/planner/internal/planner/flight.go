@@ -71,6 +71,9 @@ type flight struct {
 	open     *batch
 	inFlight []*batch
 	commands []*commandInFlight
+	// unstored names the pools of decisions that were not stored: a round
+	// looks at them again.
+	unstored map[string]bool
 }
 
 // unit is the decisions of one f.decide call: events on one aggregate,
@@ -78,6 +81,7 @@ type flight struct {
 type unit struct {
 	ctx  context.Context
 	span trace.Span
+	pool string // the pool the decisions are about
 	ds   []bus.Decision
 	what string // "<aggregate> <id> <type>", for logs
 	log  []any  // the "decided" log line's attributes
@@ -102,17 +106,19 @@ type commandInFlight struct {
 }
 
 // newFlight starts the flight of one round.
-func (p *Planner) newFlight(ctx context.Context) *flight { return &flight{p: p, ctx: ctx} }
+func (p *Planner) newFlight(ctx context.Context) *flight {
+	return &flight{p: p, ctx: ctx, unstored: map[string]bool{}}
+}
 
-// decide adds one unit of decisions on one aggregate, the first expecting
-// expect, to the round's batches. Nothing is sent when this replica does
+// decide adds one unit of decisions about pool on one aggregate, the first
+// expecting expect, to the round's batches. Nothing is sent when this replica does
 // not lead, and it is deposed when its lease went unrenewed for a whole
 // TTL (a cheap early check; the store's fence is the guarantee). span, if
 // not nil, ends once the unit is settled.
-func (f *flight) decide(ctx context.Context, span trace.Span, aggregate, id string, expect *bus.Expect, ds []bus.Decision,
+func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, id string, expect *bus.Expect, ds []bus.Decision,
 	logArgs []any, stored func(context.Context, uint64)) {
 	p := f.p
-	u := &unit{ctx: ctx, span: span, what: aggregate + " " + id + " " + ds[len(ds)-1].Type, log: logArgs, stored: stored}
+	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + ds[len(ds)-1].Type, log: logArgs, stored: stored}
 	for i, d := range ds {
 		d.Aggregate, d.ID, d.Expect = aggregate, id, nil
 		if i == 0 {
@@ -248,6 +254,7 @@ func (f *flight) settle(n int) {
 			}
 		}
 		for _, u := range b.units {
+			f.unstored[u.pool] = true
 			endSpan(u.span)
 		}
 	}

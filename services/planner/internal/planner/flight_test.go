@@ -53,3 +53,49 @@ func TestLargeRoundDecidesEveryProxyOnce(t *testing.T) {
 		t.Errorf("pool: %+v, want %d requested", v, size)
 	}
 }
+
+// TestRoundsLookOnlyAtChangedPools: once a fleet of pools settled, a round
+// looks at no pool at all, and an event about one proxy has the next
+// rounds look at its pool alone.
+func TestRoundsLookOnlyAtChangedPools(t *testing.T) {
+	const pools = 20
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r := h.leader()
+	for i := range pools {
+		h.ok(poolApply, `{"name":"p`+strconv.Itoa(i)+`","provider":"local","size":1}`, nil)
+	}
+	ids, req := h.requested(pools)
+	for _, id := range ids {
+		h.bringUp(id, req[id].Target, events.ProxyReady)
+	}
+	h.waitFor("every pool ready", func() bool {
+		for i := range pools {
+			if c, ok := h.condition("p"+strconv.Itoa(i), events.ConditionReady); !ok || c.Status != events.ConditionTrue {
+				return false
+			}
+		}
+		return true
+	})
+	h.folded(r)
+	h.settle(r, 3)
+	before := r.looked.Load()
+	h.settle(r, 10)
+	if n := r.looked.Load() - before; n != 0 {
+		t.Errorf("pools looked at by 10 rounds of a settled fleet: %d, want 0", n)
+	}
+
+	before = r.looked.Load()
+	h.observe(ids[7], events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "probe: timeout", Streak: 3})
+	h.waitFor("the pool's Ready condition to turn", func() bool {
+		c, ok := h.condition(req[ids[7]].Pool, events.ConditionReady)
+		return ok && c.Status == events.ConditionFalse
+	})
+	h.folded(r)
+	h.settle(r, 10)
+	// The unhealthy event, then the condition the leader recorded: the
+	// pool looked at once or twice, no other pool.
+	if n := r.looked.Load() - before; n < 1 || n > 3 {
+		t.Errorf("pools looked at after one proxy turned unhealthy: %d, want 1 to 3 (its pool alone)", n)
+	}
+}

@@ -306,7 +306,7 @@ func (p *Planner) deleteOrphan(ctx context.Context, f *flight, o orphan) {
 		return
 	}
 	d := events.ProxyRetiringData{Reason: gcReason}
-	f.decide(ctx, nil, events.AggregateProxy, id, &bus.Expect{Seq: lastSeq},
+	f.decide(ctx, nil, o.inst.Marker.Pool, events.AggregateProxy, id, &bus.Expect{Seq: lastSeq},
 		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(id, events.ProxyRetiring, lastSeq, d), Data: d}},
 		[]any{"proxy", id, "decision", events.ProxyRetiring, "entry", o.entry, "target", o.target, "instance", o.inst.Name, "pool", o.inst.Marker.Pool, "why", gcReason},
 		func(ctx context.Context, _ uint64) { send(ctx, retirings+1) })

@@ -187,6 +187,7 @@ type Planner struct {
 	renewed  atomic.Pointer[time.Time]
 	fp       failpoints   // test failpoints; empty in normal builds
 	rounds   atomic.Int64 // completed reconcile rounds
+	looked   atomic.Int64 // pools looked at by reconcile rounds
 	gcRounds atomic.Int64 // completed garbage-collection rounds
 	kick     chan struct{}
 
@@ -194,6 +195,10 @@ type Planner struct {
 	ownSeq   uint64
 	outbox   map[string]pending
 	noTarget map[string]time.Time // pool → when "no target" was last logged
+	// timers says when a round looks at a pool no event touched again;
+	// lastSweep is when a round last looked at every pool.
+	timers    map[string]poolTimer
+	lastSweep time.Time
 	// orphanSince and missingSince are the garbage collector's "seen
 	// since" times, in memory only: a new leader starts the grace again.
 	orphanSince  map[orphanKey]time.Time

@@ -61,14 +61,24 @@ func (r *round) count(x Proxy, delta int) {
 	r.poolOnTarget[x.Pool][k] += delta
 }
 
-func (p *Planner) snapshot() *round {
+// snapshot copies every pool: the input of a round that looks at the
+// whole fleet.
+func (p *Planner) snapshot() *round { return p.roundOf(nil, false) }
+
+// roundOf copies, under the lock, the pools named in names (every pool
+// when names is nil), their live members, the load of every target and
+// the proxies the reconciler's outbox names, so decisions run without the
+// lock. With takeDirty the pools events touched since the last take are
+// copied too, and the dirty set starts afresh: an event folded after the
+// copy marks its pool for the next round.
+func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := &round{
 		now:          p.now(),
 		byID:         map[string]Proxy{},
-		avoid:        map[string]avoidance{},
-		onTarget:     map[string]int{},
+		avoid:        make(map[string]avoidance, len(p.st.avoid)),
+		onTarget:     make(map[string]int, len(p.st.onTarget)),
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
 	}
@@ -79,18 +89,59 @@ func (p *Planner) snapshot() *round {
 	for k, a := range p.st.avoid {
 		r.avoid[k] = a
 	}
-	for _, pl := range p.st.sortedPools() {
-		ps := poolSnap{pool: *pl}
-		ps.pool.counts, ps.pool.members = nil, nil
+	for k, n := range p.st.onTarget {
+		r.onTarget[k] = n
+	}
+	var pools []*Pool
+	if names == nil {
+		pools = p.st.sortedPools()
+	} else {
+		if takeDirty {
+			for name := range p.st.dirty {
+				names[name] = true
+			}
+		}
+		for name := range names {
+			if pl := p.st.pools[name]; pl != nil {
+				pools = append(pools, pl)
+			}
+		}
+		sort.Slice(pools, func(i, j int) bool { return pools[i].Name < pools[j].Name })
+	}
+	if takeDirty {
+		clear(p.st.dirty)
+	}
+	for _, pl := range pools {
+		ps := poolSnap{pool: *pl, members: make([]Proxy, 0, len(pl.members))}
+		ps.pool.counts, ps.pool.members, ps.pool.onTarget = nil, nil, nil
 		for _, x := range pl.members {
 			ps.members = append(ps.members, *x)
 			r.byID[x.ID] = *x
-			if isActive(x.State) {
-				r.count(*x, 1)
-			}
 		}
 		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
+		load := make(map[string]int, len(pl.onTarget))
+		for k, n := range pl.onTarget {
+			load[k] = n
+		}
+		r.poolOnTarget[pl.Name] = load
 		r.pools = append(r.pools, ps)
+	}
+	// A replacement lives in its pool, but a proxy's ReplacedBy may name
+	// one the copy lacks (its pool was not copied); the outbox names
+	// proxies of any pool.
+	for _, ps := range r.pools {
+		for _, x := range ps.members {
+			if y := p.st.proxies[x.ReplacedBy]; x.ReplacedBy != "" && y != nil {
+				if _, ok := r.byID[y.ID]; !ok {
+					r.byID[y.ID] = *y
+				}
+			}
+		}
+	}
+	for id := range p.outbox {
+		if x := p.st.proxies[id]; x != nil {
+			r.byID[id] = *x
+		}
 	}
 	return r
 }
@@ -100,6 +151,8 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.ownSeq = 0
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
+	p.timers = map[string]poolTimer{}
+	p.lastSweep = time.Time{}
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
 	p.recoverCommands(ctx)
@@ -156,7 +209,25 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 	}
 }
 
-// reconcile runs one pass over every pool.
+// sweepInterval is how often a round looks at every pool, whatever
+// changed: a safety net under the rounds that look at the pools events
+// touched and the pools whose timers came due.
+const sweepInterval = time.Minute
+
+// poolTimer is when a round must look at a pool again although no event
+// touched it: retry (now: a proxy it needs could not be placed, or a
+// decision was not stored), at due on the wall clock (a create, provision
+// or retire timeout), or at ageDue on the clock proxy ages are measured
+// with (an unhealthy proxy turning sick, a proxy reaching maxAge).
+type poolTimer struct {
+	retry       bool
+	due, ageDue time.Time
+}
+
+// reconcile runs one pass over the pools that need one: those events
+// touched since the last pass, those whose timers came due, and every pool
+// once a sweepInterval (and in a leader's first pass). Its work is
+// proportional to those pools, not to the fleet.
 func (p *Planner) reconcile(ctx context.Context) {
 	p.mu.Lock()
 	behind := p.st.seq < p.ownSeq
@@ -166,16 +237,42 @@ func (p *Planner) reconcile(ctx context.Context) {
 		// would count without it.
 		return
 	}
-	r := p.snapshot()
+	if p.timers == nil {
+		p.timers = map[string]poolTimer{}
+	}
+	now, ageNow := p.now(), p.ageNow()
+	var names map[string]bool
+	if p.lastSweep.IsZero() || now.Sub(p.lastSweep) >= sweepInterval {
+		p.lastSweep = now
+	} else {
+		names = map[string]bool{}
+		for pool, t := range p.timers {
+			if t.retry || !t.due.IsZero() && !now.Before(t.due) || !t.ageDue.IsZero() && !ageNow.Before(t.ageDue) {
+				names[pool] = true
+			}
+		}
+	}
+	r := p.roundOf(names, true)
 	f := p.newFlight(ctx)
 	p.flushOutbox(ctx, r, f)
 	for _, ps := range r.pools {
 		if ctx.Err() != nil {
 			break
 		}
-		p.reconcilePool(ctx, r, ps, f)
+		p.looked.Add(1)
+		t := p.reconcilePool(ctx, r, ps, f)
+		if t == (poolTimer{}) {
+			delete(p.timers, ps.pool.Name)
+		} else {
+			p.timers[ps.pool.Name] = t
+		}
 	}
 	f.wait()
+	for pool := range f.unstored {
+		t := p.timers[pool]
+		t.retry = true
+		p.timers[pool] = t
+	}
 	if ctx.Err() == nil {
 		p.rounds.Add(1)
 	}
@@ -219,7 +316,9 @@ type poolRound struct {
 	counted, condemned []Proxy
 }
 
-func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) {
+// reconcilePool decides what one pool needs and returns when a round must
+// look at it again if no event touches it.
+func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) (t poolTimer) {
 	pool := ps.pool
 	pctx := traceCtx(ctx, pool.traceparent)
 	var active []Proxy
@@ -268,6 +367,7 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 		if !pool.Deleted && ctx.Err() == nil {
 			p.updateConditions(ctx, f, pool, want, pr)
 		}
+		t = p.timerOf(pool, ps.members, pr)
 	}()
 	if want == 0 {
 		for _, x := range active {
@@ -317,6 +417,53 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 		}
 	}
 	p.rotate(pctx, r, f, pool, pr, want)
+	return t
+}
+
+// timerOf says when a round must look at pool again although no event
+// touches it: at once while something it needs could not be placed; at the
+// first create, provision or retire timeout of its members; when an
+// unhealthy member turns sick (unhealthyAfter) or is retired regardless
+// (twice that), and when a member reaches maxAge (plus its jitter). What
+// waits on an event (a replacement getting ready, a rotation's turn) is
+// looked at when the event arrives.
+func (p *Planner) timerOf(pool Pool, members []Proxy, pr *poolRound) poolTimer {
+	t := poolTimer{retry: pr.miss != nil}
+	ageNow := p.ageNow()
+	earliest := func(at *time.Time, when time.Time) {
+		if at.IsZero() || when.Before(*at) {
+			*at = when
+		}
+	}
+	// ahead keeps an age-clock time only while it is still to come.
+	ahead := func(when time.Time) {
+		if when.After(ageNow) {
+			earliest(&t.ageDue, when)
+		}
+	}
+	after := pool.Spec.UnhealthyAfterOrDefault()
+	maxAge := time.Duration(pool.Spec.MaxAge)
+	for _, x := range members {
+		switch x.State {
+		case events.ProxyRequested:
+			earliest(&t.due, x.UpdatedAt.Add(p.cfg.CreateTimeout))
+		case events.ProxyProvisioning:
+			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ProvisionTimeout))
+		case events.ProxyRetiring:
+			if !x.SkipCleanup {
+				earliest(&t.due, x.UpdatedAt.Add(p.cfg.RetireTimeout))
+			}
+		case events.ProxyUnhealthy:
+			if !x.UnhealthySince.IsZero() {
+				ahead(x.UnhealthySince.Add(after))
+				ahead(x.UnhealthySince.Add(2 * after))
+			}
+		}
+		if maxAge > 0 && isActive(x.State) {
+			ahead(x.CreatedAt.Add(maxAge + rotationJitter(x.ID, maxAge) + time.Nanosecond))
+		}
+	}
+	return t
 }
 
 // noPlace records that the pool's missing proxies cannot be placed now and
@@ -498,7 +645,7 @@ func (p *Planner) noteOwn(seq uint64) {
 // sequence; stored, if not nil, runs once it is stored. A conflict means x
 // changed meanwhile; the next round decides again from the newer state.
 func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) {
-	f.decide(ctx, nil, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
+	f.decide(ctx, nil, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target}, stored)
 }
 
@@ -512,7 +659,7 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 		r.count(x, -1)
 	}
 	x.Reason = reason
-	f.decide(ctx, span, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target},
 		func(ctx context.Context, _ uint64) {
@@ -526,7 +673,7 @@ func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 	ctx, span := p.tracer.Start(pctx, "planner.redelete", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
 	d := events.ProxyRetiringData{Reason: x.Reason}
-	f.decide(ctx, span, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target, "attempt", attempt},
 		func(ctx context.Context, _ uint64) {
@@ -570,7 +717,7 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 	attempt := x.Attempt + 1
 	ctx, span := p.tracer.Start(ctx, "planner.recreate", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
-	f.decide(ctx, span, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), Data: x.requested}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRequested, "entry", x.Entry, "target", x.Target, "attempt", attempt},
 		func(ctx context.Context, _ uint64) {
@@ -594,7 +741,7 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 	// Counted at once, so the next placement of this round spreads (a
 	// refused create is decided again next round).
 	r.count(Proxy{ProxyView: events.ProxyView{ID: req.id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}, 1)
-	f.decide(ctx, span, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
+	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
 			cmd := createCommand(req.id, req.data, 1, sec)

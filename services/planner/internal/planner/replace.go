@@ -22,7 +22,7 @@ var errNoTarget = errors.New("no live target can take a replacement now")
 // gets no second one. It returns the replacement's id and the sequence of
 // its requested event (0 when one existed).
 func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (string, uint64, error) {
-	r := p.snapshot()
+	r := p.roundOf(map[string]bool{x.Pool: true}, false)
 	if y, ok := r.replacement(x); ok {
 		return y.ID, 0, nil
 	}

@@ -237,7 +237,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		s.pools[sp.Name] = &Pool{
 			Name: sp.Name, Spec: sp.Spec, Revision: sp.Revision, SecretsDigest: sp.SecretsDigest, Deleted: sp.Deleted,
 			LastSeq: sp.LastSeq, ShapeRevision: sp.ShapeRevision, Conditions: sp.Conditions,
-			shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{},
+			shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
 		}
 	}
 	for i := range h.Proxies {
@@ -258,6 +258,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		s.proxies[id] = x
 		if !events.IsTerminal(x.State) {
 			pl.members[id] = x
+			s.move(pl, slot{}, slotOf(x))
 		}
 	}
 	var t snapTrailer

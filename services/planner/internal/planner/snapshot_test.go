@@ -123,6 +123,7 @@ func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]strin
 	v, aerr = p.proxyList(ctx, []byte(`{}`))
 	put("proxy.list", v, aerr)
 	p.mu.Lock()
+	checkLoad(t, p.st)
 	for _, id := range proxies {
 		if x := p.st.proxies[id]; x != nil {
 			put("proxy "+id, x.ProxyView, nil)
@@ -668,4 +669,29 @@ func (r *running) proxies(pool string) []Proxy {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
+}
+
+// checkLoad fails t when the load the state keeps per target differs from
+// a count of its live proxies.
+func checkLoad(t *testing.T, st *state) {
+	t.Helper()
+	all, per := map[string]int{}, map[string]map[string]int{}
+	for _, pl := range st.pools {
+		per[pl.Name] = map[string]int{}
+		for _, x := range pl.members {
+			if isActive(x.State) {
+				k := targetKey(x.Entry, x.Target)
+				all[k]++
+				per[pl.Name][k]++
+			}
+		}
+	}
+	if fmt.Sprint(all) != fmt.Sprint(st.onTarget) {
+		t.Fatalf("load per target: kept %v, counted %v", st.onTarget, all)
+	}
+	for _, pl := range st.pools {
+		if fmt.Sprint(per[pl.Name]) != fmt.Sprint(pl.onTarget) {
+			t.Fatalf("pool %s load per target: kept %v, counted %v", pl.Name, pl.onTarget, per[pl.Name])
+		}
+	}
 }

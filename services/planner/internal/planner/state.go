@@ -56,6 +56,8 @@ type Pool struct {
 	counts map[string]int
 	// members holds the pool's proxies that are not terminal.
 	members map[string]*Proxy
+	// onTarget counts the pool's active proxies per "<entry>.<target>".
+	onTarget map[string]int
 }
 
 // shapeOf returns the part of a pool spec that shapes its instances: the
@@ -115,6 +117,15 @@ type state struct {
 	// proxies off a target for a while: quota, or a create stuck for
 	// MaxCreateAttempts attempts.
 	avoid map[string]avoidance
+	// onTarget counts the active proxies of every pool per
+	// "<entry>.<target>": placement's view of each target's load, kept as
+	// events arrive so a round need not count the fleet.
+	onTarget map[string]int
+	// dirty names the pools an event touched since the reconciler last
+	// took the set: the pools its next round looks at (see
+	// [Planner.reconcile]). It is bookkeeping of this replica, not part of
+	// the fold: a snapshot does not carry it.
+	dirty map[string]struct{}
 	// rejects reports events that break the event contract.
 	rejects *bus.Rejects
 }
@@ -141,6 +152,8 @@ func newState(log *slog.Logger, keep int) *state {
 		abandoned:    map[string]struct{}{},
 		targets:      map[string]map[string]bool{},
 		avoid:        map[string]avoidance{},
+		onTarget:     map[string]int{},
+		dirty:        map[string]struct{}{},
 		rejects:      bus.NewRejects(log, 0),
 	}
 }
@@ -223,10 +236,41 @@ func (s *state) noteTarget(entry, target string) {
 func (s *state) pool(name string) *Pool {
 	p := s.pools[name]
 	if p == nil {
-		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}}
+		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}, onTarget: map[string]int{}}
 		s.pools[name] = p
 	}
+	s.dirty[name] = struct{}{}
 	return p
+}
+
+// slot is where a proxy counts toward its target's load: its
+// "<entry>.<target>" while it is active.
+type slot struct {
+	key    string
+	active bool
+}
+
+func slotOf(x *Proxy) slot { return slot{key: targetKey(x.Entry, x.Target), active: isActive(x.State)} }
+
+// move moves a proxy of pool p from slot from to slot to in the load
+// counts.
+func (s *state) move(p *Pool, from, to slot) {
+	if from == to {
+		return
+	}
+	add := func(m map[string]int, k string, d int) {
+		if m[k] += d; m[k] == 0 {
+			delete(m, k)
+		}
+	}
+	if from.active {
+		add(s.onTarget, from.key, -1)
+		add(p.onTarget, from.key, -1)
+	}
+	if to.active {
+		add(s.onTarget, to.key, 1)
+		add(p.onTarget, to.key, 1)
+	}
 }
 
 // decisionID is the Msg-Id of a planner decision: "<id>.<type>.<n>.<hash>",
@@ -327,6 +371,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 	}
 	if p := s.pools[ev.ID]; p != nil {
 		p.LastSeq = ev.Seq
+		s.dirty[p.Name] = struct{}{}
 	}
 	return false
 }
@@ -406,6 +451,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		}
 		s.noteTarget(d.Entry, d.Target)
 		s.setState(x, to)
+		s.move(s.pool(x.Pool), slot{}, slotOf(x))
 		return true
 	}
 	// The view's data, as health's projection records it.
@@ -413,8 +459,10 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	if err := v.Apply(to, ev.Seq, ev.Kind, ev.Envelope); err != nil {
 		return s.skip(ev, err)
 	}
+	was := slotOf(x)
 	s.setState(x, to)
 	x.ProxyView = v
+	s.move(s.pool(x.Pool), was, slotOf(x))
 	switch ev.Kind {
 	case events.ProxyRequested:
 		// A re-issued create: a later attempt of the same decision.

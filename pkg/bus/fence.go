@@ -145,6 +145,9 @@ type Decision struct {
 	Type, MsgID   string
 	Data          any
 	Expect        *Expect
+	// Trace is the trace context the event carries (telemetry.Inject of
+	// the decision's context); nil: the context StartFenced is given.
+	Trace nats.Header
 }
 
 // FencedAppend is a fenced batch on its way to the server; [FencedAppend.Wait]
@@ -232,7 +235,13 @@ func (s *EventStore) StartFenced(ctx context.Context, term Term, ds ...Decision)
 		}
 		msg := nats.NewMsg(events.EventSubject(d.Aggregate, d.ID, d.Type))
 		msg.Data = body
-		telemetry.Inject(ctx, msg.Header)
+		if d.Trace != nil {
+			for k, v := range d.Trace {
+				msg.Header[k] = v
+			}
+		} else {
+			telemetry.Inject(ctx, msg.Header)
+		}
 		msg.Header.Set(jetstream.MsgIDHeader, d.MsgID)
 		msg.Header.Set(hdrBatchID, batch)
 		msg.Header.Set(hdrBatchSeq, strconv.Itoa(i+2))

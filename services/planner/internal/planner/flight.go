@@ -119,8 +119,11 @@ func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, i
 	logArgs []any, stored func(context.Context, uint64)) {
 	p := f.p
 	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + ds[len(ds)-1].Type, log: logArgs, stored: stored}
+	// Each decision continues its own trace, whatever batch carries it.
+	tr := nats.Header{}
+	telemetry.Inject(ctx, tr)
 	for i, d := range ds {
-		d.Aggregate, d.ID, d.Expect = aggregate, id, nil
+		d.Aggregate, d.ID, d.Expect, d.Trace = aggregate, id, nil, tr
 		if i == 0 {
 			d.Expect = expect
 		}

@@ -555,6 +555,12 @@ func TestTraceFromRequestReachesCommands(t *testing.T) {
 	if got := trace.SpanContextFromContext(telemetry.Extract(context.Background(), applied[0].Header)).TraceID(); got != want {
 		t.Errorf("applied event trace id: got %s, want %s", got, want)
 	}
+	// The reconciler's decision continues it too, whatever batch carried
+	// it.
+	requested := h.eventsOf(events.AggregateProxy, events.ProxyRequested)
+	if got := trace.SpanContextFromContext(telemetry.Extract(context.Background(), requested[0].Header)).TraceID(); got != want {
+		t.Errorf("requested event trace id: got %s, want %s", got, want)
+	}
 }
 
 // TestConflictIsRereadNotDoubleDecided drives the reconciler by hand on a

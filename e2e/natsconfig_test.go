@@ -93,6 +93,18 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 		t.Fatalf("planner cannot append a fenced decision: %v", err)
 	}
 
+	// The planner writes and reads its state snapshots.
+	obs, err := planner.JS.ObjectStore(ctx, bus.ObjectSnapshots)
+	if err != nil {
+		t.Fatalf("planner cannot open the snapshot store: %v", err)
+	}
+	if _, err := obs.PutBytes(ctx, "planner", []byte(`{"snapshot":true}`)); err != nil {
+		t.Fatalf("planner cannot write a snapshot: %v", err)
+	}
+	if b, err := obs.GetBytes(ctx, "planner"); err != nil || string(b) != `{"snapshot":true}` {
+		t.Fatalf("planner cannot read its snapshot back: %q, %v", b, err)
+	}
+
 	// The agent may not decide (requested) nor command, nor open a term.
 	agentStore := bus.NewEventStore(agentConn, "agent", nil)
 	short, scancel := context.WithTimeout(ctx, 2*time.Second)

@@ -72,6 +72,28 @@ func benchDecisions(ctx context.Context, b *testing.B, s *bus.EventStore, data a
 			}
 		}
 	})
+	// fenced-batched is one decision of fenced batches of 256, as the
+	// planner's reconciler sends them: the server's fixed cost of an
+	// atomic batch is shared by its decisions.
+	runs := 0
+	b.Run("fenced-batched", func(b *testing.B) {
+		runs++
+		term, err := s.ClaimTerm(ctx, "bench", uint64(runs))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ds []bus.Decision
+		for i := 0; i < b.N; i++ {
+			id := fmt.Sprintf("bat-%d-%d", runs, i)
+			ds = append(ds, bus.Decision{Aggregate: events.AggregateProxy, ID: id, Type: events.ProxyRunning, MsgID: id + ".running.1", Data: data, Expect: &bus.Expect{Seq: 0}})
+			if len(ds) == 256 || i == b.N-1 {
+				if _, err := s.StartFenced(ctx, term, ds...).Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				ds = nil
+			}
+		}
+	})
 }
 
 // replayEvents is the length of the stream BenchmarkReplay reads.

@@ -133,27 +133,86 @@ func (s *EventStore) ClaimTerm(ctx context.Context, leader string, lease uint64)
 // with [ErrFenced] when a newer term has opened and with [ErrConflict] when
 // expect no longer holds; in both cases nothing is stored.
 func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id, typ, msgID string, data any, expect *Expect) (uint64, error) {
-	subject := events.EventSubject(aggregate, id, typ)
-	env, err := events.NewEnvelope(msgID, s.source, events.EnvelopeType(aggregate, typ), id, s.now(), data)
-	if err != nil {
-		return 0, err
+	return s.StartFenced(ctx, term, Decision{Aggregate: aggregate, ID: id, Type: typ, MsgID: msgID, Data: data, Expect: expect}).Wait(ctx)
+}
+
+// Decision is one event a leader decides: its aggregate, type,
+// deterministic id (the Msg-Id) and data, and the last sequence its
+// aggregate must have when the batch that carries it commits (nil: no
+// expectation, for the later events of one aggregate in one batch).
+type Decision struct {
+	Aggregate, ID string
+	Type, MsgID   string
+	Data          any
+	Expect        *Expect
+	// Trace is the trace context the event carries (telemetry.Inject of
+	// the decision's context); nil: the context StartFenced is given.
+	Trace nats.Header
+}
+
+// FencedAppend is a fenced batch on its way to the server; [FencedAppend.Wait]
+// reads the verdict.
+type FencedAppend struct {
+	s       *EventStore
+	term    Term
+	subject string
+	// single is the batch's one decision, when it has one: a refused
+	// retry of it may be its own earlier success.
+	single *Decision
+	ack    jetstream.PubAckFuture
+	err    error
+}
+
+// maxBatchDecisions is the most decisions one fenced batch may carry (the
+// server's limit on an atomic batch is 1,000 messages, the fence included).
+const maxBatchDecisions = 999
+
+// StartFenced sends one fenced atomic batch: the fence message, checked
+// against term, then the decisions ds in order, each with its own
+// expectation and recording the term and the leader. The server stores
+// all of them or none. It returns without waiting for the server's
+// verdict, so the caller can prepare its next batch meanwhile;
+// [FencedAppend.Wait] reads the verdict, and every batch's verdict must be
+// read. Keep one fenced batch in flight at a time: on a replicated stream
+// the server refuses (as a wrong last sequence) a batch whose fence
+// expectation meets the term subject still in process for the batch
+// before it.
+//
+// A batch costs the server a fixed price (it stages the batch in a store
+// of its own) on top of its messages, so a leader with many decisions to
+// take sends many in one batch. Two decisions on one aggregate in one
+// batch must not both expect its sequence: the later one rides on the
+// first's expectation.
+func (s *EventStore) StartFenced(ctx context.Context, term Term, ds ...Decision) *FencedAppend {
+	a := &FencedAppend{s: s, term: term}
+	switch {
+	case len(ds) == 0:
+		a.err = errors.New("a fenced batch needs a decision")
+		return a
+	case len(ds) > maxBatchDecisions:
+		a.err = fmt.Errorf("a fenced batch carries at most %d decisions, not %d", maxBatchDecisions, len(ds))
+		return a
+	case len(ds) == 1:
+		a.single = &ds[0]
 	}
-	env.SetLeader(term.Number, term.Leader)
-	body, err := env.MarshalJSON()
-	if err != nil {
-		return 0, err
+	last := ds[len(ds)-1]
+	a.subject = events.EventSubject(last.Aggregate, last.ID, last.Type)
+	if err := ctx.Err(); err != nil {
+		a.err = fmt.Errorf("append %s: %w", a.subject, err)
+		return a
 	}
-	fenceEnv, err := events.NewEnvelope(msgID+".fence", s.source, events.EnvelopeType(events.AggregatePlanner, events.PlannerFence), "leader", s.now(),
+	fenceEnv, err := events.NewEnvelope(ds[0].MsgID+".fence", s.source, events.EnvelopeType(events.AggregatePlanner, events.PlannerFence), "leader", s.now(),
 		events.PlannerFenceData{Term: term.Number, Leader: term.Leader})
 	if err != nil {
-		return 0, err
+		a.err = err
+		return a
 	}
 	fenceBody, err := fenceEnv.MarshalJSON()
 	if err != nil {
-		return 0, err
+		a.err = err
+		return a
 	}
 	batch := rand.Text()
-
 	fence := nats.NewMsg(events.PlannerFenceSubject())
 	fence.Data = fenceBody
 	fence.Header.Set(hdrBatchID, batch)
@@ -161,61 +220,105 @@ func (s *EventStore) AppendFenced(ctx context.Context, term Term, aggregate, id,
 	fence.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(term.Seq, 10))
 	fence.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, events.PlannerTermSubject())
 	fence.Header.Set(jetstream.MsgTTLHeader, FenceTTL)
-
-	msg := nats.NewMsg(subject)
-	msg.Data = body
-	telemetry.Inject(ctx, msg.Header)
-	msg.Header.Set(jetstream.MsgIDHeader, msgID)
-	msg.Header.Set(hdrBatchID, batch)
-	msg.Header.Set(hdrBatchSeq, "2")
-	msg.Header.Set(hdrBatchCommit, "1")
-	if expect != nil {
-		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect.Seq, 10))
-		msg.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, events.AggregateFilter(aggregate, id))
+	msgs := []*nats.Msg{fence}
+	for i, d := range ds {
+		env, err := events.NewEnvelope(d.MsgID, s.source, events.EnvelopeType(d.Aggregate, d.Type), d.ID, s.now(), d.Data)
+		if err != nil {
+			a.err = err
+			return a
+		}
+		env.SetLeader(term.Number, term.Leader)
+		body, err := env.MarshalJSON()
+		if err != nil {
+			a.err = err
+			return a
+		}
+		msg := nats.NewMsg(events.EventSubject(d.Aggregate, d.ID, d.Type))
+		msg.Data = body
+		if d.Trace != nil {
+			for k, v := range d.Trace {
+				msg.Header[k] = v
+			}
+		} else {
+			telemetry.Inject(ctx, msg.Header)
+		}
+		msg.Header.Set(jetstream.MsgIDHeader, d.MsgID)
+		msg.Header.Set(hdrBatchID, batch)
+		msg.Header.Set(hdrBatchSeq, strconv.Itoa(i+2))
+		if d.Expect != nil {
+			msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(d.Expect.Seq, 10))
+			msg.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, events.AggregateFilter(d.Aggregate, d.ID))
+		}
+		msgs = append(msgs, msg)
 	}
-
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("append %s: %w", subject, err)
-	}
-	// The staged message needs no acknowledgement: the commit's reply says
+	commit := msgs[len(msgs)-1]
+	commit.Header.Set(hdrBatchCommit, "1")
+	// The staged messages need no acknowledgement: the commit's reply says
 	// whether the whole batch was stored, and one connection keeps the
-	// order of the two.
+	// order of the messages.
 	nc := s.js.Conn()
-	if err := nc.PublishMsg(fence); err != nil {
-		return 0, fmt.Errorf("append %s: %w", subject, err)
+	for _, m := range msgs[:len(msgs)-1] {
+		if err := nc.PublishMsg(m); err != nil {
+			a.err = fmt.Errorf("append %s: %w", a.subject, err)
+			return a
+		}
 	}
-	// Once the batch is on its way its outcome is decided by the server:
-	// wait for the verdict even when ctx ends meanwhile, so the caller
-	// learns whether it was stored, refused or deposed.
+	if a.ack, err = s.js.PublishMsgAsync(commit); err != nil {
+		a.err = fmt.Errorf("append %s: %w", a.subject, err)
+	}
+	return a
+}
+
+// Wait returns the stream sequence of the batch's last event once the
+// server stored the batch (its events are stored together, ending there).
+// It fails with [ErrFenced] when a newer term has opened and with
+// [ErrConflict] when an expectation of the batch no longer holds, or when
+// a batch of several decisions holds one the server stored before (a
+// batch refuses duplicates rather than acknowledging them): in both cases
+// nothing was stored, and a caller with several decisions in the batch
+// learns which by sending them in smaller batches. A retry of a lone
+// decision the server stored before returns that decision's sequence.
+// Once the batch is on its way its outcome is decided by the server, so
+// Wait reads the verdict even when ctx ends meanwhile (up to a bound), and
+// the caller learns whether it was stored, refused or deposed.
+func (a *FencedAppend) Wait(ctx context.Context) (uint64, error) {
+	if a.err != nil {
+		return 0, a.err
+	}
 	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verdictTimeout)
 	defer cancel()
-	ack, err := s.js.PublishMsg(vctx, msg)
-	if err == nil {
+	var err error
+	select {
+	case ack := <-a.ack.Ok():
 		return ack.Sequence, nil
+	case err = <-a.ack.Err():
+	case <-vctx.Done():
+		return 0, fmt.Errorf("append %s: no verdict from the server within %s", a.subject, verdictTimeout)
 	}
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {
-		return 0, fmt.Errorf("append %s: %w", subject, err)
+		return 0, fmt.Errorf("append %s: %w", a.subject, err)
 	}
 	switch apiErr.ErrorCode {
 	case jsErrWrongLastSequence, jsErrWrongLastSequenceConstant, jsErrAtomicPublishDuplicate:
-		// Either expectation failed, or the Msg-Id is a retry of an
-		// earlier success (a batch refuses duplicates instead of
-		// acknowledging them).
-		cur, terr := s.CurrentTerm(vctx)
+		// Either expectation failed, or a Msg-Id is a retry of an
+		// earlier success.
+		cur, terr := a.s.CurrentTerm(vctx)
 		if terr != nil {
-			return 0, fmt.Errorf("append %s: %w (reading the planner term: %v)", subject, err, terr)
+			return 0, fmt.Errorf("append %s: %w (reading the planner term: %v)", a.subject, err, terr)
 		}
-		last, lerr := s.Last(vctx, aggregate, id)
-		if lerr == nil && last != nil && last.Envelope.ID == msgID {
-			return last.Seq, nil
+		if d := a.single; d != nil {
+			last, lerr := a.s.Last(vctx, d.Aggregate, d.ID)
+			if lerr == nil && last != nil && last.Envelope.ID == d.MsgID {
+				return last.Seq, nil
+			}
 		}
-		if cur == nil || cur.Seq != term.Seq {
-			return 0, fmt.Errorf("append %s in term %d: %w", subject, term.Number, ErrFenced)
+		if cur == nil || cur.Seq != a.term.Seq {
+			return 0, fmt.Errorf("append %s in term %d: %w", a.subject, a.term.Number, ErrFenced)
 		}
-		return 0, fmt.Errorf("append %s: %w", subject, ErrConflict)
+		return 0, fmt.Errorf("append %s: %w", a.subject, ErrConflict)
 	case jsErrAtomicPublishDisabled:
-		return 0, fmt.Errorf("append %s: stream %s does not allow atomic batches; start any service with --ensure-topology (the default) to update it: %w", subject, EventsStream, err)
+		return 0, fmt.Errorf("append %s: stream %s does not allow atomic batches; start any service with --ensure-topology (the default) to update it: %w", a.subject, EventsStream, err)
 	}
-	return 0, fmt.Errorf("append %s: %w", subject, err)
+	return 0, fmt.Errorf("append %s: %w", a.subject, err)
 }

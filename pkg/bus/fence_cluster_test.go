@@ -148,3 +148,48 @@ func BenchmarkAppendReplicated(b *testing.B) {
 	})
 	benchDecisions(ctx, b, s, data)
 }
+
+// TestFencedBatchesOnReplicatedStream: on a replicated stream, fenced
+// batches sent one after the other (each verdict read before the next
+// batch leaves, as the planner sends them) are stored whole, and one
+// failed expectation refuses its whole batch.
+func TestFencedBatchesOnReplicatedStream(t *testing.T) {
+	ctx := context.Background()
+	c := startCluster(t)
+	s := bus.NewEventStore(c, "planner", nil)
+	term, err := s.ClaimTerm(ctx, "a", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range 4 {
+		var ds []bus.Decision
+		for i := range 100 {
+			id := fmt.Sprintf("r%d-%d", b, i)
+			expect := uint64(0)
+			if b == 2 && i == 50 {
+				expect = 7
+			}
+			ds = append(ds, bus.Decision{Aggregate: events.AggregateProxy, ID: id, Type: events.ProxyRequested, MsgID: id + ".requested.1",
+				Data: map[string]string{"id": id}, Expect: &bus.Expect{Seq: expect}})
+		}
+		seq, err := s.StartFenced(ctx, term, ds...).Wait(ctx)
+		if b == 2 {
+			if !errors.Is(err, bus.ErrConflict) {
+				t.Fatalf("batch 2: got %d, %v; want ErrConflict", seq, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+		for i := range 100 {
+			id := fmt.Sprintf("r%d-%d", b, i)
+			if last, err := s.Last(ctx, events.AggregateProxy, id); err != nil || last == nil || last.Seq != seq-uint64(99-i) {
+				t.Fatalf("%s: %+v, %v; want stored at %d", id, last, err, seq-uint64(99-i))
+			}
+		}
+	}
+	if last, _ := s.Last(ctx, events.AggregateProxy, "r2-0"); last != nil {
+		t.Fatalf("the refused batch stored %+v", last)
+	}
+}

@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -201,5 +202,120 @@ func TestTopologyUpgradesEventsStream(t *testing.T) {
 	}
 	if _, err := s.AppendFenced(ctx, term, events.AggregateProxy, "p1", events.ProxyRequested, "p1.requested.1", map[string]string{}, nil); err != nil {
 		t.Fatalf("fenced append after the upgrade: %v", err)
+	}
+}
+
+// TestStartFencedBatches: a batch of decisions on many aggregates, each
+// with its own expectation, is stored whole, its events together; one
+// failed expectation refuses the whole batch; a batch that repeats a
+// stored decision is refused too, while a lone retry is its own earlier
+// success; and after a newer term opened, every batch is fenced.
+func TestStartFencedBatches(t *testing.T) {
+	ctx := context.Background()
+	c := bustest.Start(t)
+	a := bus.NewEventStore(c, "planner-a", nil)
+	ta, err := a.ClaimTerm(ctx, "a", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(id string, expect uint64) bus.Decision {
+		return bus.Decision{Aggregate: events.AggregateProxy, ID: id, Type: events.ProxyRequested, MsgID: id + ".requested.1",
+			Data: map[string]string{"id": id}, Expect: &bus.Expect{Seq: expect}}
+	}
+	last := func(id string) *bus.Event {
+		t.Helper()
+		e, err := a.Last(ctx, events.AggregateProxy, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	lastSeq := func() uint64 {
+		t.Helper()
+		st, err := c.JS.Stream(ctx, bus.EventsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	// Ten batches of 50 creates; batch 3's 7th decision expects its
+	// aggregate at 9, which it is not.
+	var prev uint64
+	for b := range 10 {
+		var ds []bus.Decision
+		for i := range 50 {
+			expect := uint64(0)
+			if b == 3 && i == 7 {
+				expect = 9
+			}
+			ds = append(ds, create(fmt.Sprintf("px%d-%d", b, i), expect))
+		}
+		seq, err := a.StartFenced(ctx, ta, ds...).Wait(ctx)
+		if b == 3 {
+			if !errors.Is(err, bus.ErrConflict) {
+				t.Errorf("batch 3: got %d, %v; want ErrConflict", seq, err)
+			}
+			for i := range 50 {
+				if e := last(fmt.Sprintf("px3-%d", i)); e != nil {
+					t.Fatalf("the refused batch stored %+v", e)
+				}
+			}
+			continue
+		}
+		if err != nil || seq <= prev {
+			t.Fatalf("batch %d: got %d, %v; want a sequence after %d", b, seq, err, prev)
+		}
+		prev = seq
+		// The batch's events are stored together, ending at seq.
+		for i := range 50 {
+			if e := last(fmt.Sprintf("px%d-%d", b, i)); e == nil || e.Seq != seq-uint64(49-i) {
+				t.Fatalf("px%d-%d: %+v; want stored at %d", b, i, e, seq-uint64(49-i))
+			}
+		}
+	}
+	// Two conditions of one pool: the second rides on the first's
+	// expectation.
+	pseq, err := a.StartFenced(ctx, ta,
+		bus.Decision{Aggregate: events.AggregatePool, ID: "demo", Type: events.PoolCondition, MsgID: "demo.condition.a", Data: map[string]string{"n": "1"}, Expect: &bus.Expect{Seq: 0}},
+		bus.Decision{Aggregate: events.AggregatePool, ID: "demo", Type: events.PoolCondition, MsgID: "demo.condition.b", Data: map[string]string{"n": "2"}}).Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := a.Load(ctx, events.AggregatePool, "demo")
+	if err != nil || len(evs) != 2 || evs[1].Seq != pseq || evs[0].Envelope.ID != "demo.condition.a" || evs[1].Envelope.ID != "demo.condition.b" {
+		t.Fatalf("pool batch: %d events (%v), want both conditions, the last at %d", len(evs), err, pseq)
+	}
+
+	// A batch repeating a stored decision is refused whole; the lone
+	// retry is its own earlier success.
+	before := lastSeq()
+	if _, err := a.StartFenced(ctx, ta, create("fresh", 0), create("px7-1", 0)).Wait(ctx); !errors.Is(err, bus.ErrConflict) {
+		t.Errorf("batch with a stored decision: got %v, want ErrConflict", err)
+	}
+	if e := last("fresh"); e != nil || lastSeq() != before {
+		t.Errorf("the refused batch stored something: %+v", e)
+	}
+	again, err := a.StartFenced(ctx, ta, create("px7-1", 0)).Wait(ctx)
+	if e := last("px7-1"); err != nil || e == nil || again != e.Seq {
+		t.Errorf("lone retry of px7-1: got %d, %v; want its sequence", again, err)
+	}
+
+	// Another term opens: the old leader's batches are fenced, and none
+	// of them is stored.
+	if _, err := bus.NewEventStore(bustest.Dial(t, c), "planner-b", nil).ClaimTerm(ctx, "b", 2); err != nil {
+		t.Fatal(err)
+	}
+	before = lastSeq()
+	for i := range 5 {
+		if _, err := a.StartFenced(ctx, ta, create(fmt.Sprintf("late%d", i), 0), create(fmt.Sprintf("later%d", i), 0)).Wait(ctx); !errors.Is(err, bus.ErrFenced) {
+			t.Errorf("late batch %d: got %v, want ErrFenced", i, err)
+		}
+	}
+	if after := lastSeq(); after != before {
+		t.Fatalf("the stream's last sequence is %d after the fenced batches, was %d: a refused batch stored something", after, before)
 	}
 }

@@ -23,6 +23,11 @@ const (
 	BucketSecrets = "fleet-secrets"
 	BucketProbes  = "fleet-probes"
 	BucketVMIDs   = "fleet-vmids"
+
+	// ObjectSnapshots is the object store of state checkpoints: a cache
+	// of FLEET_EVENTS (a snapshot names the sequence it covers), never a
+	// source of truth.
+	ObjectSnapshots = "fleet-snapshots"
 )
 
 // Timing of the shared definitions.
@@ -89,6 +94,16 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 	for _, cfg := range buckets {
 		if _, err := c.JS.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
 			return fmt.Errorf("bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	objects := []jetstream.ObjectStoreConfig{
+		// Snapshots are JSON: the server compresses them at rest.
+		{Bucket: ObjectSnapshots, Description: "state checkpoints of FLEET_EVENTS readers (the planner's); a cache, rebuildable from the log",
+			Storage: jetstream.FileStorage, Compression: true, Replicas: r},
+	}
+	for _, cfg := range objects {
+		if _, err := c.JS.CreateOrUpdateObjectStore(ctx, cfg); err != nil {
+			return fmt.Errorf("object store %s: %w", cfg.Bucket, err)
 		}
 	}
 	return nil

@@ -67,6 +67,13 @@ whose instance is missing from its target's inventory for longer than
 --gc-grace fails with class vanished and is replaced. Bad requests get a micro error
 (400: unreadable, 422: not acceptable) with a JSON body naming the field.
 
+Every replica checkpoints its state, with the event sequence it covers,
+into the object store fleet-snapshots (--snapshot-events, --snapshot-interval);
+a start loads the latest snapshot and replays only the events after it. A
+missing, unreadable or foreign snapshot (one of another format version, or
+taken from another stream) is ignored with a warning: the whole log is
+replayed.
+
 Without --nats-url the planner embeds a JetStream server listening on
 --nats-listen and storing under <data-dir>/jetstream; other services connect
 to it.
@@ -102,6 +109,12 @@ func run() int {
 		"an orphaned marked instance, or a running proxy's missing instance, must be seen so this long before it is deleted or the proxy failed (vanished)")
 	fs.DurationVar(&cfg.InventoryTimeout, "inventory-timeout", 10*time.Second,
 		"bound of one inventory request; a target that does not answer is skipped for the round")
+	fs.IntVar(&cfg.KeepFinished, "keep-finished", 1000,
+		"how many finished (deleted or abandoned) proxies stay in memory; proxy.get answers older ones from the event log (-1: none)")
+	fs.IntVar(&cfg.SnapshotEvery, "snapshot-events", 50_000,
+		"write a snapshot once the event log advanced this many sequences past the last one (-1: never by count)")
+	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 10*time.Minute,
+		"write a snapshot at least this often while events arrive (-1s: never by time)")
 	id := fs.String("id", "", "replica id in the leader lease (default <hostname>-<random>)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -487,26 +487,27 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
 }
 
-// lookupProxy returns a copy of the proxy with id, or a 422.
-func (p *Planner) lookupProxy(id string) (Proxy, *APIError) {
+// lookupProxy returns a copy of the proxy with id, or a 422. A proxy that
+// finished long ago is no longer in memory: it is folded from the log.
+func (p *Planner) lookupProxy(ctx context.Context, id string) (Proxy, *APIError) {
 	if fe := events.CheckIdentifier("id", id); fe != nil {
 		return Proxy{}, invalid([]events.FieldError{*fe})
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	x := p.st.proxies[id]
-	if x == nil {
-		return Proxy{}, notFound("id", "unknown proxy", id)
+	p.mu.Unlock()
+	if x != nil {
+		return *x, nil
 	}
-	return *x, nil
+	return p.recallProxy(ctx, id)
 }
 
-func (p *Planner) proxyGet(_ context.Context, body []byte) (any, *APIError) {
+func (p *Planner) proxyGet(ctx context.Context, body []byte) (any, *APIError) {
 	var req ProxyRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
-	x, aerr := p.lookupProxy(req.ID)
+	x, aerr := p.lookupProxy(ctx, req.ID)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -604,7 +605,7 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 	if len(reason) > maxBanReason {
 		return nil, invalid([]events.FieldError{{Field: "reason", Reason: fmt.Sprintf("must be at most %d bytes", maxBanReason)}})
 	}
-	if x, aerr := p.lookupProxy(req.ID); aerr == nil && isActive(x.State) {
+	if x, aerr := p.lookupProxy(ctx, req.ID); aerr == nil && isActive(x.State) {
 		if _, _, err := p.requestReplacement(ctx, x, "banned: "+reason); err != nil {
 			p.log.WarnContext(ctx, "no replacement for a banned proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
 		}
@@ -619,7 +620,7 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup bool) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	for range maxConflictRetries {
-		x, aerr := p.lookupProxy(id)
+		x, aerr := p.lookupProxy(ctx, id)
 		if aerr != nil {
 			return nil, aerr
 		}
@@ -669,7 +670,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("decision recorded but not yet visible; get the proxy again")
 		}
-		x, aerr = p.lookupProxy(id)
+		x, aerr = p.lookupProxy(ctx, id)
 		if aerr != nil {
 			return nil, aerr
 		}

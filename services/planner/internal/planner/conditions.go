@@ -2,7 +2,6 @@ package planner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -19,30 +18,30 @@ const maxListed = 5
 
 // updateConditions appends a condition event for each of the pool's
 // conditions whose status, reason or message differs from what the log
-// holds: conditions change on transitions only, never once per round. A
-// conflict (the pool changed meanwhile) leaves it to the next round.
-func (p *Planner) updateConditions(ctx context.Context, r *round, pool Pool, want int, pr *poolRound) {
-	last := pool.LastSeq
+// holds: conditions change on transitions only, never once per round. The
+// changed ones go in one fenced batch expecting the pool's last sequence;
+// a conflict (the pool changed meanwhile) leaves them to the next round.
+func (p *Planner) updateConditions(ctx context.Context, f *flight, pool Pool, want int, pr *poolRound) {
+	var ds []bus.Decision
+	var changed []events.PoolConditionData
 	for _, d := range p.conditionsOf(pool, want, pr) {
 		if cur, ok := events.FindCondition(pool.Conditions, d.Type); ok &&
 			cur.Status == d.Status && cur.Reason == d.Reason && cur.Message == d.Message {
 			continue
 		}
-		seq, err := p.appendDecision(ctx, events.AggregatePool, pool.Name, events.PoolCondition,
-			decisionID(pool.Name, events.PoolCondition, last, d), d, &bus.Expect{Seq: last})
-		if errors.Is(err, bus.ErrConflict) {
-			return
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.WarnContext(ctx, "append pool condition", "pool", pool.Name, "err", err)
-			}
-			return
-		}
-		p.noteOwn(seq)
-		last = seq
-		p.log.InfoContext(ctx, "pool condition", "pool", pool.Name, "type", d.Type, "status", d.Status, "reason", d.Reason, "message", d.Message)
+		ds = append(ds, bus.Decision{Type: events.PoolCondition, MsgID: decisionID(pool.Name, events.PoolCondition, pool.LastSeq, d), Data: d})
+		changed = append(changed, d)
 	}
+	if len(ds) == 0 {
+		return
+	}
+	f.decide(ctx, nil, pool.Name, events.AggregatePool, pool.Name, &bus.Expect{Seq: pool.LastSeq}, ds,
+		[]any{"pool", pool.Name, "decision", events.PoolCondition, "conditions", len(ds)},
+		func(ctx context.Context, _ uint64) {
+			for _, d := range changed {
+				p.log.InfoContext(ctx, "pool condition", "pool", pool.Name, "type", d.Type, "status", d.Status, "reason", d.Reason, "message", d.Message)
+			}
+		})
 }
 
 // conditionsOf computes the pool's conditions from one round's findings.

@@ -8,4 +8,4 @@ import "log/slog"
 // (see failpoint_on.go); here they do nothing.
 type failpoints struct{}
 
-func (*failpoints) beforeFencedAppend(*slog.Logger) {}
+func (*failpoints) beforeDecision(*slog.Logger, func()) {}

@@ -13,20 +13,22 @@ import (
 
 // failpoints are test failpoints, compiled in only with -tags failpoint.
 type failpoints struct {
-	decisions atomic.Int64 // fenced appends so far
+	decisions atomic.Int64 // decisions so far
 }
 
-// beforeFencedAppend runs in appendDecision after the lease check and right
-// before the fenced append. The environment variable
-// PF_FAILPOINT_STOP_BEFORE_DECISION=n makes the process stop itself with
-// SIGSTOP before its n-th decision: the pause, between the check and the
-// publish, that only the storage-side fence can stop.
-func (f *failpoints) beforeFencedAppend(log *slog.Logger) {
+// beforeDecision runs in flight.decide after the lease check, before a
+// decision joins the round's batch. The environment variable
+// PF_FAILPOINT_STOP_BEFORE_DECISION=n makes the process send the batch of
+// the decisions before its n-th (send) and then stop itself with SIGSTOP:
+// the pause, between the check and the publish of the n-th decision, that
+// only the storage-side fence can stop.
+func (f *failpoints) beforeDecision(log *slog.Logger, send func()) {
 	n, err := strconv.ParseInt(os.Getenv("PF_FAILPOINT_STOP_BEFORE_DECISION"), 10, 64)
 	if err != nil || n <= 0 {
 		return
 	}
 	if f.decisions.Add(1) == n {
+		send()
 		log.Info("failpoint: stopping before a decision", "decision", n)
 		// Directed at this thread, the stop takes effect before the
 		// syscall returns; sent to the process, another thread could

@@ -2,9 +2,6 @@ package planner
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"proxyfleet/pkg/bus"
 )
@@ -17,48 +14,17 @@ import (
 // until it next looks at the lease, and anything it was about to publish
 // goes out when it resumes. So a replica that acquires the lease first opens
 // a term in the event log ([bus.EventStore.ClaimTerm]), and every reconciler
-// decision is appended with [bus.EventStore.AppendFenced], which the server
-// stores only while that term is the latest one. A leader whose fenced
-// append is refused is deposed: it stops its reconciler at once and gives
-// the lease back (if it still holds it), and the replicas compete again.
+// decision is a fenced batch ([bus.EventStore.StartFenced], sent by
+// [flight.decide]), which the server stores only while that term is the
+// latest one. A leader whose fenced batch is refused is deposed: it stops
+// its reconciler at once and gives the lease back (if it still holds it),
+// and the replicas compete again.
 
 // leadership is one term of this replica as leader.
 type leadership struct {
 	term bus.Term
 	// cancel stops the reconciler of this term.
 	cancel context.CancelFunc
-}
-
-var (
-	errNotLeading   = errors.New("this replica does not lead")
-	errLeaseExpired = errors.New("the leader lease was not renewed within its TTL")
-)
-
-// appendDecision appends one reconciler decision, fenced by this replica's
-// leader term. It fails, storing nothing, when this replica does not lead,
-// when its lease went unrenewed for a whole TTL (a cheap early check), and
-// when the store refuses the decision because another term opened
-// ([bus.ErrFenced]); in the last two cases the replica is deposed: the
-// reconciler's context is cancelled and the lease is given back.
-func (p *Planner) appendDecision(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error) {
-	l := p.leading.Load()
-	if l == nil {
-		return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errNotLeading)
-	}
-	if at := p.renewed.Load(); at != nil {
-		if age := time.Since(*at); age >= p.cfg.LeaseTTL {
-			p.depose(l, "leader lease not renewed for "+age.Round(time.Millisecond).String())
-			return 0, fmt.Errorf("append %s of %s %s: %w", typ, aggregate, id, errLeaseExpired)
-		}
-	}
-	p.fp.beforeFencedAppend(p.log)
-	seq, err := p.store.AppendFenced(ctx, l.term, aggregate, id, typ, msgID, data, expect)
-	if errors.Is(err, bus.ErrFenced) {
-		p.log.WarnContext(ctx, "decision refused by the event log: a newer planner term has opened",
-			"term", l.term.Number, "decision", typ, aggregate, id)
-		p.depose(l, "a decision was refused: a newer planner term has opened")
-	}
-	return seq, err
 }
 
 // startTerm opens a leader term for the lease at revision lease and starts

@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -166,7 +165,7 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id)
 				continue
 			}
-			if x := p.st.proxies[id]; x != nil && x.State != events.ProxyDeleted {
+			if p.st.keepsInstance(id) {
 				continue // live, being retired, or abandoned on purpose
 			}
 			k := orphanKey{target: tk, instance: inst.Name}
@@ -225,21 +224,25 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 	}
 	p.mu.Unlock()
 
+	f := p.newFlight(ctx)
 	for _, o := range orphans {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		p.deleteOrphan(ctx, o)
+		p.deleteOrphan(ctx, f, o)
 	}
 	for _, x := range vanished {
-		f := events.ProxyFailedData{
+		fd := events.ProxyFailedData{
 			Class:   events.ClassVanished,
 			Reason:  fmt.Sprintf("instance %s missing from the inventory of %s/%s for more than %s", x.Instance, x.Entry, x.Target, grace),
 			Attempt: x.Attempt,
 		}
-		p.decide(traceCtx(ctx, x.traceparent), x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+		p.decide(traceCtx(ctx, x.traceparent), f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 	}
-	p.gcRounds.Add(1)
+	f.wait()
+	if ctx.Err() == nil {
+		p.gcRounds.Add(1)
+	}
 }
 
 // listed reports whether an inventory holds x's instance, by name or by
@@ -262,7 +265,7 @@ func listed(list []agent.Instance, x Proxy) bool {
 // events, so repeating a round re-publishes the same Msg-Id (a no-op) and a
 // new decision after a failed delete gets a new one. A proxy ever abandoned
 // is left alone.
-func (p *Planner) deleteOrphan(ctx context.Context, o orphan) {
+func (p *Planner) deleteOrphan(ctx context.Context, f *flight, o orphan) {
 	id := o.inst.Marker.ProxyID
 	log := p.log.With("proxy", id, "entry", o.entry, "target", o.target, "instance", o.inst.Name)
 	evs, err := p.store.Load(ctx, events.AggregateProxy, id)
@@ -291,27 +294,20 @@ func (p *Planner) deleteOrphan(ctx context.Context, o orphan) {
 		}
 		lastKind = e.Kind
 	}
-	if lastKind != events.ProxyRetiring {
-		d := events.ProxyRetiringData{Reason: gcReason}
-		seq, err := p.appendDecision(ctx, events.AggregateProxy, id, events.ProxyRetiring,
-			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
-		if errors.Is(err, bus.ErrConflict) {
-			log.Debug("orphan's aggregate changed since it was read; deciding again next round")
-			return
+	send := func(ctx context.Context, attempt int) {
+		cmd := events.DeleteCommand{
+			ProxyID: id, Pool: o.inst.Marker.Pool, Entry: o.entry, Target: o.target, Instance: o.inst.Name,
+			ProviderID: o.inst.ProviderID, Attempt: attempt, Reason: gcReason,
 		}
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("garbage collection: append retiring", "err", err)
-			}
-			return
-		}
-		p.noteOwn(seq)
-		retirings++
-		log.Info("garbage-collecting an orphaned instance", "pool", o.inst.Marker.Pool)
+		f.command(ctx, pending{del: &cmd})
 	}
-	cmd := events.DeleteCommand{
-		ProxyID: id, Pool: o.inst.Marker.Pool, Entry: o.entry, Target: o.target, Instance: o.inst.Name,
-		ProviderID: o.inst.ProviderID, Attempt: retirings, Reason: gcReason,
+	if lastKind == events.ProxyRetiring {
+		send(ctx, retirings)
+		return
 	}
-	p.publish(ctx, pending{del: &cmd})
+	d := events.ProxyRetiringData{Reason: gcReason}
+	f.decide(ctx, nil, o.inst.Marker.Pool, events.AggregateProxy, id, &bus.Expect{Seq: lastSeq},
+		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(id, events.ProxyRetiring, lastSeq, d), Data: d}},
+		[]any{"proxy", id, "decision", events.ProxyRetiring, "entry", o.entry, "target", o.target, "instance", o.inst.Name, "pool", o.inst.Marker.Pool, "why", gcReason},
+		func(ctx context.Context, _ uint64) { send(ctx, retirings+1) })
 }

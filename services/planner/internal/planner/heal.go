@@ -58,7 +58,7 @@ func (r *round) replacement(x Proxy) (Proxy, bool) {
 // whose replacement is ready, all of them once the counted members alone
 // hold want ready proxies, and sick ones unhealthy for twice unhealthyAfter
 // whatever became of their replacement. It returns the ids it retired.
-func (p *Planner) retireCondemned(ctx context.Context, r *round, pool Pool, pr *poolRound, want int, now time.Time, after time.Duration) map[string]bool {
+func (p *Planner) retireCondemned(ctx context.Context, r *round, f *flight, pool Pool, pr *poolRound, want int, now time.Time, after time.Duration) map[string]bool {
 	ready := 0
 	for _, x := range pr.counted {
 		if x.State == events.ProxyReady {
@@ -87,7 +87,7 @@ func (p *Planner) retireCondemned(ctx context.Context, r *round, pool Pool, pr *
 		default:
 			continue
 		}
-		p.retire(ctx, r, x, why)
+		p.retire(ctx, r, f, x, why)
 		retired[x.ID] = true
 	}
 	return retired

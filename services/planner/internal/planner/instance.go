@@ -100,11 +100,13 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 		return nil, unprocessable("name", "the instance's name does not derive from the proxy id in its marker; it is left alone", req.Name)
 	}
 	previous := "unknown"
-	p.mu.Lock()
-	if x := p.st.proxies[id]; x != nil {
+	x, aerr := p.lookupProxy(ctx, id)
+	switch {
+	case aerr == nil:
 		previous = x.State
+	case aerr.Code != CodeNotFound:
+		return nil, aerr
 	}
-	p.mu.Unlock()
 	if previous != "unknown" && !events.IsTerminal(previous) {
 		return nil, unprocessable("name", fmt.Sprintf("the instance belongs to proxy %s, which is %s; delete the proxy with fleet.api.proxy.delete instead", id, previous), req.Name)
 	}

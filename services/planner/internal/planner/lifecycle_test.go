@@ -26,7 +26,7 @@ func appendAll(t *testing.T, c *bus.Conn, evs []lifecycletest.Event) {
 // foldLog replays the whole log into a fresh state.
 func foldLog(t *testing.T, c *bus.Conn, log *slog.Logger) *state {
 	t.Helper()
-	st := newState(log)
+	st := newState(log, defaultKeepFinished)
 	if err := bus.NewEventStore(c, "reader", nil).Replay(t.Context(), 0, func(ev bus.Event) error {
 		st.apply(ev)
 		return nil

@@ -603,7 +603,7 @@ func TestPageJSONFitsEveryBudget(t *testing.T) {
 // benchState is a planner state of one pool of n requested proxies.
 func benchState(b *testing.B, n int) *state {
 	b.Helper()
-	st := newState(testLogger())
+	st := newState(testLogger(), defaultKeepFinished)
 	at := time.Now()
 	seq := uint64(0)
 	apply := func(agg, id, kind, msgID string, data any) {

@@ -85,6 +85,18 @@ type Config struct {
 	// InventoryTimeout bounds one inventory request; a target that does not
 	// answer in time is skipped for the round (default 10s).
 	InventoryTimeout time.Duration
+	// KeepFinished is how many finished (deleted or abandoned) proxies stay
+	// in memory, most recent first, so proxy.get answers about them from
+	// memory; older ones leave it and proxy.get folds them from the log
+	// (default 1000; negative: none).
+	KeepFinished int
+	// SnapshotEvery is how many sequences of FLEET_EVENTS the projection
+	// advances between two snapshots of it (default 50,000; negative: no
+	// snapshot by count). See snapshot.go.
+	SnapshotEvery int
+	// SnapshotInterval is the longest time between two snapshots while
+	// events arrive (default 10m; negative: no snapshot by time).
+	SnapshotInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -102,6 +114,15 @@ func (c *Config) defaults() {
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCGrace, 10*time.Minute)
 	def(&c.InventoryTimeout, 10*time.Second)
+	if c.KeepFinished == 0 {
+		c.KeepFinished = defaultKeepFinished
+	}
+	if c.SnapshotEvery == 0 {
+		c.SnapshotEvery = 50_000
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = 10 * time.Minute
+	}
 	if c.MaxCreateAttempts <= 0 {
 		c.MaxCreateAttempts = 5
 	}
@@ -141,6 +162,20 @@ type Planner struct {
 	seen map[string]map[string]bool
 	// progressed is closed and replaced whenever st advances.
 	progressed chan struct{}
+	// snapLoaded is the sequence of the snapshot Run started from, 0 after
+	// a full replay; set before the projection follows the log.
+	snapLoaded uint64
+	// snapSeq is the sequence of the newest snapshot this replica wrote,
+	// loaded or found stored.
+	snapSeq uint64
+	// snapKick asks the snapshot loop for a snapshot.
+	snapKick chan struct{}
+	// snapStore is the snapshot object store, opened on first use by the
+	// one goroutine that loads or writes snapshots at a time.
+	snapStore jetstream.ObjectStore
+	// leaseKV is fleet-planner, set by Run: the leader lease and the
+	// snapshot writer's claim.
+	leaseKV jetstream.KeyValue
 
 	caughtUp atomic.Bool
 	leader   atomic.Bool
@@ -152,6 +187,7 @@ type Planner struct {
 	renewed  atomic.Pointer[time.Time]
 	fp       failpoints   // test failpoints; empty in normal builds
 	rounds   atomic.Int64 // completed reconcile rounds
+	looked   atomic.Int64 // pools looked at by reconcile rounds
 	gcRounds atomic.Int64 // completed garbage-collection rounds
 	kick     chan struct{}
 
@@ -159,6 +195,10 @@ type Planner struct {
 	ownSeq   uint64
 	outbox   map[string]pending
 	noTarget map[string]time.Time // pool → when "no target" was last logged
+	// timers says when a round looks at a pool no event touched again;
+	// lastSweep is when a round last looked at every pool.
+	timers    map[string]poolTimer
+	lastSweep time.Time
 	// orphanSince and missingSince are the garbage collector's "seen
 	// since" times, in memory only: a new leader starts the grace again.
 	orphanSince  map[orphanKey]time.Time
@@ -186,11 +226,12 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 		tracer:     tracer,
 		now:        time.Now,
 		ageNow:     time.Now,
-		st:         newState(log),
+		st:         newState(log, cfg.KeepFinished),
 		agents:     map[string]agentSeen{},
 		seen:       map[string]map[string]bool{},
 		progressed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
+		snapKick:   make(chan struct{}, 1),
 		deposed:    make(chan *leadership, 1),
 	}, nil
 }
@@ -220,6 +261,16 @@ func (p *Planner) Run(ctx context.Context) error {
 	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
 	}
+	p.leaseKV = leaseKV
+
+	start := time.Now()
+	var fromSnap uint64
+	if st := p.loadSnapshot(ctx); st != nil {
+		p.mu.Lock()
+		p.st, p.snapSeq, p.snapLoaded, fromSnap = st, st.seq, st.seq, st.seq
+		p.mu.Unlock()
+		p.log.Info("state loaded from a snapshot; replaying the events after it", "seq", fromSnap, "took", time.Since(start).String())
+	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -228,7 +279,6 @@ func (p *Planner) Run(ctx context.Context) error {
 	wg.Go(func() { p.follow(ctx, func() { once.Do(func() { close(caught) }) }) })
 	wg.Go(func() { p.watchAgents(ctx, agentsKV) })
 
-	start := time.Now()
 	select {
 	case <-caught:
 	case <-ctx.Done():
@@ -238,7 +288,8 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Lock()
 	seq := p.st.seq
 	p.mu.Unlock()
-	p.log.Info("state rebuilt from the event log", "seq", seq, "took", time.Since(start).String())
+	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
+	wg.Go(func() { p.snapshotLoop(ctx) })
 
 	svc, err := p.startAPI()
 	if err != nil {
@@ -281,7 +332,14 @@ func (p *Planner) onEvent(ev bus.Event) error {
 	relevant := p.st.apply(ev)
 	close(p.progressed)
 	p.progressed = make(chan struct{})
+	due := p.cfg.SnapshotEvery > 0 && p.st.seq-p.snapSeq >= uint64(p.cfg.SnapshotEvery)
 	p.mu.Unlock()
+	if due {
+		select {
+		case p.snapKick <- struct{}{}:
+		default:
+		}
+	}
 	if ev.Aggregate == events.AggregatePlanner && ev.Kind == events.PlannerTerm {
 		p.noteTerm(ev.Seq)
 	}

@@ -555,6 +555,12 @@ func TestTraceFromRequestReachesCommands(t *testing.T) {
 	if got := trace.SpanContextFromContext(telemetry.Extract(context.Background(), applied[0].Header)).TraceID(); got != want {
 		t.Errorf("applied event trace id: got %s, want %s", got, want)
 	}
+	// The reconciler's decision continues it too, whatever batch carried
+	// it.
+	requested := h.eventsOf(events.AggregateProxy, events.ProxyRequested)
+	if got := trace.SpanContextFromContext(telemetry.Extract(context.Background(), requested[0].Header)).TraceID(); got != want {
+		t.Errorf("requested event trace id: got %s, want %s", got, want)
+	}
 }
 
 // TestConflictIsRereadNotDoubleDecided drives the reconciler by hand on a
@@ -584,7 +590,9 @@ func TestConflictIsRereadNotDoubleDecided(t *testing.T) {
 		other, &bus.Expect{Seq: last.Seq}); err != nil {
 		t.Fatal(err)
 	}
-	p.reconcilePool(context.Background(), r, r.pools[0])
+	f := p.newFlight(context.Background())
+	p.reconcilePool(context.Background(), r, r.pools[0], f)
+	f.wait()
 	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRetiring)); n != 1 {
 		t.Fatalf("retiring events: got %d, want 1 (the planner's stale decision must conflict)", n)
 	}

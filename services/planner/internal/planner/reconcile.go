@@ -61,14 +61,24 @@ func (r *round) count(x Proxy, delta int) {
 	r.poolOnTarget[x.Pool][k] += delta
 }
 
-func (p *Planner) snapshot() *round {
+// snapshot copies every pool: the input of a round that looks at the
+// whole fleet.
+func (p *Planner) snapshot() *round { return p.roundOf(nil, false) }
+
+// roundOf copies, under the lock, the pools named in names (every pool
+// when names is nil), their live members, the load of every target and
+// the proxies the reconciler's outbox names, so decisions run without the
+// lock. With takeDirty the pools events touched since the last take are
+// copied too, and the dirty set starts afresh: an event folded after the
+// copy marks its pool for the next round.
+func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := &round{
 		now:          p.now(),
 		byID:         map[string]Proxy{},
-		avoid:        map[string]avoidance{},
-		onTarget:     map[string]int{},
+		avoid:        make(map[string]avoidance, len(p.st.avoid)),
+		onTarget:     make(map[string]int, len(p.st.onTarget)),
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
 	}
@@ -79,18 +89,59 @@ func (p *Planner) snapshot() *round {
 	for k, a := range p.st.avoid {
 		r.avoid[k] = a
 	}
-	for _, pl := range p.st.sortedPools() {
-		ps := poolSnap{pool: *pl}
-		ps.pool.counts, ps.pool.members = nil, nil
+	for k, n := range p.st.onTarget {
+		r.onTarget[k] = n
+	}
+	var pools []*Pool
+	if names == nil {
+		pools = p.st.sortedPools()
+	} else {
+		if takeDirty {
+			for name := range p.st.dirty {
+				names[name] = true
+			}
+		}
+		for name := range names {
+			if pl := p.st.pools[name]; pl != nil {
+				pools = append(pools, pl)
+			}
+		}
+		sort.Slice(pools, func(i, j int) bool { return pools[i].Name < pools[j].Name })
+	}
+	if takeDirty {
+		clear(p.st.dirty)
+	}
+	for _, pl := range pools {
+		ps := poolSnap{pool: *pl, members: make([]Proxy, 0, len(pl.members))}
+		ps.pool.counts, ps.pool.members, ps.pool.onTarget = nil, nil, nil
 		for _, x := range pl.members {
 			ps.members = append(ps.members, *x)
 			r.byID[x.ID] = *x
-			if isActive(x.State) {
-				r.count(*x, 1)
-			}
 		}
 		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
+		load := make(map[string]int, len(pl.onTarget))
+		for k, n := range pl.onTarget {
+			load[k] = n
+		}
+		r.poolOnTarget[pl.Name] = load
 		r.pools = append(r.pools, ps)
+	}
+	// A replacement lives in its pool, but a proxy's ReplacedBy may name
+	// one the copy lacks (its pool was not copied); the outbox names
+	// proxies of any pool.
+	for _, ps := range r.pools {
+		for _, x := range ps.members {
+			if y := p.st.proxies[x.ReplacedBy]; x.ReplacedBy != "" && y != nil {
+				if _, ok := r.byID[y.ID]; !ok {
+					r.byID[y.ID] = *y
+				}
+			}
+		}
+	}
+	for id := range p.outbox {
+		if x := p.st.proxies[id]; x != nil {
+			r.byID[id] = *x
+		}
 	}
 	return r
 }
@@ -100,6 +151,8 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.ownSeq = 0
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
+	p.timers = map[string]poolTimer{}
+	p.lastSweep = time.Time{}
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
 	p.recoverCommands(ctx)
@@ -130,6 +183,7 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 // outside it the agents find the work done.
 func (p *Planner) recoverCommands(ctx context.Context) {
 	r := p.snapshot()
+	f := p.newFlight(ctx)
 	n := 0
 	for _, ps := range r.pools {
 		for _, x := range ps.members {
@@ -140,21 +194,40 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 					continue
 				}
 				cmd := createCommand(x.ID, x.requested, x.Attempt, sec)
-				p.publish(traceCtx(ctx, x.traceparent), pending{create: &cmd})
+				f.command(traceCtx(ctx, x.traceparent), pending{create: &cmd})
 				n++
 			case x.State == events.ProxyRetiring && !x.SkipCleanup:
 				cmd := deleteCommand(x, x.DeleteAttempt)
-				p.publish(traceCtx(ctx, ps.pool.traceparent), pending{del: &cmd})
+				f.command(traceCtx(ctx, ps.pool.traceparent), pending{del: &cmd})
 				n++
 			}
 		}
 	}
+	f.wait()
 	if n > 0 {
 		p.log.Info("re-published the commands of unfinished decisions", "commands", n)
 	}
 }
 
-// reconcile runs one pass over every pool.
+// sweepInterval is how often a round looks at every pool, whatever
+// changed: a safety net under the rounds that look at the pools events
+// touched and the pools whose timers came due.
+const sweepInterval = time.Minute
+
+// poolTimer is when a round must look at a pool again although no event
+// touched it: retry (now: a proxy it needs could not be placed, or a
+// decision was not stored), at due on the wall clock (a create, provision
+// or retire timeout), or at ageDue on the clock proxy ages are measured
+// with (an unhealthy proxy turning sick, a proxy reaching maxAge).
+type poolTimer struct {
+	retry       bool
+	due, ageDue time.Time
+}
+
+// reconcile runs one pass over the pools that need one: those events
+// touched since the last pass, those whose timers came due, and every pool
+// once a sweepInterval (and in a leader's first pass). Its work is
+// proportional to those pools, not to the fleet.
 func (p *Planner) reconcile(ctx context.Context) {
 	p.mu.Lock()
 	behind := p.st.seq < p.ownSeq
@@ -164,18 +237,48 @@ func (p *Planner) reconcile(ctx context.Context) {
 		// would count without it.
 		return
 	}
-	r := p.snapshot()
-	p.flushOutbox(ctx, r)
+	if p.timers == nil {
+		p.timers = map[string]poolTimer{}
+	}
+	now, ageNow := p.now(), p.ageNow()
+	var names map[string]bool
+	if p.lastSweep.IsZero() || now.Sub(p.lastSweep) >= sweepInterval {
+		p.lastSweep = now
+	} else {
+		names = map[string]bool{}
+		for pool, t := range p.timers {
+			if t.retry || !t.due.IsZero() && !now.Before(t.due) || !t.ageDue.IsZero() && !ageNow.Before(t.ageDue) {
+				names[pool] = true
+			}
+		}
+	}
+	r := p.roundOf(names, true)
+	f := p.newFlight(ctx)
+	p.flushOutbox(ctx, r, f)
 	for _, ps := range r.pools {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		p.reconcilePool(ctx, r, ps)
+		p.looked.Add(1)
+		t := p.reconcilePool(ctx, r, ps, f)
+		if t == (poolTimer{}) {
+			delete(p.timers, ps.pool.Name)
+		} else {
+			p.timers[ps.pool.Name] = t
+		}
 	}
-	p.rounds.Add(1)
+	f.wait()
+	for pool := range f.unstored {
+		t := p.timers[pool]
+		t.retry = true
+		p.timers[pool] = t
+	}
+	if ctx.Err() == nil {
+		p.rounds.Add(1)
+	}
 }
 
-func (p *Planner) flushOutbox(ctx context.Context, r *round) {
+func (p *Planner) flushOutbox(ctx context.Context, r *round, f *flight) {
 	for id, pc := range p.outbox {
 		x, ok := r.byID[id]
 		want := events.ProxyRetiring
@@ -184,7 +287,7 @@ func (p *Planner) flushOutbox(ctx context.Context, r *round) {
 		}
 		delete(p.outbox, id)
 		if ok && x.State == want {
-			p.publish(telemetry.Extract(ctx, pc.trace), pc)
+			f.command(telemetry.Extract(ctx, pc.trace), pc)
 		}
 	}
 }
@@ -213,7 +316,9 @@ type poolRound struct {
 	counted, condemned []Proxy
 }
 
-func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
+// reconcilePool decides what one pool needs and returns when a round must
+// look at it again if no event touches it.
+func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) (t poolTimer) {
 	pool := ps.pool
 	pctx := traceCtx(ctx, pool.traceparent)
 	var active []Proxy
@@ -221,26 +326,26 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 		age := r.now.Sub(x.UpdatedAt)
 		switch x.State {
 		case events.ProxyFailed:
-			p.retire(pctx, r, x, "failed: "+x.FailureClass)
+			p.retire(pctx, r, f, x, "failed: "+x.FailureClass)
 		case events.ProxyRetiring:
 			if x.SkipCleanup {
 				ab := events.ProxyAbandonedData{Reason: x.Reason}
-				p.decide(ctx, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab)
+				p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
 			} else if age >= p.cfg.RetireTimeout {
-				p.reissueDelete(pctx, x)
+				p.reissueDelete(pctx, f, x)
 			}
 		case events.ProxyRequested:
 			active = append(active, x)
 			if age >= p.cfg.CreateTimeout {
-				p.reissueCreate(ctx, r, pool, x)
+				p.reissueCreate(ctx, r, f, pool, x)
 			}
 		case events.ProxyProvisioning:
 			active = append(active, x)
 			if age >= p.cfg.ProvisionTimeout {
-				f := events.ProxyFailedData{
+				fd := events.ProxyFailedData{
 					Class: events.ClassTimeout, Reason: fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout), Attempt: x.Attempt,
 				}
-				p.decide(pctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+				p.decide(pctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 			}
 		default:
 			if isActive(x.State) {
@@ -260,12 +365,13 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 	}
 	defer func() {
 		if !pool.Deleted && ctx.Err() == nil {
-			p.updateConditions(ctx, r, pool, want, pr)
+			p.updateConditions(ctx, f, pool, want, pr)
 		}
+		t = p.timerOf(pool, ps.members, pr)
 	}()
 	if want == 0 {
 		for _, x := range active {
-			p.retire(pctx, r, x, reason)
+			p.retire(pctx, r, f, x, reason)
 		}
 		return
 	}
@@ -278,9 +384,9 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 			pr.counted = append(pr.counted, x)
 		}
 	}
-	retired := p.retireCondemned(pctx, r, pool, pr, want, now, after)
+	retired := p.retireCondemned(pctx, r, f, pool, pr, want, now, after)
 	if len(pr.counted) > want {
-		p.scaleDown(pctx, r, pool, pr.counted, want, reason)
+		p.scaleDown(pctx, r, f, pool, pr.counted, want, reason)
 		return
 	}
 	// Sick proxies without a live replacement get one first: they do not
@@ -304,13 +410,60 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap) {
 			replaces, why = sick[0].ID, unhealthyReason(sick[0])
 			sick = sick[1:]
 		}
-		if !p.create(pctx, r, pool, a, replaces, why) {
+		if !p.create(pctx, r, f, pool, a, replaces, why) {
 			pr.miss = &placeMiss{reason: events.ReasonSecretsUnavailable,
 				message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
 			return
 		}
 	}
-	p.rotate(pctx, r, pool, pr, want)
+	p.rotate(pctx, r, f, pool, pr, want)
+	return t
+}
+
+// timerOf says when a round must look at pool again although no event
+// touches it: at once while something it needs could not be placed; at the
+// first create, provision or retire timeout of its members; when an
+// unhealthy member turns sick (unhealthyAfter) or is retired regardless
+// (twice that), and when a member reaches maxAge (plus its jitter). What
+// waits on an event (a replacement getting ready, a rotation's turn) is
+// looked at when the event arrives.
+func (p *Planner) timerOf(pool Pool, members []Proxy, pr *poolRound) poolTimer {
+	t := poolTimer{retry: pr.miss != nil}
+	ageNow := p.ageNow()
+	earliest := func(at *time.Time, when time.Time) {
+		if at.IsZero() || when.Before(*at) {
+			*at = when
+		}
+	}
+	// ahead keeps an age-clock time only while it is still to come.
+	ahead := func(when time.Time) {
+		if when.After(ageNow) {
+			earliest(&t.ageDue, when)
+		}
+	}
+	after := pool.Spec.UnhealthyAfterOrDefault()
+	maxAge := time.Duration(pool.Spec.MaxAge)
+	for _, x := range members {
+		switch x.State {
+		case events.ProxyRequested:
+			earliest(&t.due, x.UpdatedAt.Add(p.cfg.CreateTimeout))
+		case events.ProxyProvisioning:
+			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ProvisionTimeout))
+		case events.ProxyRetiring:
+			if !x.SkipCleanup {
+				earliest(&t.due, x.UpdatedAt.Add(p.cfg.RetireTimeout))
+			}
+		case events.ProxyUnhealthy:
+			if !x.UnhealthySince.IsZero() {
+				ahead(x.UnhealthySince.Add(after))
+				ahead(x.UnhealthySince.Add(2 * after))
+			}
+		}
+		if maxAge > 0 && isActive(x.State) {
+			ahead(x.CreatedAt.Add(maxAge + rotationJitter(x.ID, maxAge) + time.Nanosecond))
+		}
+	}
+	return t
 }
 
 // noPlace records that the pool's missing proxies cannot be placed now and
@@ -327,7 +480,7 @@ func (p *Planner) noPlace(r *round, pool Pool, pr *poolRound, missing int) {
 
 // scaleDown retires the excess of counted: unhealthy first, then those not
 // yet running, outdated before current, oldest first.
-func (p *Planner) scaleDown(ctx context.Context, r *round, pool Pool, counted []Proxy, want int, reason string) {
+func (p *Planner) scaleDown(ctx context.Context, r *round, f *flight, pool Pool, counted []Proxy, want int, reason string) {
 	sort.SliceStable(counted, func(i, j int) bool {
 		a, b := counted[i], counted[j]
 		if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
@@ -342,7 +495,7 @@ func (p *Planner) scaleDown(ctx context.Context, r *round, pool Pool, counted []
 		return a.ID < b.ID
 	})
 	for _, x := range counted[:len(counted)-want] {
-		p.retire(ctx, r, x, reason)
+		p.retire(ctx, r, f, x, reason)
 	}
 }
 
@@ -475,25 +628,6 @@ func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
 	return err
 }
 
-// publish sends a command for the reconciler; when that fails, it keeps the
-// command to retry with the same Msg-Id next round.
-func (p *Planner) publish(ctx context.Context, pc pending) {
-	err := p.publishCommand(ctx, pc)
-	if err == nil || ctx.Err() != nil {
-		return
-	}
-	id := ""
-	if pc.create != nil {
-		id = pc.create.ProxyID
-	} else {
-		id = pc.del.ProxyID
-	}
-	p.log.WarnContext(ctx, "publish command failed; will retry", "proxy", id, "err", err)
-	pc.trace = nats.Header{}
-	telemetry.Inject(ctx, pc.trace)
-	p.outbox[id] = pc
-}
-
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n]
@@ -507,59 +641,51 @@ func (p *Planner) noteOwn(seq uint64) {
 	}
 }
 
-// decide appends one planner decision about proxy x, expecting x's last
-// sequence. A conflict means x changed meanwhile; the next round decides
-// again from the newer state.
-func (p *Planner) decide(ctx context.Context, x Proxy, typ, msgID string, data any) (uint64, bool) {
-	seq, err := p.appendDecision(ctx, events.AggregateProxy, x.ID, typ, msgID, data, &bus.Expect{Seq: x.LastSeq})
-	if errors.Is(err, bus.ErrConflict) {
-		p.log.DebugContext(ctx, "proxy changed since it was read; deciding again next round", "proxy", x.ID, "decision", typ)
-		return 0, false
-	}
-	if err != nil {
-		if ctx.Err() == nil {
-			p.log.WarnContext(ctx, "append decision", "proxy", x.ID, "decision", typ, "err", err)
-		}
-		return 0, false
-	}
-	p.noteOwn(seq)
-	p.log.InfoContext(ctx, "decided", "proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target)
-	return seq, true
+// decide sends one planner decision about proxy x, expecting x's last
+// sequence; stored, if not nil, runs once it is stored. A conflict means x
+// changed meanwhile; the next round decides again from the newer state.
+func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) {
+	f.decide(ctx, nil, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
+		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target}, stored)
 }
 
-func (p *Planner) retire(pctx context.Context, r *round, x Proxy, reason string) {
+func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason string) {
 	ctx, span := p.tracer.Start(pctx, "planner.retire", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason)))
-	defer span.End()
 	d := events.ProxyRetiringData{Reason: reason}
-	if _, ok := p.decide(ctx, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d); !ok {
-		return
-	}
 	if isActive(x.State) {
+		// Counted out at once: later placements of this round see it gone
+		// (a refused retire is decided again next round).
 		r.count(x, -1)
 	}
 	x.Reason = reason
-	cmd := deleteCommand(x, 1)
-	p.publish(ctx, pending{del: &cmd})
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
+		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target},
+		func(ctx context.Context, _ uint64) {
+			cmd := deleteCommand(x, 1)
+			f.command(ctx, pending{del: &cmd})
+		})
 }
 
-func (p *Planner) reissueDelete(pctx context.Context, x Proxy) {
+func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 	attempt := x.DeleteAttempt + 1
 	ctx, span := p.tracer.Start(pctx, "planner.redelete", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
-	defer span.End()
 	d := events.ProxyRetiringData{Reason: x.Reason}
-	if _, ok := p.decide(ctx, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d); !ok {
-		return
-	}
-	cmd := deleteCommand(x, attempt)
-	p.publish(ctx, pending{del: &cmd})
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
+		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target, "attempt", attempt},
+		func(ctx context.Context, _ uint64) {
+			cmd := deleteCommand(x, attempt)
+			f.command(ctx, pending{del: &cmd})
+		})
 }
 
 // reissueCreate handles a proxy that stayed requested too long: when its
 // target's agent is alive the create is issued again with the next attempt;
 // when it is not, the proxy fails (class timeout) and is replaced elsewhere.
-func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Proxy) {
+func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool Pool, x Proxy) {
 	ctx = traceCtx(ctx, x.traceparent)
 	live := false
 	for _, a := range r.agents {
@@ -568,20 +694,20 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 		}
 	}
 	if !live {
-		f := events.ProxyFailedData{
+		fd := events.ProxyFailedData{
 			Class: events.ClassTimeout, Reason: fmt.Sprintf("no agent took the create within %s and target %s/%s is not alive", p.cfg.CreateTimeout, x.Entry, x.Target), Attempt: x.Attempt,
 		}
-		p.decide(ctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+		p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 		return
 	}
 	if x.Attempt >= p.cfg.MaxCreateAttempts {
 		// The agent is alive but never starts this create: fail it, so it is
 		// replaced, and keep new proxies off the target for a while.
-		f := events.ProxyFailedData{
+		fd := events.ProxyFailedData{
 			Class: events.ClassStuck, Attempt: x.Attempt,
 			Reason: fmt.Sprintf("create issued %d times on %s/%s without reaching provisioning", x.Attempt, x.Entry, x.Target),
 		}
-		p.decide(ctx, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, f), f)
+		p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 		return
 	}
 	sec, ok := p.poolSecrets(ctx, r, pool)
@@ -591,63 +717,69 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, pool Pool, x Prox
 	attempt := x.Attempt + 1
 	ctx, span := p.tracer.Start(ctx, "planner.recreate", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
-	defer span.End()
-	if _, ok := p.decide(ctx, x, events.ProxyRequested, events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), x.requested); !ok {
-		return
-	}
-	cmd := createCommand(x.ID, x.requested, attempt, sec)
-	p.publish(ctx, pending{create: &cmd})
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
+		[]bus.Decision{{Type: events.ProxyRequested, MsgID: events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), Data: x.requested}},
+		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRequested, "entry", x.Entry, "target", x.Target, "attempt", attempt},
+		func(ctx context.Context, _ uint64) {
+			cmd := createCommand(x.ID, x.requested, attempt, sec)
+			f.command(ctx, pending{create: &cmd})
+		})
 }
 
-// create decides one new proxy of pool on target a and sends its command.
-// replaces names the proxy it is to replace, if any, and why says why
-// (the replaced proxy's retiring reason once this one is ready).
-func (p *Planner) create(pctx context.Context, r *round, pool Pool, a agentSeen, replaces, why string) bool {
+// create decides one new proxy of pool on target a and sends its command
+// once the decision is stored. replaces names the proxy it is to replace,
+// if any, and why says why (the replaced proxy's retiring reason once this
+// one is ready). It returns false when the pool's secrets cannot be read:
+// nothing is decided.
+func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a agentSeen, replaces, why string) bool {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
 		return false
 	}
-	id, seq, err := p.request(pctx, p.appendDecision, pool, a, sec, replaces, why, func(ctx context.Context, cmd events.CreateCommand) {
-		p.publish(ctx, pending{create: &cmd})
-	})
-	if err != nil {
-		if pctx.Err() == nil {
-			p.log.WarnContext(pctx, "append requested", "pool", pool.Name, "err", err)
-		}
-		return false
-	}
-	p.noteOwn(seq)
-	x := Proxy{ProxyView: events.ProxyView{ID: id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}
-	r.count(x, 1)
+	req := newRequest(pool, a, replaces, why)
+	ctx, span := p.startRequest(pctx, req)
+	// Counted at once, so the next placement of this round spreads (a
+	// refused create is decided again next round).
+	r.count(Proxy{ProxyView: events.ProxyView{ID: req.id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}, 1)
+	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
+		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
+		func(ctx context.Context, _ uint64) {
+			cmd := createCommand(req.id, req.data, 1, sec)
+			f.command(ctx, pending{create: &cmd})
+		})
 	return true
 }
 
-// appender appends one event: [Planner.appendDecision] for the
-// reconciler's decisions (fenced by its leader term), the store's Append
-// for operator requests served by any replica.
-type appender func(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error)
+// proxyRequest is one decision to create a proxy: the reconciler's fills
+// and rotations and the API's replacements build it alike.
+type proxyRequest struct {
+	id    string
+	data  events.ProxyRequestedData
+	msgID string
+	why   string
+}
 
-// request decides one new proxy of pool on target a, replacing replaces
-// (for why) if set: it appends the requested event with appendFn and, once
-// it is stored, hands the create command to send, in the decision's span.
-// It returns the proxy's id and the event's sequence.
-func (p *Planner) request(ctx context.Context, appendFn appender, pool Pool, a agentSeen, sec events.PoolSecrets, replaces, why string,
-	send func(context.Context, events.CreateCommand)) (string, uint64, error) {
+// newRequest decides a new proxy of pool on target a, replacing replaces
+// (for why) if set.
+func newRequest(pool Pool, a agentSeen, replaces, why string) proxyRequest {
 	id := events.NewProxyID(pool.Name)
-	ctx, span := p.tracer.Start(ctx, "planner.create", trace.WithAttributes(
-		attribute.String("proxy", id), attribute.String("pool", pool.Name), attribute.String("replaces", replaces),
-		attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
-	defer span.End()
-	d := requestedData(id, pool, a, replaces, why)
-	seq, err := appendFn(ctx, events.AggregateProxy, id, events.ProxyRequested,
-		events.ProxyEventID(id, events.ProxyRequested, 1), d, &bus.Expect{Seq: 0})
-	if err != nil {
-		return id, 0, err
-	}
-	p.log.InfoContext(ctx, "decided", "proxy", id, "pool", pool.Name, "decision", events.ProxyRequested,
-		"entry", a.Entry, "target", a.Target, "replaces", replaces, "why", why)
-	send(ctx, createCommand(id, d, 1, sec))
-	return id, seq, nil
+	return proxyRequest{id: id, data: requestedData(id, pool, a, replaces, why),
+		msgID: events.ProxyEventID(id, events.ProxyRequested, 1), why: why}
+}
+
+// startRequest opens the span of a request.
+func (p *Planner) startRequest(ctx context.Context, req proxyRequest) (context.Context, trace.Span) {
+	d := req.data
+	return p.tracer.Start(ctx, "planner.create", trace.WithAttributes(
+		attribute.String("proxy", req.id), attribute.String("pool", d.Pool), attribute.String("replaces", d.Replaces),
+		attribute.String("entry", d.Entry), attribute.String("target", d.Target)))
+}
+
+// logArgs are the attributes of the request's "decided" log line.
+func (req proxyRequest) logArgs() []any {
+	d := req.data
+	return []any{"proxy", req.id, "pool", d.Pool, "decision", events.ProxyRequested,
+		"entry", d.Entry, "target", d.Target, "replaces", d.Replaces, "why", req.why}
 }
 
 // requestedData is the decision to create proxy id of pool on target a.

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
 
@@ -21,7 +22,7 @@ var errNoTarget = errors.New("no live target can take a replacement now")
 // gets no second one. It returns the replacement's id and the sequence of
 // its requested event (0 when one existed).
 func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (string, uint64, error) {
-	r := p.snapshot()
+	r := p.roundOf(map[string]bool{x.Pool: true}, false)
 	if y, ok := r.replacement(x); ok {
 		return y.ID, 0, nil
 	}
@@ -44,24 +45,28 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	if !ok {
 		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
 	}
-	id, seq, err := p.request(ctx, p.store.Append, pool, a, sec, x.ID, why, func(ctx context.Context, cmd events.CreateCommand) {
-		if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
-			// The decision stands; the reconciler re-issues the create when
-			// the proxy stays requested.
-			p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
-		}
-	})
+	req := newRequest(pool, a, x.ID, why)
+	ctx, span := p.startRequest(ctx, req)
+	defer span.End()
+	seq, err := p.store.Append(ctx, events.AggregateProxy, req.id, events.ProxyRequested, req.msgID, req.data, &bus.Expect{Seq: 0})
 	if err != nil {
 		return "", 0, err
 	}
-	return id, seq, nil
+	p.log.InfoContext(ctx, "decided", req.logArgs()...)
+	cmd := createCommand(req.id, req.data, 1, sec)
+	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
+		// The decision stands; the reconciler re-issues the create when
+		// the proxy stays requested.
+		p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
+	}
+	return req.id, seq, nil
 }
 
 // recycle replaces proxy id surge first: a replacement is requested now and
 // id is retired once it is ready. Repeating it changes nothing.
 func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
-	x, aerr := p.lookupProxy(id)
+	x, aerr := p.lookupProxy(ctx, id)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -80,7 +85,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	if err := p.waitSeq(ctx, seq); err != nil {
 		return nil, internal("replacement recorded but not yet visible; get the proxy again")
 	}
-	x, aerr = p.lookupProxy(id)
+	x, aerr = p.lookupProxy(ctx, id)
 	if aerr != nil {
 		return nil, aerr
 	}

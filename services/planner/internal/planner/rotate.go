@@ -54,7 +54,7 @@ func holdsSurge(reason string) bool {
 // one roll or rotation replacement is in flight per pool; sick proxies'
 // replacements do not take that slot, and a sick member never holds a roll
 // up, since it does not count. Rotation waits while the pool is not at size.
-func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, pr *poolRound, want int) {
+func (p *Planner) rotate(ctx context.Context, r *round, f *flight, pool Pool, pr *poolRound, want int) {
 	maxAge := time.Duration(pool.Spec.MaxAge)
 	now := p.ageNow()
 	var outdated, aged []Proxy
@@ -87,7 +87,7 @@ func (p *Planner) rotate(ctx context.Context, r *round, pool Pool, pr *poolRound
 		p.noPlace(r, pool, pr, 1)
 		return
 	}
-	if p.create(ctx, r, pool, a, next.ID, why) {
+	if p.create(ctx, r, f, pool, a, next.ID, why) {
 		p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
 			"why", why, "age", now.Sub(next.CreatedAt).Round(time.Second).String(),
 			"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)

@@ -56,6 +56,8 @@ type Pool struct {
 	counts map[string]int
 	// members holds the pool's proxies that are not terminal.
 	members map[string]*Proxy
+	// onTarget counts the pool's active proxies per "<entry>.<target>".
+	onTarget map[string]int
 }
 
 // shapeOf returns the part of a pool spec that shapes its instances: the
@@ -88,10 +90,26 @@ func isActive(s string) bool {
 // state is the projection of FLEET_EVENTS. Applying one event costs O(1).
 // It is not safe for concurrent use; the [Planner] guards it with its mutex.
 type state struct {
-	log     *slog.Logger
-	seq     uint64
-	pools   map[string]*Pool
+	log *slog.Logger
+	// seq is the sequence of the last event applied: the state is the
+	// fold of FLEET_EVENTS up to it.
+	seq uint64
+	// anchor is the last applied event that stays in the stream (fence
+	// messages expire): a snapshot names it, so a load can tell whether
+	// the stream is still the one the snapshot was taken from.
+	anchor anchor
+	pools  map[string]*Pool
+	// proxies holds the live proxies and the last keepFinished finished
+	// (deleted or abandoned) ones; older finished proxies leave memory
+	// (see [state.finish]).
 	proxies map[string]*Proxy
+	// finished lists the finished proxies still in proxies, in the order
+	// they finished; keepFinished bounds it.
+	finished     fifo
+	keepFinished int
+	// abandoned holds the id of every proxy ever abandoned, in memory or
+	// not: the garbage collector never touches their instances.
+	abandoned map[string]struct{}
 	// targets maps an entry to the targets events named for it (a pool's
 	// provider adds the entry with no target).
 	targets map[string]map[string]bool
@@ -99,6 +117,15 @@ type state struct {
 	// proxies off a target for a while: quota, or a create stuck for
 	// MaxCreateAttempts attempts.
 	avoid map[string]avoidance
+	// onTarget counts the active proxies of every pool per
+	// "<entry>.<target>": placement's view of each target's load, kept as
+	// events arrive so a round need not count the fleet.
+	onTarget map[string]int
+	// dirty names the pools an event touched since the reconciler last
+	// took the set: the pools its next round looks at (see
+	// [Planner.reconcile]). It is bookkeeping of this replica, not part of
+	// the fold: a snapshot does not carry it.
+	dirty map[string]struct{}
 	// rejects reports events that break the event contract.
 	rejects *bus.Rejects
 }
@@ -110,15 +137,86 @@ type avoidance struct {
 	at    time.Time
 }
 
-func newState(log *slog.Logger) *state {
+// defaultKeepFinished is how many finished proxies stay in memory unless
+// [Config.KeepFinished] says otherwise.
+const defaultKeepFinished = 1000
+
+// newState returns an empty state keeping the last keep finished proxies
+// in memory.
+func newState(log *slog.Logger, keep int) *state {
 	return &state{
-		log:     log,
-		pools:   map[string]*Pool{},
-		proxies: map[string]*Proxy{},
-		targets: map[string]map[string]bool{},
-		avoid:   map[string]avoidance{},
-		rejects: bus.NewRejects(log, 0),
+		log:          log,
+		pools:        map[string]*Pool{},
+		proxies:      map[string]*Proxy{},
+		keepFinished: max(keep, 0),
+		abandoned:    map[string]struct{}{},
+		targets:      map[string]map[string]bool{},
+		avoid:        map[string]avoidance{},
+		onTarget:     map[string]int{},
+		dirty:        map[string]struct{}{},
+		rejects:      bus.NewRejects(log, 0),
 	}
+}
+
+// fifo is a queue of proxy ids.
+type fifo struct {
+	ids  []string
+	head int
+}
+
+func (q *fifo) len() int { return len(q.ids) - q.head }
+
+func (q *fifo) push(id string) { q.ids = append(q.ids, id) }
+
+func (q *fifo) pop() string {
+	id := q.ids[q.head]
+	q.ids[q.head] = ""
+	q.head++
+	// Compact once the consumed head is most of the slice.
+	if q.head > 64 && q.head*2 >= len(q.ids) {
+		q.ids = append(q.ids[:0:0], q.ids[q.head:]...)
+		q.head = 0
+	}
+	return id
+}
+
+// list returns the ids in order.
+func (q *fifo) list() []string { return append([]string(nil), q.ids[q.head:]...) }
+
+// finish records that proxy x reached a terminal state. The state keeps
+// the last keepFinished finished proxies, so proxy.get answers about a
+// recently finished proxy from memory (older ones are folded from the log
+// on request, see [Planner.lookupProxy]); the ids of abandoned proxies
+// stay for good, for the garbage collector. Nothing else needs a finished
+// proxy: decisions are taken on live proxies only, a late event for a
+// finished proxy changes nothing (terminal states absorb every event, and
+// an unknown proxy is created only by a requested event, which the
+// planner appends expecting the aggregate to be empty), and the garbage
+// collector treats a deleted proxy and an unknown one alike.
+func (s *state) finish(x *Proxy) {
+	if x.State == events.ProxyAbandoned {
+		s.abandoned[x.ID] = struct{}{}
+	}
+	s.finished.push(x.ID)
+	s.trimFinished()
+}
+
+// trimFinished drops the oldest finished proxies beyond keepFinished.
+func (s *state) trimFinished() {
+	for s.finished.len() > s.keepFinished {
+		delete(s.proxies, s.finished.pop())
+	}
+}
+
+// keepsInstance reports whether the instance of proxy id must be left
+// alone by the garbage collector: its proxy is live (or being retired), or
+// was abandoned on purpose.
+func (s *state) keepsInstance(id string) bool {
+	if _, ok := s.abandoned[id]; ok {
+		return true
+	}
+	x := s.proxies[id]
+	return x != nil && !events.IsTerminal(x.State)
 }
 
 func (s *state) noteTarget(entry, target string) {
@@ -138,10 +236,41 @@ func (s *state) noteTarget(entry, target string) {
 func (s *state) pool(name string) *Pool {
 	p := s.pools[name]
 	if p == nil {
-		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}}
+		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}, onTarget: map[string]int{}}
 		s.pools[name] = p
 	}
+	s.dirty[name] = struct{}{}
 	return p
+}
+
+// slot is where a proxy counts toward its target's load: its
+// "<entry>.<target>" while it is active.
+type slot struct {
+	key    string
+	active bool
+}
+
+func slotOf(x *Proxy) slot { return slot{key: targetKey(x.Entry, x.Target), active: isActive(x.State)} }
+
+// move moves a proxy of pool p from slot from to slot to in the load
+// counts.
+func (s *state) move(p *Pool, from, to slot) {
+	if from == to {
+		return
+	}
+	add := func(m map[string]int, k string, d int) {
+		if m[k] += d; m[k] == 0 {
+			delete(m, k)
+		}
+	}
+	if from.active {
+		add(s.onTarget, from.key, -1)
+		add(p.onTarget, from.key, -1)
+	}
+	if to.active {
+		add(s.onTarget, to.key, 1)
+		add(p.onTarget, to.key, 1)
+	}
 }
 
 // decisionID is the Msg-Id of a planner decision: "<id>.<type>.<n>.<hash>",
@@ -160,6 +289,9 @@ func decisionID(id, typ string, n uint64, data any) string {
 func (s *state) apply(ev bus.Event) bool {
 	if ev.Seq > s.seq {
 		s.seq = ev.Seq
+	}
+	if ev.Aggregate != events.AggregatePlanner || ev.Kind != events.PlannerFence {
+		s.anchor = anchor{Seq: ev.Seq, ID: ev.Envelope.ID}
 	}
 	if fe := events.CheckEvent(ev.Aggregate, ev.ID, ev.Kind, ev.Source); fe != nil {
 		s.reject(ev, fe)
@@ -239,6 +371,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 	}
 	if p := s.pools[ev.ID]; p != nil {
 		p.LastSeq = ev.Seq
+		s.dirty[p.Name] = struct{}{}
 	}
 	return false
 }
@@ -254,12 +387,17 @@ func (s *state) setState(x *Proxy, to string) {
 		}
 	}
 	p.counts[to]++
+	if to != events.ProxyRequested {
+		// Only a requested proxy's create is re-issued from it.
+		x.requested = events.ProxyRequestedData{}
+	}
+	x.State = to
 	if events.IsTerminal(to) {
 		delete(p.members, x.ID)
+		s.finish(x)
 	} else {
 		p.members[x.ID] = x
 	}
-	x.State = to
 }
 
 func (s *state) applyProxy(ev bus.Event) bool {
@@ -293,6 +431,10 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		return false
 	}
 	if x == nil {
+		if _, gone := s.abandoned[ev.ID]; gone {
+			s.log.Debug("event for an abandoned proxy no longer in memory", "seq", ev.Seq, "proxy", ev.ID, "type", ev.Kind)
+			return false
+		}
 		var d events.ProxyRequestedData
 		if err := ev.DecodeData(&d); err != nil {
 			return s.skip(ev, err)
@@ -309,6 +451,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		}
 		s.noteTarget(d.Entry, d.Target)
 		s.setState(x, to)
+		s.move(s.pool(x.Pool), slot{}, slotOf(x))
 		return true
 	}
 	// The view's data, as health's projection records it.
@@ -316,8 +459,10 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	if err := v.Apply(to, ev.Seq, ev.Kind, ev.Envelope); err != nil {
 		return s.skip(ev, err)
 	}
+	was := slotOf(x)
 	s.setState(x, to)
 	x.ProxyView = v
+	s.move(s.pool(x.Pool), was, slotOf(x))
 	switch ev.Kind {
 	case events.ProxyRequested:
 		// A re-issued create: a later attempt of the same decision.

@@ -1,0 +1,593 @@
+package planner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// Knobs of the planner's benchmarks (go test -bench … -args -planner.…).
+var (
+	benchStartEvents = flag.Int("planner.start-events", 100_000,
+		"events in the log BenchmarkPlannerStart starts from (1000000: the 1M case)")
+	benchStartTail = flag.Int("planner.start-tail", 25_000,
+		"events after the snapshot in BenchmarkPlannerStart/snapshot (a replica writes one every 50,000 by default)")
+)
+
+// benchServer starts an embedded JetStream server with the topology for a
+// benchmark; stop shuts it down.
+func benchServer(tb testing.TB) (c *bus.Conn, stop func()) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := bus.Connect(ctx, bus.Config{DataDir: tb.TempDir(), Listen: "127.0.0.1:-1", Name: tb.Name()}, nil)
+	if err != nil {
+		tb.Fatalf("embedded NATS: %v", err)
+	}
+	if err := bus.EnsureTopology(ctx, c); err != nil {
+		c.Close()
+		tb.Fatalf("topology: %v", err)
+	}
+	return c, c.Close
+}
+
+// dialBench opens another connection to the server behind c.
+func dialBench(tb testing.TB, c *bus.Conn) *bus.Conn {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := bus.Connect(ctx, bus.Config{URL: c.ClientURL(), Name: tb.Name(), Replicas: 1}, nil)
+	if err != nil {
+		tb.Fatalf("dial NATS: %v", err)
+	}
+	return d
+}
+
+// holdLeaseOn holds the leader lease on c's server until stop is called,
+// so the planners a benchmark starts only follow the log.
+func holdLeaseOn(tb testing.TB, c *bus.Conn) (stop func()) {
+	tb.Helper()
+	ctx := context.Background()
+	kv, err := c.JS.KeyValue(ctx, bus.BucketPlanner)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rev, err := kv.Create(ctx, leaderKey, []byte("bench"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-hctx.Done():
+				return
+			case <-tk.C:
+				if r, err := kv.Update(hctx, leaderKey, []byte("bench"), rev); err == nil {
+					rev = r
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// startPlanner runs a planner replica with cfg on its own connection to
+// c's server and returns it once its API answers, with the time that took;
+// stop ends it.
+func startPlanner(tb testing.TB, c *bus.Conn, cfg Config) (p *Planner, took time.Duration, stop func()) {
+	tb.Helper()
+	conn := dialBench(tb, c)
+	start := time.Now()
+	p, err := New(conn, cfg, testLogger(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("Run: %v", err)
+		}
+		conn.Close()
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			stop()
+			tb.Fatal("the planner's API never answered")
+		}
+		if p.Ready() {
+			// Ready is set just before the API is added: ask it.
+			_, err := conn.NC.Request(events.APISubject("pool", "list"), []byte(`{}`), 10*time.Second)
+			if err == nil {
+				return p, time.Since(start), stop
+			}
+			if !errors.Is(err, nats.ErrNoResponders) {
+				stop()
+				tb.Fatalf("pool.list: %v", err)
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// BenchmarkPlannerStart measures how long a planner replica takes from a
+// cold start until its API answers, over a generated log of
+// -planner.start-events events (default 100,000; pass
+// -args -planner.start-events=1000000 for the 1M case, which takes minutes
+// to build):
+//
+//   - baseline: a bare ordered read of the whole stream (an ordered
+//     consumer, no decoding);
+//   - replay: a start with no snapshot, replaying the whole log;
+//   - snapshot: a start from a snapshot that covers all but the last
+//     -planner.start-tail events (default 25,000: half the default
+//     snapshot period), which are replayed.
+//
+// ns/op is the time to an answering API; events/s is the log length over
+// it. scripts/bench-ratios.awk prints replay and snapshot as ratios of the
+// baseline.
+func BenchmarkPlannerStart(b *testing.B) {
+	n, tail := *benchStartEvents, min(*benchStartTail, *benchStartEvents/2)
+	c, stopServer := benchServer(b)
+	defer stopServer()
+	release := holdLeaseOn(b, c)
+	defer release()
+	g := newLogGen(b, c, 1)
+	g.fill(n - tail)
+	cfg := Config{ID: "bench", SnapshotEvery: -1, SnapshotInterval: -1}
+
+	// The snapshot the last sub-benchmark starts from, written by a
+	// replica that replayed the log up to it.
+	p, _, stop := startPlanner(b, c, cfg)
+	snapSeq, err := p.writeSnapshot(context.Background())
+	stop()
+	if err != nil {
+		b.Fatal(err)
+	}
+	obs, err := c.JS.ObjectStore(context.Background(), bus.ObjectSnapshots)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snapshot, err := obs.GetBytes(context.Background(), snapshotObject)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g.fill(n)
+	last := streamLast(b, c)
+	b.Logf("log: %d events (last sequence %d); snapshot at %d (%d bytes), %d events after it", g.n, last, snapSeq, len(snapshot), last-snapSeq)
+
+	report := func(b *testing.B, total time.Duration) {
+		per := total / time.Duration(b.N)
+		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		b.ReportMetric(float64(last)/per.Seconds(), "events/s")
+	}
+	b.Run("baseline", func(b *testing.B) {
+		var total time.Duration
+		for range b.N {
+			start := time.Now()
+			orderedRead(b, c, last)
+			total += time.Since(start)
+		}
+		report(b, total)
+	})
+	b.Run("replay", func(b *testing.B) {
+		if err := obs.Delete(context.Background(), snapshotObject); err != nil {
+			b.Fatal(err)
+		}
+		var total time.Duration
+		for range b.N {
+			p, took, stop := startPlanner(b, c, cfg)
+			stop()
+			if p.snapLoaded != 0 {
+				b.Fatalf("started from a snapshot at %d", p.snapLoaded)
+			}
+			total += took
+		}
+		report(b, total)
+	})
+	b.Run("snapshot", func(b *testing.B) {
+		meta := jetstream.ObjectMeta{Name: snapshotObject,
+			Metadata: map[string]string{metaVersion: fmt.Sprint(snapshotVersion), metaSeq: fmt.Sprint(snapSeq)}}
+		if _, err := obs.Put(context.Background(), meta, bytes.NewReader(snapshot)); err != nil {
+			b.Fatal(err)
+		}
+		var total time.Duration
+		for range b.N {
+			p, took, stop := startPlanner(b, c, cfg)
+			stop()
+			if p.snapLoaded != snapSeq {
+				b.Fatalf("started from snapshot %d, want %d", p.snapLoaded, snapSeq)
+			}
+			total += took
+		}
+		report(b, total)
+	})
+}
+
+// streamLast returns FLEET_EVENTS' last sequence.
+func streamLast(tb testing.TB, c *bus.Conn) uint64 {
+	tb.Helper()
+	s, err := c.JS.Stream(context.Background(), bus.EventsStream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// orderedRead reads FLEET_EVENTS up to sequence last with an ordered
+// consumer, decoding nothing.
+func orderedRead(tb testing.TB, c *bus.Conn, last uint64) {
+	tb.Helper()
+	ctx := context.Background()
+	s, err := c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if md.Sequence.Stream >= last {
+			return
+		}
+	}
+}
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+var benchConvergeSize = flag.Int("planner.converge-size", 10_000,
+	"pool size BenchmarkConverge fills")
+
+// instantAgent is the backend of one target that builds every proxy at
+// once: it consumes its target's commands as an agent does (its durable
+// consumer on FLEET_CMDS) and answers each create with provisioning and
+// running, each delete with deleted, appended asynchronously; it acks a
+// command once its events are stored. Every acknowledgement is checked.
+type instantAgent struct {
+	c             *bus.Conn
+	entry, target string
+	errs          chan error
+}
+
+// messagesPerProxy counts the messages one proxy of a fill costs: the
+// fence and the requested decision (one atomic batch), the create
+// command, and the agent's provisioning and running.
+const messagesPerProxy = 5
+
+func (a *instantAgent) run(ctx context.Context) error {
+	cons, err := bus.EnsureAgentConsumer(ctx, a.c, a.entry, a.target)
+	if err != nil {
+		return err
+	}
+	source := events.AgentSource(a.entry, a.target)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		env, err := events.DecodeEnvelope(m.Data())
+		if err != nil {
+			a.fail(err)
+			return
+		}
+		var acks []jetstream.PubAckFuture
+		pub := func(id, typ string, n int, data any) {
+			msgID := events.ProxyEventID(id, typ, uint64(n))
+			e, err := events.NewEnvelope(msgID, source, events.EnvelopeType(events.AggregateProxy, typ), id, time.Now(), data)
+			if err != nil {
+				a.fail(err)
+				return
+			}
+			body, _ := e.MarshalJSON()
+			msg := nats.NewMsg(events.EventSubject(events.AggregateProxy, id, typ))
+			msg.Data = body
+			msg.Header.Set(jetstream.MsgIDHeader, msgID)
+			f, err := a.c.JS.PublishMsgAsync(msg)
+			if err != nil {
+				a.fail(err)
+				return
+			}
+			acks = append(acks, f)
+		}
+		switch verb := m.Subject()[strings.LastIndexByte(m.Subject(), '.')+1:]; verb {
+		case events.VerbCreate:
+			var cmd events.CreateCommand
+			if err := env.DecodeData(&cmd); err != nil {
+				a.fail(err)
+				return
+			}
+			pub(cmd.ProxyID, events.ProxyProvisioning, cmd.Attempt, events.ProxyProvisioningData{Entry: a.entry, Target: a.target,
+				Instance: cmd.Instance, ProviderID: "pid-" + cmd.ProxyID, Attempt: cmd.Attempt})
+			pub(cmd.ProxyID, events.ProxyRunning, cmd.Attempt, events.ProxyRunningData{ProviderID: "pid-" + cmd.ProxyID,
+				Address: "127.0.0.1:1", Attempt: cmd.Attempt})
+		case events.VerbDelete:
+			var cmd events.DeleteCommand
+			if err := env.DecodeData(&cmd); err != nil {
+				a.fail(err)
+				return
+			}
+			pub(cmd.ProxyID, events.ProxyDeleted, cmd.Attempt, events.ProxyDeletedData{Attempt: cmd.Attempt})
+		}
+		// The command is done once its facts are stored: ack then, off
+		// the delivery goroutine.
+		go func() {
+			for _, f := range acks {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					a.fail(err)
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+			if err := m.Ack(); err != nil && ctx.Err() == nil {
+				a.fail(err)
+			}
+		}()
+	}, jetstream.PullMaxMessages(512))
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+func (a *instantAgent) fail(err error) {
+	select {
+	case a.errs <- err:
+	default:
+	}
+}
+
+// BenchmarkConverge measures how fast a leader fills a pool of
+// -planner.converge-size proxies (default 10,000) on instant backends:
+// four targets whose agents (instantAgent) answer every create with
+// provisioning and running at once. ns/op is the time per proxy from
+// pool.apply until every proxy of the pool is running in the leader's
+// projection; proxies/s is its inverse. The baseline is the ceiling in the
+// same run: the time JetStream takes to store messagesPerProxy small
+// messages published asynchronously (the messages one proxy costs), so
+// scripts/bench-ratios.awk prints converge as the inverse of the fraction
+// of the ceiling reached.
+func BenchmarkConverge(b *testing.B) {
+	size := *benchConvergeSize
+	b.Run("baseline", func(b *testing.B) {
+		c, stop := benchServer(b)
+		defer stop()
+		ctx := context.Background()
+		if _, err := c.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"},
+			Storage: jetstream.FileStorage, Duplicates: bus.DuplicateWindow}); err != nil {
+			b.Fatal(err)
+		}
+		body := make([]byte, 300) // about a proxy event's size
+		var total time.Duration
+		for range b.N {
+			n := size * messagesPerProxy
+			start := time.Now()
+			var pending []jetstream.PubAckFuture
+			for i := range n {
+				msg := nats.NewMsg(fmt.Sprintf("ceiling.%d", i))
+				msg.Data = body
+				msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m%d.%d", len(pending), i))
+				f, err := c.JS.PublishMsgAsync(msg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pending = append(pending, f)
+				if len(pending) == 2048 {
+					waitAcks(b, pending)
+					pending = pending[:0]
+				}
+			}
+			waitAcks(b, pending)
+			total += time.Since(start)
+		}
+		per := total / time.Duration(b.N*size)
+		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		b.ReportMetric(1/per.Seconds(), "proxies/s")
+	})
+	b.Run("converge", func(b *testing.B) {
+		var total time.Duration
+		for range b.N {
+			total += convergeOnce(b, size)
+		}
+		per := total / time.Duration(b.N*size)
+		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
+		b.ReportMetric(1/per.Seconds(), "proxies/s")
+	})
+}
+
+// waitAcks checks every acknowledgement.
+func waitAcks(tb testing.TB, fs []jetstream.PubAckFuture) {
+	tb.Helper()
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			tb.Fatal(err)
+		case <-time.After(30 * time.Second):
+			tb.Fatal("no acknowledgement")
+		}
+	}
+}
+
+// convergeOnce fills one pool of size proxies on a fresh server and
+// returns how long it took.
+func convergeOnce(b *testing.B, size int) time.Duration {
+	b.Helper()
+	c, stopServer := benchServer(b)
+	defer stopServer()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	agentsKV, err := c.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		b.Fatal(err)
+	}
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for _, target := range []string{"t1", "t2", "t3", "t4"} {
+		info := agent.Info{Entry: "local", Target: target, Type: "local"}
+		now := time.Now().UTC()
+		hb, _ := json.Marshal(agent.Heartbeat{Info: info, StartedAt: now, At: now})
+		if _, err := agentsKV.Put(ctx, agent.HeartbeatKey("local", target), hb); err != nil {
+			b.Fatal(err)
+		}
+		a := &instantAgent{c: dialBench(b, c), entry: "local", target: target, errs: errs}
+		defer a.c.Close()
+		wg.Go(func() {
+			if err := a.run(ctx); err != nil {
+				a.fail(err)
+			}
+		})
+	}
+	p, _, stop := startPlanner(b, c, Config{ID: "bench", SnapshotEvery: -1, SnapshotInterval: -1})
+	defer stop()
+	deadline := time.Now().Add(time.Minute)
+	for !p.IsLeader() {
+		if time.Now().After(deadline) {
+			b.Fatal("no leader")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	body := fmt.Sprintf(`{"name":"big","provider":"local","size":%d}`, size)
+	start := time.Now()
+	msg, err := c.NC.Request(events.APISubject("pool", "apply"), []byte(body), 30*time.Second)
+	if err != nil || msg.Header.Get("Nats-Service-Error-Code") != "" {
+		b.Fatalf("pool.apply: %v %s", err, msg.Data)
+	}
+	timeout := time.After(10 * time.Minute)
+	for {
+		// Read the count the projection keeps, woken by its progress.
+		p.mu.Lock()
+		running, progressed := 0, p.progressed
+		if pl := p.st.pools["big"]; pl != nil {
+			running = pl.counts[events.ProxyRunning]
+		}
+		p.mu.Unlock()
+		if running == size {
+			took := time.Since(start)
+			if v := p.poolView("big"); v.Active != size {
+				b.Fatalf("pool: %+v, want exactly %d active", v, size)
+			}
+			return took
+		}
+		select {
+		case err := <-errs:
+			b.Fatalf("agent: %v", err)
+		case <-timeout:
+			b.Fatalf("pool not running after 10m: %+v", p.poolView("big").States)
+		case <-progressed:
+		}
+	}
+}
+
+// BenchmarkPlannerMemory measures what a planner replica holds for its
+// state: the live heap (after a collection) and the resident set it adds
+// once it has folded a log of one pool of about 10,000 live proxies (some
+// fail on the way up) that also rotated 5,000 away (finished proxies
+// beyond KeepFinished leave memory).
+// It reports both per 10,000 live proxies; the embedded server runs in the
+// same process, so the figures are differences from before the replica
+// started.
+func BenchmarkPlannerMemory(b *testing.B) {
+	const live, rotated = 10_000, 5_000
+	c, stopServer := benchServer(b)
+	defer stopServer()
+	release := holdLeaseOn(b, c)
+	defer release()
+	g := newLogGen(b, c, 3)
+	g.apply("big", live)
+	pl := g.pools["big"]
+	for range live {
+		g.create(pl, "", "")
+	}
+	for i := range rotated {
+		old := pl.live[i%len(pl.live)]
+		g.create(pl, old, "rotated: older than maxAge 1h0m0s")
+		g.retire(pl, i%len(pl.live), "rotated: older than maxAge 1h0m0s", false)
+	}
+	for len(g.inflight) > 0 || len(g.deleting) > 0 {
+		g.moveOn()
+	}
+	g.flush()
+	var heap, rss, active float64
+	for range b.N {
+		heap0, rss0 := heapInUse(), residentSet(b)
+		p, _, stop := startPlanner(b, c, Config{ID: "bench", SnapshotEvery: -1, SnapshotInterval: -1})
+		v := p.poolView("big")
+		if v.Active < live*9/10 {
+			b.Fatalf("pool: %d active, want about %d", v.Active, live)
+		}
+		heap += float64(heapInUse()) - float64(heap0)
+		rss += float64(residentSet(b)) - float64(rss0)
+		active += float64(v.Active)
+		runtime.KeepAlive(p)
+		stop()
+	}
+	b.ReportMetric(heap/active*10_000, "heap-B/10k-live")
+	b.ReportMetric(rss/active*10_000, "rss-B/10k-live")
+	b.ReportMetric(active/float64(b.N), "live")
+}
+
+// residentSet returns the process's resident set size in bytes.
+func residentSet(tb testing.TB) uint64 {
+	tb.Helper()
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		tb.Skip("no /proc/self/statm: resident set not measured")
+	}
+	var size, res uint64
+	if _, err := fmt.Sscan(string(b), &size, &res); err != nil {
+		tb.Fatal(err)
+	}
+	return res * uint64(os.Getpagesize())
+}

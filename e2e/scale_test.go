@@ -40,7 +40,13 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	start := time.Now()
 	f.mustReq("fleet.api.pool.apply", fmt.Sprintf(`{"name":"big","provider":"instant","size":%d}`, size))
 	var ready int
-	waitFor(t, 8*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() bool {
+	var states map[string]int
+	defer func() {
+		if t.Failed() {
+			t.Logf("pool big: %v; backend instances: %d", states, drv.Len())
+		}
+	}()
+	waitFor(t, 6*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() bool {
 		var pv struct {
 			States map[string]int `json:"states"`
 		}
@@ -49,6 +55,7 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 			return false
 		}
 		parseJSON(t, r.Data, &pv)
+		states = pv.States
 		ready = pv.States[events.ProxyReady]
 		return ready == size
 	})
@@ -77,10 +84,14 @@ func forwardProxy(t *testing.T) string {
 				http.Error(w, err.Error(), http.StatusBadGateway)
 				return
 			}
-			w.WriteHeader(http.StatusOK)
 			down, buf, err := http.NewResponseController(w).Hijack()
 			if err != nil {
 				up.Close()
+				return
+			}
+			if _, err := down.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+				up.Close()
+				down.Close()
 				return
 			}
 			go func() { _, _ = io.Copy(up, buf); up.Close() }()

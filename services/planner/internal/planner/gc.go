@@ -32,10 +32,23 @@ type missing struct {
 	since  time.Time
 }
 
-// targetInventory is one agent's answer to an inventory request.
+// targetInventory is one agent's answer to an inventory request, indexed
+// by instance name and by the proxy id of the marker, so that judging a
+// target costs one lookup a proxy.
 type targetInventory struct {
 	entry, target string
 	list          []agent.Instance
+	names, ids    map[string]bool
+}
+
+func newTargetInventory(entry, target string, list []agent.Instance) targetInventory {
+	ti := targetInventory{entry: entry, target: target, list: list,
+		names: make(map[string]bool, len(list)), ids: make(map[string]bool, len(list))}
+	for _, inst := range list {
+		ti.names[inst.Name] = true
+		ti.ids[inst.Marker.ProxyID] = true
+	}
+	return ti
 }
 
 // inventory is what one garbage-collection round gathered: the targets
@@ -89,8 +102,9 @@ func (p *Planner) gather(ctx context.Context) inventory {
 				}
 				return
 			}
+			ti := newTargetInventory(a.Entry, a.Target, list)
 			mu.Lock()
-			in.answered[targetKey(a.Entry, a.Target)] = targetInventory{entry: a.Entry, target: a.Target, list: list}
+			in.answered[targetKey(a.Entry, a.Target)] = ti
 			mu.Unlock()
 		})
 	}
@@ -199,7 +213,7 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 			}
 			tk := targetKey(x.Entry, x.Target)
 			ti, answered := in.answered[tk]
-			if !answered || listed(ti.list, *x) {
+			if !answered || ti.lists(*x) {
 				continue
 			}
 			missingNow[x.ID] = true
@@ -247,13 +261,8 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 
 // listed reports whether an inventory holds x's instance, by name or by
 // the marker's proxy id.
-func listed(list []agent.Instance, x Proxy) bool {
-	for _, inst := range list {
-		if inst.Name == x.Instance || inst.Marker.ProxyID == x.ID {
-			return true
-		}
-	}
-	return false
+func (ti targetInventory) lists(x Proxy) bool {
+	return ti.names[x.Instance] || ti.ids[x.ID]
 }
 
 // deleteOrphan deletes one orphaned instance. It first appends retiring

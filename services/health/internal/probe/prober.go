@@ -206,7 +206,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		}
 		known := map[string]bool{}
 		err = p.loop(ctx, w, b, known)
-		stopWatch(w)
+		bus.StopWatch(w)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
@@ -237,15 +237,6 @@ func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, kn
 			}
 			p.observe(e, b.records, known, within)
 		}
-	}
-}
-
-// stopWatch stops w and drains its updates: the watcher's delivery blocks
-// on a full updates channel and would never see the stop otherwise. The
-// channel closes once delivery has ended.
-func stopWatch(w jetstream.KeyWatcher) {
-	_ = w.Stop()
-	for range w.Updates() {
 	}
 }
 

@@ -401,7 +401,7 @@ func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
 			}
 		}
 		p.readAgents(ctx, w)
-		_ = w.Stop()
+		bus.StopWatch(w)
 	}
 }
 

@@ -494,10 +494,15 @@ func (p *Planner) lookupProxy(ctx context.Context, id string) (Proxy, *APIError)
 		return Proxy{}, invalid([]events.FieldError{*fe})
 	}
 	p.mu.Lock()
+	var cp Proxy
 	x := p.st.proxies[id]
+	ok := x != nil
+	if ok {
+		cp = *x // copied under the lock: the fold writes it
+	}
 	p.mu.Unlock()
-	if x != nil {
-		return *x, nil
+	if ok {
+		return cp, nil
 	}
 	return p.recallProxy(ctx, id)
 }

@@ -19,6 +19,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/events"
 )
 
@@ -36,7 +37,7 @@ func benchServer(tb testing.TB) (c *bus.Conn, stop func()) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := bus.Connect(ctx, bus.Config{DataDir: tb.TempDir(), Listen: "127.0.0.1:-1", Name: tb.Name()}, nil)
+	c, err := bus.Connect(ctx, bus.Config{DataDir: tb.TempDir(), Listen: "127.0.0.1:-1", Name: tb.Name(), Embed: embedded.Start}, nil)
 	if err != nil {
 		tb.Fatalf("embedded NATS: %v", err)
 	}

@@ -2,10 +2,9 @@ package e2e_test
 
 import (
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/http/httptest"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 
 // TestTenThousandProxyPoolConverges: a pool of 10,000 proxies on an instant
 // backend (every instance runs the moment it is created, all behind one
-// loopback forward proxy) becomes ready through the real planner and health
+// built-in forward proxy process on loopback) becomes ready through the real planner and health
 // binaries, with exactly one request per proxy and not a single unhealthy
 // verdict on the way.
 func TestTenThousandProxyPoolConverges(t *testing.T) {
@@ -71,51 +70,28 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	}
 }
 
-// forwardProxy serves plain HTTP forwarding and CONNECT tunnels on a
-// loopback port, as every proxy of a fleet does, and returns its address.
+// forwardProxy runs the product's built-in forward proxy (local-agent
+// proxy) on a loopback port the kernel chose, handed over as a listening
+// socket, and returns its address.
 func forwardProxy(t *testing.T) string {
 	t.Helper()
-	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64}
-	t.Cleanup(tr.CloseIdleConnections)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodConnect {
-			up, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(r.Context(), "tcp", r.Host)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			down, buf, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				up.Close()
-				return
-			}
-			if _, err := down.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
-				up.Close()
-				down.Close()
-				return
-			}
-			go func() { _, _ = io.Copy(up, buf); up.Close() }()
-			_, _ = io.Copy(down, up)
-			down.Close()
-			return
-		}
-		out, err := http.NewRequestWithContext(r.Context(), r.Method, r.URL.String(), r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		resp, err := tr.RoundTrip(out)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		for k, vs := range resp.Header {
-			w.Header()[k] = vs
-		}
-		w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(w, resp.Body)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.Listener.Addr().String()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := ln.(*net.TCPListener).File()
+	ln.Close() // the file holds its own descriptor of the socket
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	addr := ln.Addr().String()
+	cmd := exec.Command(agentExe(), "proxy", "--listen", addr, "--listen-fd", "3", "--log-level", "warn")
+	cmd.ExtraFiles = []*os.File{file} // descriptor 3
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return addr
 }

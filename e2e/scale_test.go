@@ -15,9 +15,9 @@ import (
 
 // TestTenThousandProxyPoolConverges: a pool of 10,000 proxies on an instant
 // backend (every instance runs the moment it is created, all behind one
-// built-in forward proxy process on loopback) becomes ready through the real planner and health
-// binaries, with exactly one request per proxy and not a single unhealthy
-// verdict on the way.
+// built-in forward proxy process on loopback) becomes ready through the
+// real planner and health binaries, with exactly one request per proxy and
+// not a single unhealthy verdict on the way.
 func TestTenThousandProxyPoolConverges(t *testing.T) {
 	if testing.Short() {
 		t.Skip("converges a 10,000-proxy pool")

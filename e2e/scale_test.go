@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -8,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
 
@@ -24,6 +28,7 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	}
 	const size = 10_000
 	f := newFleet(t)
+	f.dumpLogsOnFailure()
 	f.startPlanner()
 	// Default probing: the fleet must be probed at its own pace.
 	f.start("health", "--echo-addr", "127.0.0.1:0")
@@ -42,7 +47,11 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	var states map[string]int
 	defer func() {
 		if t.Failed() {
-			t.Logf("pool big: %v; backend instances: %d", states, drv.Len())
+			t.Logf("pool big: %v; backend instances: %d; create commands stored: %d", states, drv.Len(), f.cmdCount("fleet.cmd.instant.t1.create"))
+			if info, err := f.conn.JS.Consumer(context.Background(), bus.CommandsStream, bus.AgentConsumerName("instant", "t1")); err == nil {
+				ci := info.CachedInfo()
+				t.Logf("agent consumer: %d pending, %d awaiting ack, %d redelivered, delivered up to %d", ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.Delivered.Stream)
+			}
 		}
 	}()
 	waitFor(t, 6*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() bool {
@@ -68,6 +77,24 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	if n := f.eventCount("fleet.evt.proxy.*." + events.ProxyUnhealthy); n != 0 {
 		t.Errorf("%d unhealthy verdicts while converging, want none", n)
 	}
+}
+
+// cmdCount counts FLEET_CMDS messages on subjects matching filter.
+func (f *fleet) cmdCount(filter string) uint64 {
+	f.t.Helper()
+	s, err := f.conn.JS.Stream(context.Background(), bus.CommandsStream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
 }
 
 // forwardProxy runs the product's built-in forward proxy (local-agent

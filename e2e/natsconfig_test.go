@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -62,7 +62,7 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	}
 	agentConn := connect("agent-local-t1", "ap")
 
-	drv := &onceDriver{}
+	drv := agenttest.NewInstant("127.0.0.1:1")
 	rt, err := agent.New(agentConn, drv, agent.Config{Info: agent.Info{Entry: "local", Target: "t1", Type: "test"}, HeartbeatInterval: 100 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -129,44 +129,3 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 		t.Fatalf("the agent user could subscribe to the operator API (err %v)", perr)
 	}
 }
-
-// onceDriver creates instances that run at once.
-type onceDriver struct {
-	mu sync.Mutex
-	m  map[string]agent.Instance
-}
-
-func (d *onceDriver) Create(_ context.Context, s agent.Spec) (agent.Instance, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.m == nil {
-		d.m = map[string]agent.Instance{}
-	}
-	i := agent.Instance{Name: s.Name, Marker: s.Marker(), State: agent.StateRunning, Address: "127.0.0.1:1"}
-	d.m[s.Name] = i
-	return i, nil
-}
-func (d *onceDriver) Get(_ context.Context, r agent.Ref) (agent.Instance, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if i, ok := d.m[r.Name]; ok {
-		return i, nil
-	}
-	return agent.Instance{}, agent.ErrNotFound
-}
-func (d *onceDriver) Delete(_ context.Context, r agent.Ref) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.m, r.Name)
-	return nil
-}
-func (d *onceDriver) List(context.Context) ([]agent.Instance, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []agent.Instance
-	for _, i := range d.m {
-		out = append(out, i)
-	}
-	return out, nil
-}
-func (d *onceDriver) Check(context.Context) []agent.Verdict { return nil }

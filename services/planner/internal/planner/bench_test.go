@@ -69,7 +69,7 @@ func holdLeaseOn(tb testing.TB, c *bus.Conn) (stop func()) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	rev, err := kv.Create(ctx, leaderKey, []byte("bench"))
+	rev, err := kv.Create(ctx, leaderKey, []byte("held-by-test"))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func holdLeaseOn(tb testing.TB, c *bus.Conn) (stop func()) {
 			case <-hctx.Done():
 				return
 			case <-tk.C:
-				if r, err := kv.Update(hctx, leaderKey, []byte("bench"), rev); err == nil {
+				if r, err := kv.Update(hctx, leaderKey, []byte("held-by-test"), rev); err == nil {
 					rev = r
 				}
 			}

@@ -261,33 +261,7 @@ func TestSnapshotEquivalenceWithPlannerDecisions(t *testing.T) {
 // only follow the log (they never lead and decide).
 func (h *harness) holdLease() {
 	h.t.Helper()
-	ctx := context.Background()
-	kv, err := h.c.JS.KeyValue(ctx, bus.BucketPlanner)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	rev, err := kv.Create(ctx, leaderKey, []byte("test"))
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	hctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tk := time.NewTicker(time.Second)
-		defer tk.Stop()
-		for {
-			select {
-			case <-hctx.Done():
-				return
-			case <-tk.C:
-				if r, err := kv.Update(hctx, leaderKey, []byte("test"), rev); err == nil {
-					rev = r
-				}
-			}
-		}
-	}()
-	h.t.Cleanup(func() { cancel(); <-done })
+	h.t.Cleanup(holdLeaseOn(h.t, h.c))
 }
 
 // follower starts a planner that follows the log (the test holds the

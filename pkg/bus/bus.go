@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/telemetry"
 )
 
 // DefaultListen is where an embedded server listens unless told otherwise.
@@ -86,7 +88,8 @@ type Conn struct {
 func (c *Conn) Replicas() int { return c.replicas }
 
 // ClientURL is the URL other processes can use to reach this connection's
-// server.
+// server. Connected to an external server, it is the URL connected to, with
+// any userinfo in it: log it through [telemetry.RedactURL].
 func (c *Conn) ClientURL() string {
 	if c.Server != nil {
 		return c.Server.ClientURL()
@@ -109,7 +112,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 				log.Warn("nats disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "url", telemetry.RedactURL(nc.ConnectedUrl()))
+		}),
 	}
 	c := &Conn{replicas: cfg.Replicas}
 	url := cfg.URL
@@ -150,7 +155,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		c.shutdownServer()
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", telemetry.RedactURL(url), err)
 	}
 	c.NC = nc
 	if c.Server == nil && cfg.Replicas == 0 && nc.ConnectedClusterName() == "" {
@@ -165,7 +170,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 	c.JS = js
 	if _, err := js.AccountInfo(ctx); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("JetStream is not available at %s: %w", url, err)
+		return nil, fmt.Errorf("JetStream is not available at %s: %w", telemetry.RedactURL(url), err)
 	}
 	return c, nil
 }

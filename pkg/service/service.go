@@ -142,7 +142,7 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		}
 	}
 	if conn.Server != nil {
-		log.Info("embedded NATS ready", "url", conn.ClientURL())
+		log.Info("embedded NATS ready", "url", telemetry.RedactURL(conn.ClientURL()))
 	}
 	return &Base{Name: name, Log: log, Tel: tel, Conn: conn}, nil
 }

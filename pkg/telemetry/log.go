@@ -10,10 +10,12 @@ import (
 
 // NewLogger returns a JSON slog logger writing to w at level, adding
 // "trace_id" and "span_id" to every record logged with a context that
-// carries a span.
+// carries a span. It redacts the secret of every URL with userinfo in
+// messages and in string, error and Stringer values ([RedactURL]): a safety
+// net, since callers redact the URLs they log themselves.
 func NewLogger(w io.Writer, level slog.Leveler, service string) *slog.Logger {
-	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
-	return slog.New(traceHandler{h}).With("service", service)
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: redactAttr})
+	return slog.New(traceHandler{redactHandler{h}}).With("service", service)
 }
 
 type traceHandler struct{ slog.Handler }

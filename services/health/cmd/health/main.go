@@ -18,6 +18,7 @@ import (
 
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/service"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -162,7 +163,7 @@ func run(f *flags) error {
 			}
 		}()
 	}
-	log.Info("health started", "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", base.Conn.ClientURL())
+	log.Info("health started", "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	<-rctx.Done()
 	log.Info("health stopping")
 	wg.Wait()

@@ -17,6 +17,7 @@ import (
 
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/service"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/planner/internal/planner"
 )
 
@@ -144,7 +145,7 @@ func run() int {
 		base.Log.Error("planner", "err", err)
 		return 1
 	}
-	base.Log.Info("planner starting", "replica", cfg.ID, "nats", base.Conn.ClientURL())
+	base.Log.Info("planner starting", "replica", cfg.ID, "nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := p.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		base.Log.Error("planner stopped", "err", err)
 		return 1

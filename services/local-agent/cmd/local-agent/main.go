@@ -82,6 +82,12 @@ func run(args []string, stderr io.Writer) int {
 		cmd.Printf("see --help")
 		return 2
 	}
+	// Before NATS: a second agent on this state directory starts nothing.
+	lock, err := local.LockStateDir(cfg.StateDir)
+	if err != nil {
+		return cmd.Fail(1, err)
+	}
+	defer lock.Release()
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error { return serve(ctx, base, cfg, *recheck) })
 }
 

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +35,44 @@ type Server interface {
 // it lives in its own package so that programs which never embed do not
 // link nats-server.
 type EmbedFunc func(cfg Config, log *slog.Logger) (Server, error)
+
+// ClientOptioner is an embedded [Server] whose embedding service connects
+// with options of its own (in-process, with an identity the server accepts);
+// [Connect] adds them.
+type ClientOptioner interface {
+	ClientOptions() []nats.Option
+}
+
+// ErrEmbedNeedsAuth is returned when an embedded server would listen on an
+// address other than loopback without requiring authentication.
+var ErrEmbedNeedsAuth = errors.New("the embedded NATS server needs authentication to listen beyond loopback")
+
+// NeedsAuthError is the error, wrapping [ErrEmbedNeedsAuth], for an
+// embedded server asked to listen on listen, not loopback, with no server
+// configuration: it says how to configure authentication.
+func NeedsAuthError(listen string) error {
+	return fmt.Errorf("%w: --nats-listen %s is not a loopback address; add --nats-server-config FILE, a nats-server configuration whose authorization or accounts define users or nkeys (such as deploy/nats/nats-server.conf), or listen on 127.0.0.1",
+		ErrEmbedNeedsAuth, listen)
+}
+
+// ListenIsLoopback reports whether the listen address host:port only
+// accepts connections from this machine: its host is "localhost" or a
+// loopback IP. An empty address means [DefaultListen]. An empty host, an
+// unspecified address (0.0.0.0, ::) and any other name are not loopback.
+func ListenIsLoopback(listen string) (bool, error) {
+	if listen == "" {
+		listen = DefaultListen
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false, fmt.Errorf("listen address %q: %w", listen, err)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
 
 // ErrNoServer is returned by [Connect] when it is given neither a URL nor a
 // context and cannot embed a server.
@@ -61,8 +100,13 @@ type Config struct {
 	// DataDir is the embedded server's JetStream store directory.
 	DataDir string
 	// Listen is the embedded server's client address ("127.0.0.1:4222";
-	// port -1 or 0 picks a free port).
+	// port -1 or 0 picks a free port). Empty means the listen address of
+	// ServerConfig, else [DefaultListen].
 	Listen string
+	// ServerConfig is a nats-server configuration file for the embedded
+	// server (authorization, accounts, TLS). A Listen that is not loopback
+	// requires it to define users or nkeys ([ErrEmbedNeedsAuth]).
+	ServerConfig string
 	// PortsFileDir, when set, is where the embedded server writes its ports
 	// file once it listens: <program>_<pid>.ports, JSON with the client URLs
 	// ({"nats":["nats://127.0.0.1:4222"]}), removed at shutdown. It is how
@@ -138,6 +182,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}
 		c.Server = srv
 		url = srv.ClientURL()
+		if co, ok := srv.(ClientOptioner); ok {
+			opts = append(opts, co.ClientOptions()...)
+		}
 		if c.replicas == 0 {
 			c.replicas = 1
 		}

@@ -38,6 +38,10 @@ type Flags struct {
 	// health). It is set before [Flags.Register]; nil means the service
 	// never embeds, has no --nats-listen, and needs a URL or a context.
 	Embed bus.EmbedFunc
+	// NATSServerConfig is the embedded server's nats-server configuration
+	// file (--nats-server-config): authentication for a listener beyond
+	// loopback.
+	NATSServerConfig string
 }
 
 // Register adds the common flags to fs. Environment variables give the
@@ -49,8 +53,10 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 			"NATS server URL(s), comma separated; empty (and no --nats-context) embeds a JetStream server (env NATS_URL)")
 		fs.StringVar(&f.DataDir, "data-dir", envOr("PROXYFLEET_DATA_DIR", ".run/"+service),
 			"directory for this service's state; the embedded server stores JetStream under <data-dir>/jetstream (env PROXYFLEET_DATA_DIR)")
-		fs.StringVar(&f.Listen, "nats-listen", bus.DefaultListen,
-			"client address of the embedded NATS server (only without --nats-url); port 0 picks a free port, written to <data-dir>/<program>_<pid>.ports")
+		fs.StringVar(&f.Listen, "nats-listen", "",
+			"client address of the embedded NATS server (only without --nats-url); default "+bus.DefaultListen+", or the listen of --nats-server-config; port 0 picks a free port, written to <data-dir>/<program>_<pid>.ports; an address other than loopback needs --nats-server-config with users")
+		fs.StringVar(&f.NATSServerConfig, "nats-server-config", "",
+			"nats-server configuration file for the embedded server (authorization, accounts, TLS; JetStream stays under <data-dir>/jetstream); required to listen beyond loopback, with users or nkeys defined")
 	} else {
 		fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
 			"NATS server URL(s), comma separated; this or --nats-context is required: "+service+" does not embed a server (env NATS_URL)")
@@ -80,6 +86,18 @@ func (f *Flags) needServer(service string) error {
 	return fmt.Errorf("--nats-url or --nats-context is required (env NATS_URL, NATS_CONTEXT): %s does not embed a NATS server; the planner does", service)
 }
 
+// embedNeedsAuth refuses, before anything starts, an embedded server that
+// would listen beyond loopback with no configuration to authenticate from.
+func (f *Flags) embedNeedsAuth() error {
+	if f.Embed == nil || f.NATSURL != "" || f.NATSContext != "" || f.NATSServerConfig != "" || f.Listen == "" {
+		return nil
+	}
+	if loopback, err := bus.ListenIsLoopback(f.Listen); err == nil && !loopback {
+		return bus.NeedsAuthError(f.Listen)
+	}
+	return nil
+}
+
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
@@ -99,6 +117,9 @@ type Base struct {
 // and creates or updates the stream topology.
 func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 	if err := f.needServer(name); err != nil {
+		return nil, err
+	}
+	if err := f.embedNeedsAuth(); err != nil {
 		return nil, err
 	}
 	level, err := telemetry.ParseLevel(f.LogLevel)
@@ -127,6 +148,7 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		// client URL, also when --nats-listen asked for port 0.
 		PortsFileDir: f.DataDir,
 	}
+	cfg.ServerConfig = f.NATSServerConfig
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := bus.Connect(cctx, cfg, log)

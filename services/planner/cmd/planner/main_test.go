@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 )
 
 // The test binary doubles as the planner binary: with PF_PLANNER_EXEC set
@@ -193,5 +197,25 @@ func TestEmbeddedServeAndGracefulStop(t *testing.T) {
 	}
 	if !stopped {
 		t.Error("no \"planner stopped\" log line")
+	}
+}
+
+// TestOpenEmbeddedServerRefused: the issue's acceptance, `planner
+// --nats-listen 0.0.0.0:<port>` without authentication, exits at once
+// naming the flag to add, having created nothing.
+func TestOpenEmbeddedServerRefused(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "planner")
+	cmd := plannerCmd(t, "--nats-listen", "0.0.0.0:"+strconv.Itoa(testnet.Refusing(t).Port), "--data-dir", dataDir)
+	cmd.Env = append(cmd.Env, "NATS_URL=", "NATS_CONTEXT=")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("planner: %v, want exit status 1; output:\n%s", err, out)
+	}
+	if want := "is not a loopback address; add --nats-server-config FILE"; !strings.Contains(string(out), want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Errorf("the data directory exists (%v): the planner started something", err)
 	}
 }

@@ -23,7 +23,9 @@ var exposureLine = regexp.MustCompile(`Overall exposure level for (\S+): ([0-9]+
 // `systemd-analyze security --offline=yes` (the unit file alone, not the
 // running system) and fails for any above maxExposure. `systemd-analyze
 // verify` must not report an unknown or unparsable directive either: a
-// misspelled sandboxing line is silently ignored by systemd.
+// misspelled sandboxing line is silently ignored by systemd. Offline mode
+// reads User= without resolving it, so the units' users need not exist on
+// the machine running the test.
 func TestSystemdUnitsHardened(t *testing.T) {
 	analyze := testgate.NeedBinary(t, "systemd-analyze", "install Debian's systemd package (make test-systemd does)")
 	units, err := filepath.Glob(filepath.Join("..", "deploy", "systemd", "*.service"))

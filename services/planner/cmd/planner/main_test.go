@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
@@ -217,5 +218,68 @@ func TestOpenEmbeddedServerRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
 		t.Errorf("the data directory exists (%v): the planner started something", err)
+	}
+}
+
+// TestURLPasswordNeverLogged runs the planner at debug level with its NATS
+// password in --nats-url: its start-up log names the server with the
+// password redacted, and the password appears nowhere in its output.
+func TestURLPasswordNeverLogged(t *testing.T) {
+	const password = "pl-s3cret-48c2"
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
+		NoSigs: true, NoLog: true,
+		Users: []*server.User{{Username: "planner", Password: password}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	addr := srv.Addr().String()
+	cmd := plannerCmd(t, "--nats-url", "nats://planner:"+password+"@"+addr, "--data-dir", t.TempDir(), "--log-level", "debug")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	var out strings.Builder
+	sc := bufio.NewScanner(stderr)
+	started := false
+	for !started && sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		var rec struct{ Msg, Nats string }
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "planner starting" {
+			if want := "nats://planner:xxxxx@" + addr; rec.Nats != want {
+				t.Errorf("planner starting: nats %q, want %q", rec.Nats, want)
+			}
+			started = true
+		}
+	}
+	if !started {
+		t.Fatalf("no \"planner starting\" line:\n%s", &out)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("planner after SIGTERM: %v", err)
+	}
+	if strings.Contains(out.String(), password) {
+		t.Fatalf("the password reached the planner's output:\n%s", &out)
 	}
 }

@@ -59,7 +59,8 @@ func LockStateDir(dir string) (*StateLock, error) {
 		return nil, fmt.Errorf("%w: %s is held by %s (lock %s); stop that agent, or give this one its own --state-dir or --data-dir",
 			ErrStateDirInUse, abs, holder, path)
 	}
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	if err != nil {

@@ -9,6 +9,7 @@
 package egress
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -86,7 +87,7 @@ const (
 // Policy is what one proxy may reach. The zero value is the default policy.
 type Policy struct {
 	// AllowCIDRs are destinations allowed despite [Ranges] (still subject to
-	// the port rule).
+	// the port rule, and never the host's own addresses).
 	AllowCIDRs []netip.Prefix
 	// AllowPorts are ports allowed for CONNECT and plain HTTP beside the
 	// defaults.
@@ -108,21 +109,29 @@ func (p *Policy) Check(addr netip.Addr, port uint16, connect bool) Rule {
 	if !p.portAllowed(port, connect) {
 		return RulePort
 	}
+	ranged := rangeRule(addr)
+	// The host itself is never opened by an allowed range: only an
+	// endpoint reaches it. It is named for its range when it has one.
+	for _, o := range p.Own {
+		if o.Unmap().WithZone("") == addr {
+			return cmp.Or(ranged, RuleOwnAddress)
+		}
+	}
 	for _, pr := range p.AllowCIDRs {
 		if pr.Contains(addr) {
 			return RuleOK
 		}
 	}
+	return ranged
+}
+
+// rangeRule returns the rule of the refused range holding addr, or [RuleOK].
+func rangeRule(addr netip.Addr) Rule {
 	for _, r := range Ranges {
 		for _, pr := range r.Prefixes {
 			if pr.Contains(addr) {
 				return r.Rule
 			}
-		}
-	}
-	for _, o := range p.Own {
-		if o.Unmap().WithZone("") == addr {
-			return RuleOwnAddress
 		}
 	}
 	return RuleOK
@@ -277,6 +286,17 @@ func (p *Policy) SquidRules(ownFile string) string {
 	line("http_access deny %s!proxyfleet_safe_ports", unless)
 	line("deny_info 403:%s proxyfleet_ssl_ports", SquidPage(RulePort))
 	line("deny_info 403:%s proxyfleet_safe_ports", SquidPage(RulePort))
+	own := squidACL(RuleOwnAddress)
+	if len(p.Own) > 0 || ownFile != "" {
+		for _, a := range p.Own {
+			line("acl %s dst %s", own, a.Unmap().WithZone(""))
+		}
+		if ownFile != "" {
+			line("acl %s dst %q", own, ownFile)
+		}
+		line("http_access deny %s%s", unless, own)
+		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), own)
+	}
 	if len(p.AllowCIDRs) > 0 {
 		cidrs := make([]string, len(p.AllowCIDRs))
 		for i, c := range p.AllowCIDRs {
@@ -293,17 +313,6 @@ func (p *Policy) SquidRules(ownFile string) string {
 		line("acl %s dst %s", squidACL(r.Rule), strings.Join(ps, " "))
 		line("http_access deny %s%s", unless, squidACL(r.Rule))
 		line("deny_info 403:%s %s", SquidPage(r.Rule), squidACL(r.Rule))
-	}
-	own := squidACL(RuleOwnAddress)
-	if len(p.Own) > 0 || ownFile != "" {
-		for _, a := range p.Own {
-			line("acl %s dst %s", own, a.Unmap().WithZone(""))
-		}
-		if ownFile != "" {
-			line("acl %s dst %q", own, ownFile)
-		}
-		line("http_access deny %s%s", unless, own)
-		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), own)
 	}
 	return b.String()
 }

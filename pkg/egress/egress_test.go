@@ -98,6 +98,7 @@ func TestAllowances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.Own = []netip.Addr{netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("127.0.0.1")}
 	cases := []struct {
 		addr    string
 		port    uint16
@@ -116,6 +117,9 @@ func TestAllowances(t *testing.T) {
 		{"10.2.0.1", 443, true, RulePrivate},
 		{"fd12::1", 443, true, RuleOK},
 		{"fd13::1", 443, true, RuleUniqueLocal},
+		// An allowed range never opens the host's own address.
+		{"10.1.0.5", 443, true, RulePrivate},
+		{"127.0.0.1", 8480, false, RuleOK},
 	}
 	for _, c := range cases {
 		if got := p.Check(netip.MustParseAddr(c.addr), c.port, c.connect); got != c.want {
@@ -163,6 +167,7 @@ func TestSquidRules(t *testing.T) {
 		"http_access deny !proxyfleet_endpoints !proxyfleet_allow_dst proxyfleet_egress_loopback\n",
 		"deny_info 403:ERR_PROXYFLEET_EGRESS_LOOPBACK proxyfleet_egress_loopback\n",
 		"acl proxyfleet_egress_own_address dst \"/etc/squid/own\"\n",
+		"http_access deny !proxyfleet_endpoints proxyfleet_egress_own_address\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("SquidRules lacks %q:\n%s", want, got)

@@ -11,6 +11,7 @@ package egress
 import (
 	"cmp"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -315,4 +316,22 @@ func (p *Policy) SquidRules(ownFile string) string {
 		line("deny_info 403:%s %s", SquidPage(r.Rule), squidACL(r.Rule))
 	}
 	return b.String()
+}
+
+// HostAddrs lists the addresses of every interface of this host, the
+// [Policy.Own] of a proxy running here.
+func HostAddrs() ([]netip.Addr, error) {
+	ifas, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(ifas))
+	for _, ifa := range ifas {
+		if n, ok := ifa.(*net.IPNet); ok {
+			if a, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out, nil
 }

@@ -105,20 +105,3 @@ func (o *ownCache) get() []netip.Addr {
 	}
 	return o.addrs
 }
-
-// interfaceAddrs lists the addresses of every interface of this host.
-func interfaceAddrs() ([]netip.Addr, error) {
-	ifas, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]netip.Addr, 0, len(ifas))
-	for _, ifa := range ifas {
-		if n, ok := ifa.(*net.IPNet); ok {
-			if a, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, a.Unmap())
-			}
-		}
-	}
-	return out, nil
-}

@@ -126,7 +126,7 @@ func TestConnectToLoopbackRefused(t *testing.T) {
 // TestOwnAddressRefused: a GET to a server on this host's own non-loopback
 // address is refused.
 func TestOwnAddressRefused(t *testing.T) {
-	addrs, err := interfaceAddrs()
+	addrs, err := egress.HostAddrs()
 	if err != nil {
 		t.Fatal(err)
 	}

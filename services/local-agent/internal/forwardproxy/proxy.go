@@ -97,7 +97,7 @@ func New(cfg Config) *Proxy {
 		}
 	}
 	if cfg.OwnAddrs == nil {
-		cfg.OwnAddrs = interfaceAddrs
+		cfg.OwnAddrs = egress.HostAddrs
 	}
 	p := &Proxy{cfg: cfg}
 	p.own.read = cfg.OwnAddrs

@@ -8,8 +8,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"maps"
+	"net/netip"
 	"slices"
 	"time"
 

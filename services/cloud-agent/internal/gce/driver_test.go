@@ -14,6 +14,7 @@ import (
 	"google.golang.org/api/googleapi"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
@@ -28,7 +29,7 @@ func testConfig() config.GCE {
 	}
 }
 
-func defaultUserData(port int, auth *events.ProxyAuth) []byte {
+func defaultUserData(port int, auth *events.ProxyAuth, _ egress.Policy) []byte {
 	return fmt.Appendf(nil, "#cloud-config\n# squid on %d\n", port)
 }
 
@@ -119,7 +120,7 @@ func TestCreateUsesDefaultUserDataWhenPoolGivesNone(t *testing.T) {
 	if _, err := d.Create(ctx(t), s); err != nil {
 		t.Fatal(err)
 	}
-	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(defaultUserData(8080, nil)) {
+	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(defaultUserData(8080, nil, egress.Policy{})) {
 		t.Fatalf("user-data = %q, want the default cloud-config", got)
 	}
 }

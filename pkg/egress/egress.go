@@ -9,7 +9,6 @@
 package egress
 
 import (
-	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -110,20 +109,17 @@ func (p *Policy) Check(addr netip.Addr, port uint16, connect bool) Rule {
 	if !p.portAllowed(port, connect) {
 		return RulePort
 	}
-	ranged := rangeRule(addr)
-	// The host itself is never opened by an allowed range: only an
-	// endpoint reaches it. It is named for its range when it has one.
-	for _, o := range p.Own {
-		if o.Unmap().WithZone("") == addr {
-			return cmp.Or(ranged, RuleOwnAddress)
-		}
+	// The ranges first (lifted by an allowed range), then the host's own
+	// addresses, which an allowed range never opens: only an endpoint
+	// reaches the host. Squid checks in the same order.
+	allowed := slices.ContainsFunc(p.AllowCIDRs, func(pr netip.Prefix) bool { return pr.Contains(addr) })
+	if r := rangeRule(addr); r != RuleOK && !allowed {
+		return r
 	}
-	for _, pr := range p.AllowCIDRs {
-		if pr.Contains(addr) {
-			return RuleOK
-		}
+	if slices.ContainsFunc(p.Own, func(o netip.Addr) bool { return o.Unmap().WithZone("") == addr }) {
+		return RuleOwnAddress
 	}
-	return ranged
+	return RuleOK
 }
 
 // rangeRule returns the rule of the refused range holding addr, or [RuleOK].
@@ -287,17 +283,7 @@ func (p *Policy) SquidRules(ownFile string) string {
 	line("http_access deny %s!proxyfleet_safe_ports", unless)
 	line("deny_info 403:%s proxyfleet_ssl_ports", SquidPage(RulePort))
 	line("deny_info 403:%s proxyfleet_safe_ports", SquidPage(RulePort))
-	own := squidACL(RuleOwnAddress)
-	if len(p.Own) > 0 || ownFile != "" {
-		for _, a := range p.Own {
-			line("acl %s dst %s", own, a.Unmap().WithZone(""))
-		}
-		if ownFile != "" {
-			line("acl %s dst %q", own, ownFile)
-		}
-		line("http_access deny %s%s", unless, own)
-		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), own)
-	}
+	unlessEndpoint := unless
 	if len(p.AllowCIDRs) > 0 {
 		cidrs := make([]string, len(p.AllowCIDRs))
 		for i, c := range p.AllowCIDRs {
@@ -314,6 +300,17 @@ func (p *Policy) SquidRules(ownFile string) string {
 		line("acl %s dst %s", squidACL(r.Rule), strings.Join(ps, " "))
 		line("http_access deny %s%s", unless, squidACL(r.Rule))
 		line("deny_info 403:%s %s", SquidPage(r.Rule), squidACL(r.Rule))
+	}
+	own := squidACL(RuleOwnAddress)
+	if len(p.Own) > 0 || ownFile != "" {
+		for _, a := range p.Own {
+			line("acl %s dst %s", own, a.Unmap().WithZone(""))
+		}
+		if ownFile != "" {
+			line("acl %s dst %q", own, ownFile)
+		}
+		line("http_access deny %s%s", unlessEndpoint, own)
+		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), own)
 	}
 	return b.String()
 }

@@ -118,7 +118,8 @@ func TestAllowances(t *testing.T) {
 		{"fd12::1", 443, true, RuleOK},
 		{"fd13::1", 443, true, RuleUniqueLocal},
 		// An allowed range never opens the host's own address.
-		{"10.1.0.5", 443, true, RulePrivate},
+		{"10.1.0.5", 443, true, RuleOwnAddress},
+		{"127.0.0.1", 443, true, RuleLoopback},
 		{"127.0.0.1", 8480, false, RuleOK},
 	}
 	for _, c := range cases {

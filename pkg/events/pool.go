@@ -144,6 +144,9 @@ func (p *PoolSpec) Normalize() {
 	if p.UnhealthyAfter == 0 {
 		p.UnhealthyAfter = Duration(DefaultUnhealthyAfter)
 	}
+	if p.Egress != nil && len(p.Egress.AllowCIDRs) == 0 && len(p.Egress.AllowPorts) == 0 {
+		p.Egress = nil // the default policy: the same spec as none
+	}
 }
 
 // UnhealthyAfterOrDefault returns the pool's unhealthyAfter, or the default

@@ -28,7 +28,7 @@ func (r *refusal) Error() string {
 // refuse answers a refused request at once: 403 naming the rule in the
 // [egress.Header] header and the body.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, re *refusal) {
-	p.cfg.Log.Info("egress denied", "method", r.Method, "host", re.dest, "addr", re.addr.String(), "rule", string(re.rule))
+	p.cfg.Log.Warn("egress denied", "method", r.Method, "host", re.dest, "addr", re.addr.String(), "rule", string(re.rule))
 	w.Header().Set(egress.Header, "denied "+string(re.rule))
 	w.Header().Set("Connection", "close")
 	http.Error(w, fmt.Sprintf("proxyfleet egress: denied %s: %s is not an allowed destination", re.rule, re.dest), http.StatusForbidden)

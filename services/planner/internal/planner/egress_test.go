@@ -38,8 +38,16 @@ func TestPoolEgressReachesCommands(t *testing.T) {
 			t.Errorf("create %s egress: got %+v, want %+v", c.Create.ProxyID, c.Create.Egress, want)
 		}
 	}
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{"allowPorts":[8080]}}`, &pv)
-	if pv.Revision != 2 {
-		t.Errorf("changing egress: revision %d, want 2", pv.Revision)
+	var changed PoolView
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{"allowPorts":[8080]}}`, &changed)
+	if changed.Revision != 2 || changed.ShapeRevision != 2 || !reflect.DeepEqual(changed.Spec.Egress, &events.Egress{AllowPorts: []int{8080}}) {
+		t.Errorf("changing egress: revision %d, shape revision %d, egress %+v; want 2, 2 (the pool rolls), ports [8080]", changed.Revision, changed.ShapeRevision, changed.Spec.Egress)
+	}
+	// An empty allowance is no allowance.
+	var empty, none PoolView
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{}}`, &empty)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, &none)
+	if empty.Revision != 3 || none.Revision != 3 || none.Spec.Egress != nil || empty.Spec.Egress != nil {
+		t.Errorf("empty egress then none: revisions %d and %d, egress %+v; want one revision 3 without egress", empty.Revision, none.Revision, none.Spec.Egress)
 	}
 }

@@ -33,10 +33,12 @@ func runProxy(args []string, stderr io.Writer) int {
 	allowCIDRs := fs.String("egress-allow-cidrs", "", "comma-separated destination ranges allowed despite the egress policy (10.1.0.0/16)")
 	allowPorts := fs.String("egress-allow-ports", "", "comma-separated ports allowed for CONNECT and plain HTTP beside 443 (and 80)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
+		fmt.Fprintf(stderr, `Usage: %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP] [--egress-allow IP:PORT]
 
 Runs one forward HTTP proxy (absolute-URI requests and CONNECT tunnels) in
-the foreground. The password is read from a file, never from the command
+the foreground. It refuses loopback, link-local, private and this host's
+addresses, and ports other than 443 (80 and 443 for plain HTTP), unless the
+--egress-* flags allow them. The password is read from a file, never from the command
 line, which every user can see.
 
 Flags:

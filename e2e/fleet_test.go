@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,7 +153,9 @@ func (f *fleet) startHealth() {
 	f.start("health", "--echo-addr", f.echoAddr, "--probe-interval", "300ms", "--probe-timeout", "2s")
 }
 func (f *fleet) startAgent() {
-	args := []string{"--entry", "local", "--target", "t1", "--state-dir", f.stateDir}
+	// The proxies refuse loopback: the probes' echo endpoint is allowed
+	// explicitly, as make run does.
+	args := []string{"--entry", "local", "--target", "t1", "--state-dir", f.stateDir, "--egress-allow", f.echoEndpoint()}
 	if f.squid != "" {
 		// Squid binds the port its configuration names: the agent's
 		// default range, whose busy ports it skips.
@@ -163,6 +166,25 @@ func (f *fleet) startAgent() {
 		args = append(args, "--ports", "0", "--capacity", "40")
 	}
 	f.start("local-agent", append(args, f.agentArg...)...)
+}
+
+// echoServing finds the address of health's echo endpoint in its log.
+var echoServing = regexp.MustCompile(`"msg":"echo endpoint serving"[^\n]*?"addr":"([^"]+)"`)
+
+// echoEndpoint waits until health reports where its echo endpoint listens
+// (the kernel chose the port) and returns that ip:port.
+func (f *fleet) echoEndpoint() string {
+	f.t.Helper()
+	var addr string
+	waitFor(f.t, 30*time.Second, "health's echo endpoint", func() bool {
+		m := echoServing.FindAllStringSubmatch(f.log("health"), -1)
+		if len(m) == 0 {
+			return false
+		}
+		addr = m[len(m)-1][1]
+		return true
+	})
+	return addr
 }
 
 func (f *fleet) startAll() {
@@ -408,6 +430,12 @@ func origin(t *testing.T) *httptest.Server {
 }
 
 // getThrough does a plain-HTTP GET of target through the proxy at addr.
+// allow has the agent's proxies reach srv on loopback (the agent's
+// --egress-allow); call it before the agent starts.
+func (f *fleet) allow(srv *httptest.Server) {
+	f.agentArg = append(f.agentArg, "--egress-allow", srv.Listener.Addr().String())
+}
+
 func getThrough(addr, target string, user *url.Userinfo) (int, string, error) {
 	pu := &url.URL{Scheme: "http", Host: addr, User: user}
 	tr := &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}

@@ -19,8 +19,9 @@ import (
 func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
-	f.startAll()
 	org := origin(t)
+	f.allow(org)
+	f.startAll()
 
 	f.mustReq("fleet.api.pool.apply", `{"name":"keep","provider":"local","size":1}`)
 	first := f.waitPool("keep", 1, "ready", 60*time.Second)[0]

@@ -36,8 +36,11 @@ func TestPoolLifecycleSquid(t *testing.T) {
 
 func poolLifecycle(t *testing.T, f *fleet) {
 	f.dumpLogsOnFailure()
-	f.startAll()
+	// The origin is on loopback, which the proxies refuse unless the agent
+	// allows it.
 	org := origin(t)
+	f.allow(org)
+	f.startAll()
 
 	f.mustReq("fleet.api.pool.apply", `{"name":"demo","provider":"local","size":3}`)
 	ready := f.waitPool("demo", 3, "ready", 60*time.Second)

@@ -32,7 +32,7 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	f.startPlanner()
 	// Default probing: the fleet must be probed at its own pace.
 	f.start("health", "--echo-addr", "127.0.0.1:0")
-	drv := agenttest.NewInstant(forwardProxy(t))
+	drv := agenttest.NewInstant(forwardProxy(t, f.echoEndpoint()))
 	rt, err := agent.New(f.conn, drv, agent.Config{Info: agent.Info{Entry: "instant", Target: "t1", Type: "instant"}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func (f *fleet) cmdCount(filter string) uint64 {
 // forwardProxy runs the product's built-in forward proxy (local-agent
 // proxy) on a loopback port the kernel chose, handed over as a listening
 // socket, and returns its address.
-func forwardProxy(t *testing.T) string {
+func forwardProxy(t *testing.T, echo string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -113,7 +113,7 @@ func forwardProxy(t *testing.T) string {
 	}
 	defer file.Close()
 	addr := ln.Addr().String()
-	cmd := exec.Command(agentExe(), "proxy", "--listen", addr, "--listen-fd", "3", "--log-level", "warn")
+	cmd := exec.Command(agentExe(), "proxy", "--listen", addr, "--listen-fd", "3", "--log-level", "warn", "--egress-allow", echo)
 	cmd.ExtraFiles = []*os.File{file} // descriptor 3
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

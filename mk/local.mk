@@ -1,6 +1,8 @@
 # Local backend: the Squid tier. `make test-squid` installs Debian's squid
 # (without letting the package start a system squid on port 3128) and runs the
-# local-agent tests that drive real Squid processes.
+# local-agent tests that drive real Squid processes, the egress policy
+# through real Squid (root: it creates a network namespace) and `squid -k
+# parse` of every squid.conf proxyfleet writes.
 
 SQUID ?= /usr/sbin/squid
 
@@ -23,5 +25,9 @@ squid-install: ## install Debian's squid for the local backend (root; no system 
 test-squid: squid-install ## local backend with real Squid processes (root; installs squid)
 	cd services/local-agent && PROXYFLEET_SQUID=$(SQUID) PROXYFLEET_REQUIRE_INTEGRATION=1 \
 		$(GO) test $(GOTEST_FLAGS) -run Squid ./...
+	cd pkg && PROXYFLEET_SQUID=$(SQUID) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+		$(GO) test $(GOTEST_FLAGS) -run Squid ./cloudinit/
+	cd services/cloud-agent && PROXYFLEET_SQUID=$(SQUID) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+		$(GO) test $(GOTEST_FLAGS) -run Squid ./internal/kube/
 
 TEST_ALL_TIERS += test-squid

@@ -252,7 +252,35 @@ health_args=(--nats-url "$url" --data-dir "$RUN/health" "${health_flags[@]}")
 
 echo_log_from=$(stat -c %s "$RUN/logs/health.log" 2>/dev/null || echo 0)
 start health "${health_args[@]}" --echo-addr "$ECHO_ADDR"
-start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${agent_flags[@]}"
+# The proxies refuse loopback and this host's addresses (docs/egress.md):
+# the agent allows exactly the echo endpoint the probes fetch, so health
+# must say where it listens first. An empty PROXYFLEET_ECHO_ADDR has health
+# probe the --echo-url of HEALTH_FLAGS, which the policy must allow itself.
+echo_addr=""
+echo_listen=""
+egress_args=()
+for _ in $(seq 1 300); do
+	[ -n "$ECHO_ADDR" ] || break
+	echo_addr=$(tail -c +$((echo_log_from + 1)) "$RUN/logs/health.log" |
+		sed -n 's/.*"msg":"echo endpoint serving".*"addr":"\([^"]*\)".*/\1/p' | tail -n 1)
+	[ -z "$echo_addr" ] || break
+	check_running health
+	sleep 0.1
+done
+echo_url="(health's --echo-url)"
+if [ -n "$ECHO_ADDR" ]; then
+	if [ -z "$echo_addr" ]; then
+		echo "health's echo endpoint did not start within 30s; see $RUN/logs/health.log" >&2
+		exit 1
+	fi
+	# A restarted health (make rebuild-views) listens on the same address.
+	echo_listen=$echo_addr
+	# A wildcard listener is probed on loopback (health's default echo URL).
+	case "${echo_addr%:*}" in "" | 0.0.0.0 | "[::]") echo_addr="127.0.0.1:${echo_addr##*:}" ;; esac
+	echo_url="http://$echo_addr/"
+	egress_args=(--egress-allow "$echo_addr")
+fi
+start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_flags[@]}"
 
 # The banner's commands need an agent: the planner refuses a pool whose
 # provider no agent has announced.
@@ -262,19 +290,6 @@ for _ in $(seq 1 300); do
 	check_running health local-agent
 	sleep 0.1
 done
-echo_url="http://$ECHO_ADDR/"
-if [ "${ECHO_ADDR##*:}" = 0 ]; then
-	echo_url="(health's echo endpoint: see 'echo endpoint serving' in $RUN/logs/health.log)"
-	for _ in $(seq 1 100); do
-		addr=$(tail -c +$((echo_log_from + 1)) "$RUN/logs/health.log" |
-			sed -n 's/.*"msg":"echo endpoint serving".*"addr":"\([^"]*\)".*/\1/p' | tail -n 1)
-		if [ -n "$addr" ]; then
-			echo_url="http://$addr/"
-			break
-		fi
-		sleep 0.1
-	done
-fi
 
 cat >"$RUN/nats.env" <<EOT
 # Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
@@ -324,7 +339,7 @@ rebuild_views() {
 	start health "${health_args[@]}" --rebuild-views
 	reap "${pid[health]}"
 	unset "pid[health]"
-	start health "${health_args[@]}" --echo-addr "$ECHO_ADDR"
+	start health "${health_args[@]}" --echo-addr "${echo_listen:-$ECHO_ADDR}"
 	if [ "$status" -eq 0 ]; then
 		result="ok: views rebuilt from FLEET_EVENTS; health runs again (pid ${pid[health]})"
 	else

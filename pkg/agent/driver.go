@@ -8,6 +8,7 @@ package agent
 import (
 	"context"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -52,6 +53,9 @@ type Spec struct {
 	Port       int
 	Auth       *events.ProxyAuth
 	UserData   []byte
+	// Egress is what the proxy may reach: the pool's allowance and the
+	// agent's allowed endpoints. Every driver makes its proxy enforce it.
+	Egress egress.Policy
 }
 
 // Marker returns the garbage-collection marker the instance must carry.

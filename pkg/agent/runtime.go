@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -51,6 +52,10 @@ type Config struct {
 	// It bounds how long a dead instance goes unnoticed by its agent: the
 	// failed event follows within one interval plus one List call.
 	RecheckInterval time.Duration
+	// EgressEndpoints are address:port pairs every proxy of this agent may
+	// reach whatever the egress policy: the health echo endpoint the probes
+	// fetch (see package egress).
+	EgressEndpoints []netip.AddrPort
 }
 
 // DefaultRecheckInterval is the default [Config.RecheckInterval].
@@ -434,6 +439,9 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,
 		Name: cmd.Instance, ProviderID: providerID, Attempt: cmd.Attempt,
 		Image: cmd.Image, Profile: cmd.Profile, Port: cmd.Port, Auth: cmd.Auth, UserData: cmd.UserData,
+	}
+	if spec.Egress, err = cmd.Egress.Policy(r.cfg.EgressEndpoints); err != nil {
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, Wrapf(ErrPermanent, "%w", err))
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"time"
 
@@ -41,6 +42,8 @@ type Spec[C any] struct {
 type Options struct {
 	// RecheckInterval is --recheck-interval, for [agent.Config].
 	RecheckInterval time.Duration
+	// EgressEndpoints is --egress-allow, for [agent.Config].
+	EgressEndpoints []netip.AddrPort
 }
 
 // Main parses args, loads the configuration and serves until SIGINT or
@@ -52,6 +55,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 	var cf agentconfig.Flags
 	cf.Register(cmd.Flags, s.ConfigPath, s.ConfigHolds)
 	recheck := agent.RecheckFlag(cmd.Flags)
+	endpoints := agent.EgressFlag(cmd.Flags)
 	if s.Flags != nil {
 		s.Flags(cmd.Flags)
 	}
@@ -76,7 +80,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 		return 0
 	}
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck})
+		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck, EgressEndpoints: *endpoints})
 	})
 }
 

@@ -5,12 +5,14 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/kdomanski/iso9660"
 	yaml "go.yaml.in/yaml/v3"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -193,7 +195,8 @@ func TestDefaultSquidUserData(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			doc := DefaultSquidUserData(8080, tc.auth)
+			pol := egress.Policy{AllowEndpoints: []netip.AddrPort{netip.MustParseAddrPort("203.0.114.9:8480")}}
+			doc := DefaultSquidUserData(8080, tc.auth, pol)
 			if !bytes.HasPrefix(doc, []byte("#cloud-config\n")) {
 				t.Fatalf("not a cloud-config: %q", doc[:20])
 			}
@@ -215,6 +218,16 @@ func TestDefaultSquidUserData(t *testing.T) {
 			conf := files["/etc/proxyfleet/squid.conf"]
 			if !strings.Contains(conf, "http_port 8080\n") {
 				t.Errorf("squid.conf lacks http_port 8080:\n%s", conf)
+			}
+			// The egress denies come before any allow, so they hold for
+			// authenticated clients too.
+			rules := pol.SquidRules(OwnAddressesFile)
+			at, allow := strings.Index(conf, rules), strings.Index(conf, "http_access allow")
+			if at < 0 || allow < at {
+				t.Errorf("squid.conf lacks the egress rules before its first http_access allow:\n%s", conf)
+			}
+			if !strings.Contains(files["/etc/proxyfleet/setup-squid.sh"], "> "+OwnAddressesFile+"\n") {
+				t.Errorf("the setup script does not write %s", OwnAddressesFile)
 			}
 			if len(cc.Packages) == 0 || cc.Packages[0] != "squid" {
 				t.Errorf("packages = %v, want squid first", cc.Packages)

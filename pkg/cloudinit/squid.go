@@ -6,17 +6,24 @@ import (
 	"fmt"
 	"strings"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
+
+// OwnAddressesFile is where the guest lists its own addresses at boot, for
+// the egress policy's own-address rule.
+const OwnAddressesFile = "/etc/squid/proxyfleet-own-addresses"
 
 // DefaultSquidUserData returns a #cloud-config document that turns a stock
 // Debian cloud image into a Squid forward proxy listening on port, demanding
 // basic auth when auth is set (the password ends up only in the guest's
-// htpasswd file). It is used when a pool gives no user-data. The result
-// holds the password: it is a secret like any user-data.
-func DefaultSquidUserData(port int, auth *events.ProxyAuth) []byte {
+// htpasswd file) and enforcing the egress policy pol (the guest's own
+// addresses are listed at boot). It is used when a pool gives no user-data.
+// The result holds the password: it is a secret like any user-data.
+func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) []byte {
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "http_port %d\n", port)
+	conf.WriteString(pol.SquidRules(OwnAddressesFile))
 	if auth != nil {
 		conf.WriteString("auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.htpasswd\n")
 		conf.WriteString("auth_param basic realm proxyfleet\n")
@@ -38,6 +45,8 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth) []byte {
 		setup.WriteString("chown root:proxy /etc/squid/proxyfleet.htpasswd\nchmod 0640 /etc/squid/proxyfleet.htpasswd\n")
 		setup.WriteString("rm -f /etc/proxyfleet/proxy-password\n")
 	}
+	// The own-address acl: loopback and every address of the guest.
+	fmt.Fprintf(&setup, "{ echo 127.0.0.1; echo ::1; ip -o addr show | awk '{split($4, a, \"/\"); print a[1]}'; } > %s\n", OwnAddressesFile)
 	setup.WriteString("install -m 0644 /etc/proxyfleet/squid.conf /etc/squid/squid.conf\n")
 	setup.WriteString("systemctl enable squid\nsystemctl restart squid\n")
 

@@ -19,6 +19,9 @@ type CreateCommand struct {
 	Port     int        `json:"port"`
 	Auth     *ProxyAuth `json:"auth,omitempty"`
 	UserData []byte     `json:"userData,omitempty"`
+	// Egress is the pool's egress allowance (nil: the default policy); the
+	// agent adds its own allowed endpoints (the health echo endpoint).
+	Egress *Egress `json:"egress,omitempty"`
 }
 
 // Validate checks the command.
@@ -36,6 +39,9 @@ func (c *CreateCommand) Validate() error {
 	}
 	if c.Port < 1 || c.Port > 65535 {
 		v.Add("port", "must be between 1 and 65535", fmt.Sprint(c.Port))
+	}
+	if c.Egress != nil {
+		c.Egress.validate(&v, "egress")
 	}
 	return v.Err()
 }

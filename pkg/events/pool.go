@@ -5,7 +5,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"time"
+
+	"proxyfleet/pkg/egress"
 )
 
 // Pool defaults applied by [PoolSpec.Normalize], and limits checked by
@@ -41,6 +44,61 @@ type PoolSpec struct {
 	// replaced (default [DefaultUnhealthyAfter], at least
 	// [MinUnhealthyAfter]).
 	UnhealthyAfter Duration `json:"unhealthyAfter,omitempty"`
+	// Egress widens the pool's egress policy beyond the default (see
+	// package egress): more destination ranges, more ports.
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Egress is what a pool's proxies may reach beyond the default egress
+// policy, which refuses loopback, link-local, private, unique-local,
+// multicast and the host's own addresses, and ports other than 443 (80 and
+// 443 for plain HTTP).
+type Egress struct {
+	// AllowCIDRs are destination ranges (or single addresses) allowed
+	// despite the refused ranges ("10.1.0.0/16").
+	AllowCIDRs []string `json:"allowCIDRs,omitempty"`
+	// AllowPorts are ports allowed for CONNECT and plain HTTP.
+	AllowPorts []int `json:"allowPorts,omitempty"`
+}
+
+// MaxEgressAllows bounds each list of an [Egress].
+const MaxEgressAllows = 64
+
+// validate checks e; fields are named under prefix ("egress").
+func (e *Egress) validate(v *ValidationError, prefix string) {
+	if len(e.AllowCIDRs) > MaxEgressAllows {
+		v.Add(prefix+".allowCIDRs", fmt.Sprintf("may hold at most %d ranges", MaxEgressAllows), fmt.Sprint(len(e.AllowCIDRs)))
+	}
+	for i, c := range e.AllowCIDRs {
+		if _, err := egress.ParseCIDR(c); err != nil {
+			v.Add(fmt.Sprintf("%s.allowCIDRs[%d]", prefix, i), err.Error(), c)
+		}
+	}
+	if len(e.AllowPorts) > MaxEgressAllows {
+		v.Add(prefix+".allowPorts", fmt.Sprintf("may hold at most %d ports", MaxEgressAllows), fmt.Sprint(len(e.AllowPorts)))
+	}
+	for i, n := range e.AllowPorts {
+		if _, err := egress.ParsePort(n); err != nil {
+			v.Add(fmt.Sprintf("%s.allowPorts[%d]", prefix, i), err.Error(), fmt.Sprint(n))
+		}
+	}
+}
+
+// Clone returns a deep copy of e (nil for nil).
+func (e *Egress) Clone() *Egress {
+	if e == nil {
+		return nil
+	}
+	return &Egress{AllowCIDRs: append([]string(nil), e.AllowCIDRs...), AllowPorts: append([]int(nil), e.AllowPorts...)}
+}
+
+// Policy compiles e (nil: the default) and the agent's allowed endpoints
+// into the policy a proxy enforces.
+func (e *Egress) Policy(endpoints []netip.AddrPort) (egress.Policy, error) {
+	if e == nil {
+		return egress.Compile(nil, nil, endpoints)
+	}
+	return egress.Compile(e.AllowCIDRs, e.AllowPorts, endpoints)
 }
 
 // ProxyAuth is the basic-auth pair a proxy demands from its clients.
@@ -85,6 +143,9 @@ func (p *PoolSpec) Normalize() {
 	}
 	if p.UnhealthyAfter == 0 {
 		p.UnhealthyAfter = Duration(DefaultUnhealthyAfter)
+	}
+	if p.Egress != nil && len(p.Egress.AllowCIDRs) == 0 && len(p.Egress.AllowPorts) == 0 {
+		p.Egress = nil // the default policy: the same spec as none
 	}
 }
 
@@ -138,6 +199,9 @@ func (p *PoolSpec) Validate() error {
 	} else if p.UnhealthyAfter > 0 && time.Duration(p.UnhealthyAfter) < MinUnhealthyAfter {
 		v.Add("unhealthyAfter", "must be at least "+MinUnhealthyAfter.String(), time.Duration(p.UnhealthyAfter).String())
 	}
+	if p.Egress != nil {
+		p.Egress.validate(&v, "egress")
+	}
 	if len(p.UserData) > 64<<10 {
 		v.Add("userData", "must be at most 64 KiB", "")
 	}
@@ -160,6 +224,7 @@ func (p PoolSpec) Public() PoolSpec {
 	out := p
 	out.Targets = append([]string(nil), p.Targets...)
 	out.UserData = ""
+	out.Egress = p.Egress.Clone()
 	if p.Auth != nil {
 		out.Auth = &ProxyAuth{Username: p.Auth.Username}
 	}

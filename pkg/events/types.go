@@ -74,6 +74,8 @@ type ProxyRequestedData struct {
 	Profile  string `json:"profile,omitempty"`
 	Port     int    `json:"port"`
 	Username string `json:"username,omitempty"`
+	// Egress is the pool's egress allowance at the time of the request.
+	Egress *Egress `json:"egress,omitempty"`
 	// Replaces names the proxy this one replaces, if any: that proxy is
 	// retired once this one is ready.
 	Replaces string `json:"replaces,omitempty"`

@@ -2,7 +2,10 @@ module proxyfleet/services/local-agent
 
 go 1.26.0
 
-require proxyfleet/pkg v0.0.0
+require (
+	golang.org/x/sys v0.50.0
+	proxyfleet/pkg v0.0.0
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
@@ -41,7 +44,6 @@ require (
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect

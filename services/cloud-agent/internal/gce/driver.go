@@ -16,6 +16,7 @@ import (
 	"google.golang.org/api/compute/v1"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
@@ -43,7 +44,7 @@ type Options struct {
 	Zones  []string
 	Config config.GCE
 	// DefaultUserData builds the cloud-config used when a pool gives none.
-	DefaultUserData func(port int, auth *events.ProxyAuth) []byte
+	DefaultUserData func(port int, auth *events.ProxyAuth, pol egress.Policy) []byte
 	Log             *slog.Logger
 }
 
@@ -161,7 +162,7 @@ func (d *Driver) instanceFor(spec agent.Spec) (*compute.Instance, error) {
 		if d.o.DefaultUserData == nil {
 			return nil, agent.Wrapf(agent.ErrPermanent, "pool %s gives no user-data and no default cloud-config is configured", spec.Pool)
 		}
-		userData = d.o.DefaultUserData(spec.Port, spec.Auth)
+		userData = d.o.DefaultUserData(spec.Port, spec.Auth, spec.Egress)
 	}
 	ud := string(userData)
 	nic := &compute.NetworkInterface{Network: c.Network, Subnetwork: c.Subnetwork}

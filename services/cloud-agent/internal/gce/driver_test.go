@@ -14,6 +14,7 @@ import (
 	"google.golang.org/api/googleapi"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
@@ -28,8 +29,8 @@ func testConfig() config.GCE {
 	}
 }
 
-func defaultUserData(port int, auth *events.ProxyAuth) []byte {
-	return fmt.Appendf(nil, "#cloud-config\n# squid on %d\n", port)
+func defaultUserData(port int, auth *events.ProxyAuth, pol egress.Policy) []byte {
+	return fmt.Appendf(nil, "#cloud-config\n# squid on %d, egress ports %v\n", port, pol.AllowPorts)
 }
 
 func newDriver(t testing.TB, f *fakeCompute, zone string, zones []string, log *slog.Logger) *Driver {
@@ -116,11 +117,12 @@ func TestCreateUsesDefaultUserDataWhenPoolGivesNone(t *testing.T) {
 	d := newDriver(t, f, "zone-a", nil, nil)
 	s := spec("px-default", 1)
 	s.UserData, s.Port = nil, 8080
+	s.Egress = egress.Policy{AllowPorts: []uint16{8443}}
 	if _, err := d.Create(ctx(t), s); err != nil {
 		t.Fatal(err)
 	}
-	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(defaultUserData(8080, nil)) {
-		t.Fatalf("user-data = %q, want the default cloud-config", got)
+	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(defaultUserData(8080, nil, s.Egress)) {
+		t.Fatalf("user-data = %q, want the default cloud-config with the spec's egress policy", got)
 	}
 }
 

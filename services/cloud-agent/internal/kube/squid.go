@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -17,11 +18,14 @@ const (
 )
 
 // squidConf returns the Squid configuration of one proxy: listening on port,
-// demanding basic auth when auth is set, logging to the container's streams,
-// caching nothing and hiding the client.
-func squidConf(port int, auth *events.ProxyAuth, authHelper string) string {
+// enforcing the egress policy pol, demanding basic auth when auth is set,
+// logging to the container's streams, caching nothing and hiding the
+// client. The Pod's own address is private in every cluster network
+// proxyfleet supports, so the private rules cover it.
+func squidConf(port int, auth *events.ProxyAuth, authHelper string, pol egress.Policy) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "http_port %d\n", port)
+	b.WriteString(pol.SquidRules(""))
 	b.WriteString("pid_filename none\n")
 	b.WriteString("cache_log /dev/stderr\n")
 	b.WriteString("access_log stdio:/dev/stdout squid\n")

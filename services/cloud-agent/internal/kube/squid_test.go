@@ -1,9 +1,11 @@
 package kube
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -22,7 +24,7 @@ func TestAPR1MatchesOpenSSL(t *testing.T) {
 
 func TestSquidConf(t *testing.T) {
 	auth := &events.ProxyAuth{Username: "crawler", Password: "s3cret-canary"}
-	conf := squidConf(8080, auth, "/usr/lib/squid/basic_ncsa_auth")
+	conf := squidConf(8080, auth, "/usr/lib/squid/basic_ncsa_auth", egress.Policy{})
 	for _, want := range []string{"http_port 8080\n", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/proxyfleet/htpasswd\n", "http_access deny all\n"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("squid.conf lacks %q:\n%s", want, conf)
@@ -32,7 +34,30 @@ func TestSquidConf(t *testing.T) {
 	if strings.Contains(conf, "s3cret") || strings.Contains(line, "s3cret") || !strings.HasPrefix(line, "crawler:$apr1$") {
 		t.Errorf("htpasswd line %q or config leaks the password or has the wrong form", line)
 	}
-	if open := squidConf(3128, nil, "/x"); strings.Contains(open, "auth_param") || !strings.Contains(open, "http_access allow all") {
+	if open := squidConf(3128, nil, "/x", egress.Policy{}); strings.Contains(open, "auth_param") || !strings.Contains(open, "http_access allow all") {
 		t.Errorf("config without auth:\n%s", open)
+	}
+}
+
+// TestSquidConfEgress: the pool's allowance and the agent's endpoints are
+// in the config, and every egress deny comes before the first allow (auth
+// or open), so it holds for every client.
+func TestSquidConfEgress(t *testing.T) {
+	pol, err := (&events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}).Policy([]netip.AddrPort{netip.MustParseAddrPort("10.0.0.9:8480")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, auth := range []*events.ProxyAuth{nil, {Username: "u", Password: "p"}} {
+		conf := squidConf(3128, auth, "/x", pol)
+		rules := pol.SquidRules("")
+		at, allow := strings.Index(conf, rules), strings.Index(conf, "http_access allow")
+		if at < 0 || allow < at {
+			t.Errorf("auth %v: the egress rules are missing or follow an allow:\n%s", auth != nil, conf)
+		}
+		for _, want := range []string{"acl proxyfleet_allow_dst dst 10.1.0.0/16\n", "acl proxyfleet_ssl_ports port 443 8080\n", "acl proxyfleet_endpoint_0_dst dst 10.0.0.9\n"} {
+			if !strings.Contains(conf, want) {
+				t.Errorf("config lacks %q", want)
+			}
+		}
 	}
 }

@@ -9,8 +9,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/local-agent/internal/forwardproxy"
@@ -26,11 +29,16 @@ func runProxy(args []string, stderr io.Writer) int {
 	authFile := fs.String("auth-file", "", "file with one line username:password, mode 0600; clients must send these credentials (Proxy-Authorization: Basic)")
 	source := fs.String("source-addr", "", "source IP address of outgoing connections (empty: the system's choice)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	allowEndpoints := fs.String("egress-allow", "", "comma-separated ip:port destinations always allowed (the health echo endpoint)")
+	allowCIDRs := fs.String("egress-allow-cidrs", "", "comma-separated destination ranges allowed despite the egress policy (10.1.0.0/16)")
+	allowPorts := fs.String("egress-allow-ports", "", "comma-separated ports allowed for CONNECT and plain HTTP beside 443 (and 80)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP]
+		fmt.Fprintf(stderr, `Usage: %s proxy --listen HOST:PORT [--auth-file FILE] [--source-addr IP] [--egress-allow IP:PORT]
 
 Runs one forward HTTP proxy (absolute-URI requests and CONNECT tunnels) in
-the foreground. The password is read from a file, never from the command
+the foreground. It refuses loopback, link-local, private and this host's
+addresses, and ports other than 443 (80 and 443 for plain HTTP), unless the
+--egress-* flags allow them. The password is read from a file, never from the command
 line, which every user can see.
 
 Flags:
@@ -57,6 +65,11 @@ Flags:
 		}
 		cfg.Auth = creds
 	}
+	pol, err := parseEgress(*allowEndpoints, *allowCIDRs, *allowPorts)
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	cfg.Egress = pol
 	level, err := telemetry.ParseLevel(*logLevel)
 	if err != nil {
 		problems = append(problems, fmt.Sprintf("--log-level %q: want debug, info, warn or error", *logLevel))
@@ -94,6 +107,37 @@ Flags:
 	}
 	log.Info("proxy stopped")
 	return 0
+}
+
+// parseEgress reads the --egress-* flags into a policy.
+func parseEgress(endpoints, cidrs, ports string) (egress.Policy, error) {
+	eps, err := egress.ParseEndpoints(strings.Split(endpoints, ","))
+	if err != nil {
+		return egress.Policy{}, fmt.Errorf("--egress-allow: %w", err)
+	}
+	var nums []int
+	for _, s := range splitList(ports) {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return egress.Policy{}, fmt.Errorf("--egress-allow-ports %q: want port numbers", ports)
+		}
+		nums = append(nums, n)
+	}
+	pol, err := egress.Compile(splitList(cidrs), nums, eps)
+	if err != nil {
+		return egress.Policy{}, fmt.Errorf("--egress-allow-cidrs/--egress-allow-ports: %w", err)
+	}
+	return pol, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // listener is the inherited listening socket fd when fd > 0, or a new one

@@ -5,9 +5,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
+	"strings"
 	"testing"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/services/local-agent/internal/forwardproxy"
 )
 
@@ -23,7 +26,7 @@ func BenchmarkGET(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := forwardproxy.Server(forwardproxy.New(forwardproxy.Config{}))
+	srv := forwardproxy.Server(forwardproxy.New(forwardproxy.Config{Egress: egress.Policy{AllowEndpoints: []netip.AddrPort{netip.MustParseAddrPort(strings.TrimPrefix(origin.URL, "http://"))}}}))
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	proxyURL := &url.URL{Scheme: "http", Host: ln.Addr().String()}

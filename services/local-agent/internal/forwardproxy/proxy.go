@@ -1,21 +1,27 @@
 // Package forwardproxy is the built-in forward HTTP proxy of the local
 // backend: it forwards absolute-URI HTTP requests, tunnels CONNECT, demands
-// basic credentials when configured, and can send its outgoing connections
-// from one source address.
+// basic credentials when configured, enforces the egress policy (package
+// egress) on every destination, and can send its outgoing connections from
+// one source address.
 package forwardproxy
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
+
+	"proxyfleet/pkg/egress"
 )
 
 // Credentials is the basic-auth pair clients must present.
@@ -35,9 +41,24 @@ type Config struct {
 	// ResponseHeaderTimeout bounds waiting for an origin's response headers
 	// (default 60s).
 	ResponseHeaderTimeout time.Duration
+	// Egress is the destination policy; the zero value is the default.
+	Egress egress.Policy
+	// Dial opens outgoing connections (default: a net.Dialer with
+	// DialTimeout and SourceAddr). It is only ever handed an address the
+	// policy accepted, as a literal ip:port.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Resolve looks a host name up (default: the system resolver).
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// OwnAddrs lists this host's own addresses, refused as
+	// [egress.RuleOwnAddress] (default: every interface's addresses,
+	// re-read at most every [OwnAddrsRefresh]).
+	OwnAddrs func() ([]netip.Addr, error)
 	// Log receives failures; nil discards them.
 	Log *slog.Logger
 }
+
+// OwnAddrsRefresh is how long the host's own addresses are cached.
+const OwnAddrsRefresh = 10 * time.Second
 
 // Realm is the basic-auth realm the proxy announces.
 const Realm = "proxyfleet"
@@ -45,8 +66,8 @@ const Realm = "proxyfleet"
 // Proxy is an http.Handler that acts as a forward proxy.
 type Proxy struct {
 	cfg     Config
-	dialer  *net.Dialer
 	forward *httputil.ReverseProxy
+	own     ownCache
 	// userSum and passSum are SHA-256 digests of the credentials, so the
 	// comparison takes the same time whatever their lengths.
 	userSum, passSum [32]byte
@@ -67,14 +88,26 @@ func New(cfg Config) *Proxy {
 	if cfg.SourceAddr != nil {
 		d.LocalAddr = &net.TCPAddr{IP: cfg.SourceAddr}
 	}
-	p := &Proxy{cfg: cfg, dialer: d}
+	if cfg.Dial == nil {
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Resolve == nil {
+		cfg.Resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	if cfg.OwnAddrs == nil {
+		cfg.OwnAddrs = egress.HostAddrs
+	}
+	p := &Proxy{cfg: cfg}
+	p.own.read = cfg.OwnAddrs
 	if cfg.Auth != nil {
 		p.userSum = sha256.Sum256([]byte(cfg.Auth.Username))
 		p.passSum = sha256.Sum256([]byte(cfg.Auth.Password))
 	}
 	transport := &http.Transport{
 		Proxy:                 nil, // never chain to the environment's proxy
-		DialContext:           d.DialContext,
+		DialContext:           p.dialHTTP,
 		TLSHandshakeTimeout:   15 * time.Second,
 		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
 		IdleConnTimeout:       90 * time.Second,
@@ -90,6 +123,11 @@ func New(cfg Config) *Proxy {
 		BufferPool:    &bufferPool{},
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var re *refusal
+			if errors.As(err, &re) {
+				p.refuse(w, r, re)
+				return
+			}
 			cfg.Log.Warn("forward failed", "host", r.URL.Host, "err", err)
 			http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
 		},
@@ -159,7 +197,12 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
 		return
 	}
-	upstream, err := p.dialer.DialContext(r.Context(), "tcp", host)
+	upstream, err := p.dialChecked(r.Context(), host, true)
+	var re *refusal
+	if errors.As(err, &re) {
+		p.refuse(w, r, re)
+		return
+	}
 	if err != nil {
 		p.cfg.Log.Warn("connect failed", "host", host, "err", err)
 		http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)

@@ -9,12 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/testnet"
 )
 
@@ -47,6 +49,22 @@ func echoOrigin(t *testing.T) *httptest.Server {
 	return srv
 }
 
+// allow is the default egress policy plus the given ip:port endpoints (the
+// test's own loopback origins, refused otherwise).
+func allow(t *testing.T, hostports ...string) egress.Policy {
+	t.Helper()
+	var p egress.Policy
+	for _, hp := range hostports {
+		hp = strings.TrimPrefix(strings.TrimPrefix(hp, "http://"), "https://")
+		ap, err := netip.ParseAddrPort(hp)
+		if err != nil {
+			t.Fatalf("allow %q: %v", hp, err)
+		}
+		p.AllowEndpoints = append(p.AllowEndpoints, ap)
+	}
+	return p
+}
+
 func client(proxy *url.URL, tlsConf *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: tlsConf}}
 }
@@ -59,7 +77,7 @@ func withUser(u *url.URL, user, pass string) *url.URL {
 
 func TestForwardsPlainHTTP(t *testing.T) {
 	origin := echoOrigin(t)
-	proxy := startProxy(t, Config{})
+	proxy := startProxy(t, Config{Egress: allow(t, origin.URL)})
 	req, _ := http.NewRequest(http.MethodPost, origin.URL+"/hello", strings.NewReader("body"))
 	req.Header.Set("Proxy-Connection", "keep-alive")
 	resp, err := client(proxy, nil).Do(req)
@@ -81,7 +99,7 @@ func TestTunnelsCONNECT(t *testing.T) {
 		_, _ = io.WriteString(w, "secure "+r.URL.Path)
 	}))
 	t.Cleanup(origin.Close)
-	proxy := startProxy(t, Config{})
+	proxy := startProxy(t, Config{Egress: allow(t, origin.URL)})
 	resp, err := client(proxy, origin.Client().Transport.(*http.Transport).TLSClientConfig).Get(origin.URL + "/x")
 	if err != nil {
 		t.Fatalf("GET https through proxy: %v", err)
@@ -125,7 +143,7 @@ func basic(user, pass string) string {
 
 func TestBasicAuth(t *testing.T) {
 	origin := echoOrigin(t)
-	proxy := startProxy(t, Config{Auth: &Credentials{Username: "crawler", Password: "s3cret"}})
+	proxy := startProxy(t, Config{Auth: &Credentials{Username: "crawler", Password: "s3cret"}, Egress: allow(t, origin.URL)})
 	target := strings.TrimPrefix(origin.URL, "http://")
 	cases := []struct {
 		name       string
@@ -172,7 +190,7 @@ func TestBasicAuth(t *testing.T) {
 
 func TestSourceAddress(t *testing.T) {
 	origin := echoOrigin(t)
-	proxy := startProxy(t, Config{SourceAddr: net.ParseIP("127.0.0.2")})
+	proxy := startProxy(t, Config{SourceAddr: net.ParseIP("127.0.0.2"), Egress: allow(t, origin.URL)})
 	resp, err := client(proxy, nil).Get(origin.URL + "/")
 	if err != nil {
 		t.Fatalf("GET: %v", err)
@@ -197,7 +215,7 @@ func TestRejectsOriginForm(t *testing.T) {
 
 func TestUnreachableOriginIs502(t *testing.T) {
 	dead := testnet.Refusing(t).String()
-	proxy := startProxy(t, Config{})
+	proxy := startProxy(t, Config{Egress: allow(t, dead)})
 	resp, err := client(proxy, nil).Get("http://" + dead + "/")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,7 @@ import (
 // startAgentProcess runs the built local-agent binary against conn's server
 // and returns the running command; its output goes to a file in the test's
 // temp dir.
-func startAgentProcess(t *testing.T, conn *bus.Conn, dataDir string, ports PortRange, logName string) *exec.Cmd {
+func startAgentProcess(t *testing.T, conn *bus.Conn, dataDir string, ports PortRange, logName string, allow netip.AddrPort) *exec.Cmd {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(dataDir, logName))
 	if err != nil {
@@ -26,7 +27,7 @@ func startAgentProcess(t *testing.T, conn *bus.Conn, dataDir string, ports PortR
 	t.Cleanup(func() { logf.Close() })
 	cmd := exec.Command(agentBin,
 		"--nats-url", conn.ClientURL(),
-		"--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget)
+		"--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget, "--egress-allow", allow.String())
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -84,7 +85,7 @@ func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string
 		}
 	})
 
-	first := startAgentProcess(t, conn, dataDir, ports, "agent-1.log")
+	first := startAgentProcess(t, conn, dataDir, ports, "agent-1.log", endpoint(t, o))
 	cmd := createCommand("demo-crash", nil)
 	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
 		t.Fatal(err)
@@ -96,7 +97,7 @@ func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string
 	}
 	_ = first.Wait()
 
-	startAgentProcess(t, conn, dataDir, ports, "agent-2.log")
+	startAgentProcess(t, conn, dataDir, ports, "agent-2.log", endpoint(t, o))
 	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
 	wantServes(t, addr, o)
 
@@ -171,7 +172,7 @@ func TestProxiesSurviveInterruptOfAgentGroup(t *testing.T) {
 			cleanupAll(t, d)
 		}
 	})
-	agentCmd := exec.Command(agentBin, "--nats-url", conn.ClientURL(), "--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget)
+	agentCmd := exec.Command(agentBin, "--nats-url", conn.ClientURL(), "--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget, "--egress-allow", endpoint(t, o).String())
 	agentCmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the "terminal's" process group
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)

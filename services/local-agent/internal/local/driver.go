@@ -143,7 +143,7 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 		}
 		log.Info("restarting proxy process", "address", s.address())
 	}
-	l, err := d.prepare(s, spec.Auth)
+	l, err := d.prepare(s, spec.Auth, spec.Egress)
 	if err != nil {
 		return agent.Instance{}, err
 	}

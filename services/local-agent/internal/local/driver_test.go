@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -30,6 +31,7 @@ func TestCreateServesAndIsIdempotent(t *testing.T) {
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
 	sp := spec("demo-aaaa")
+	sp.Egress = allowing(t, o)
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -62,6 +64,7 @@ func TestRestartedDriverFindsProxies(t *testing.T) {
 	d1 := newDriver(t, Config{})
 	ctx := ctxT(t)
 	sp := spec("demo-bbbb")
+	sp.Egress = allowing(t, o)
 	inst, err := d1.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -114,6 +117,7 @@ func TestCreateRestartsKilledProxyOnSamePort(t *testing.T) {
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
 	sp := spec("demo-dddd")
+	sp.Egress = allowing(t, o)
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -152,7 +156,7 @@ func TestCreateAdoptsProcessWhosePidWasNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	l, err := d.prepare(s, nil)
+	l, err := d.prepare(s, nil, egress.Policy{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,6 +263,7 @@ func TestAuthAndSourceAddresses(t *testing.T) {
 	d := newDriver(t, Config{SourceAddrs: []string{"127.0.0.2", "127.0.0.3"}})
 	ctx := ctxT(t)
 	sp := spec("demo-auth")
+	sp.Egress = allowing(t, o)
 	sp.Auth = &events.ProxyAuth{Username: "crawler", Password: "s3cret"}
 	a, err := d.Create(ctx, sp)
 	if err != nil {
@@ -282,7 +287,7 @@ func TestAuthAndSourceAddresses(t *testing.T) {
 	if strings.Contains(string(raw), "s3cret") {
 		t.Errorf("state file holds the password: %s", raw)
 	}
-	b, err := d.Create(ctx, spec("demo-noauth"))
+	b, err := d.Create(ctx, withEgress(spec("demo-noauth"), allowing(t, o)))
 	if err != nil {
 		t.Fatalf("second Create: %v", err)
 	}
@@ -375,6 +380,7 @@ func TestRestartMovesOffATakenPort(t *testing.T) {
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
 	sp := spec("demo-moved")
+	sp.Egress = allowing(t, o)
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -406,11 +412,11 @@ func TestKernelChoosesPorts(t *testing.T) {
 	o := origin(t)
 	d := newDriver(t, Config{Ports: PortRange{}, Capacity: 2})
 	ctx := ctxT(t)
-	a, err := d.Create(ctx, spec("demo-kern1"))
+	a, err := d.Create(ctx, withEgress(spec("demo-kern1"), allowing(t, o)))
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	b, err := d.Create(ctx, spec("demo-kern2"))
+	b, err := d.Create(ctx, withEgress(spec("demo-kern2"), allowing(t, o)))
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

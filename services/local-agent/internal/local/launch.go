@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -24,7 +25,7 @@ const (
 // prepare writes the instance's files for s (auth from the spec, squid
 // config) and returns how to start its process. It runs before every start,
 // so a restarted process gets the current spec's credentials.
-func (d *Driver) prepare(s *state, auth *events.ProxyAuth) (launch, error) {
+func (d *Driver) prepare(s *state, auth *events.ProxyAuth, pol egress.Policy) (launch, error) {
 	dir := d.states.instanceDir(s.Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return launch{}, err
@@ -48,14 +49,44 @@ func (d *Driver) prepare(s *state, auth *events.ProxyAuth) (launch, error) {
 		if s.SourceAddr != "" {
 			l.argv = append(l.argv, "--source-addr", s.SourceAddr)
 		}
+		l.argv = append(l.argv, egressArgs(pol)...)
 		return l, nil
 	}
-	return d.prepareSquid(s, auth, l)
+	return d.prepareSquid(s, auth, pol, l)
 }
 
-func (d *Driver) prepareSquid(s *state, auth *events.ProxyAuth, l launch) (launch, error) {
+// egressArgs are the "local-agent proxy" flags of pol's allowances (the
+// proxy finds the host's own addresses itself).
+func egressArgs(pol egress.Policy) []string {
+	var args []string
+	if len(pol.AllowEndpoints) > 0 {
+		args = append(args, "--egress-allow", strings.Join(egress.FormatEndpoints(pol.AllowEndpoints), ","))
+	}
+	if len(pol.AllowCIDRs) > 0 {
+		cidrs := make([]string, len(pol.AllowCIDRs))
+		for i, c := range pol.AllowCIDRs {
+			cidrs[i] = c.String()
+		}
+		args = append(args, "--egress-allow-cidrs", strings.Join(cidrs, ","))
+	}
+	if len(pol.AllowPorts) > 0 {
+		ports := make([]string, len(pol.AllowPorts))
+		for i, p := range pol.AllowPorts {
+			ports[i] = strconv.Itoa(int(p))
+		}
+		args = append(args, "--egress-allow-ports", strings.Join(ports, ","))
+	}
+	return args
+}
+
+func (d *Driver) prepareSquid(s *state, auth *events.ProxyAuth, pol egress.Policy, l launch) (launch, error) {
+	if own, err := egress.HostAddrs(); err == nil {
+		pol.Own = own
+	} else {
+		return launch{}, fmt.Errorf("list this host's addresses for the egress policy: %w", err)
+	}
 	conf := squidConf{
-		Name: s.Name, Dir: l.dir, Listen: s.address(), SourceAddr: s.SourceAddr,
+		Name: s.Name, Dir: l.dir, Listen: s.address(), SourceAddr: s.SourceAddr, Egress: pol,
 		Helper: filepath.Join(filepath.Dir(filepath.Dir(d.cfg.Squid)), "lib", "squid", "basic_ncsa_auth"),
 	}
 	// Started as root, squid drops to its effective user: that user must
@@ -105,6 +136,7 @@ type squidConf struct {
 	Name, Dir, Listen, SourceAddr string
 	Helper, Htpasswd              string
 	User                          string // cache_effective_user, when root
+	Egress                        egress.Policy
 }
 
 func (c squidConf) render() string {
@@ -131,6 +163,8 @@ func (c squidConf) render() string {
 	if c.SourceAddr != "" {
 		line("tcp_outgoing_address %s", c.SourceAddr)
 	}
+	// The egress denies come first: they hold for authenticated clients too.
+	b.WriteString(c.Egress.SquidRules(""))
 	if c.Htpasswd != "" {
 		line("auth_param basic program %s %s", c.Helper, c.Htpasswd)
 		line("auth_param basic children 2 startup=1 idle=1")

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 )
 
@@ -91,6 +93,11 @@ func spec(proxyID string) agent.Spec {
 	return agent.Spec{ProxyID: proxyID, Pool: "demo", Entry: "local", Target: "test", Name: events.InstanceName(proxyID), Attempt: 1, Port: 3128}
 }
 
+func withEgress(sp agent.Spec, p egress.Policy) agent.Spec {
+	sp.Egress = p
+	return sp
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -108,6 +115,27 @@ func origin(t *testing.T) *httptest.Server {
 	}))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// endpoint is the ip:port of a test server, for the egress policy: the
+// proxies refuse loopback unless an endpoint is allowed.
+func endpoint(t *testing.T, o *httptest.Server) netip.AddrPort {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(o.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ap
+}
+
+// allowing is the default egress policy with the test servers allowed.
+func allowing(t *testing.T, servers ...*httptest.Server) egress.Policy {
+	t.Helper()
+	var p egress.Policy
+	for _, o := range servers {
+		p.AllowEndpoints = append(p.AllowEndpoints, endpoint(t, o))
+	}
+	return p
 }
 
 // getVia fetches target through the proxy at addr (with credentials when

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -18,11 +19,12 @@ const testTarget = "test"
 
 // runAgent runs the shared agent runtime with d against conn until the end
 // of the test.
-func runAgent(t *testing.T, conn *bus.Conn, d agent.Driver) {
+func runAgent(t *testing.T, conn *bus.Conn, d agent.Driver, allow ...netip.AddrPort) {
 	t.Helper()
 	rt, err := agent.New(conn, d, agent.Config{
-		Info:          agent.Info{Entry: "local", Target: testTarget, Type: "local"},
-		WatchInterval: 100 * time.Millisecond,
+		Info:            agent.Info{Entry: "local", Target: testTarget, Type: "local"},
+		WatchInterval:   100 * time.Millisecond,
+		EgressEndpoints: allow,
 	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +84,7 @@ func TestRuntimeCreateAndDelete(t *testing.T) {
 	conn := bustest.Start(t)
 	o := origin(t)
 	d := newDriver(t, Config{})
-	runAgent(t, conn, d)
+	runAgent(t, conn, d, endpoint(t, o))
 	store := bus.NewEventStore(conn, "test", nil)
 	ctx := ctxT(t)
 
@@ -111,7 +113,7 @@ func TestRuntimeCreateWithAuth(t *testing.T) {
 	conn := bustest.Start(t)
 	o := origin(t)
 	d := newDriver(t, Config{})
-	runAgent(t, conn, d)
+	runAgent(t, conn, d, endpoint(t, o))
 	store := bus.NewEventStore(conn, "test", nil)
 	ctx := ctxT(t)
 

@@ -51,6 +51,11 @@ func TestSquidAuthConnectAndSourceAddress(t *testing.T) {
 	o := origin(t)
 	ctx := ctxT(t)
 	sp := spec("demo-squid1")
+	tlsOrigin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "tunnel "+r.URL.Path)
+	}))
+	t.Cleanup(tlsOrigin.Close)
+	sp.Egress = allowing(t, o, tlsOrigin)
 	sp.Auth = &events.ProxyAuth{Username: "crawler", Password: "sq-pass"}
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
@@ -70,10 +75,6 @@ func TestSquidAuthConnectAndSourceAddress(t *testing.T) {
 		t.Errorf("with credentials: %d %q from %s, want 200 %q from 127.0.0.2", code, body, remote, "hello /sq")
 	}
 
-	tlsOrigin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "tunnel "+r.URL.Path)
-	}))
-	t.Cleanup(tlsOrigin.Close)
 	pu := &url.URL{Scheme: "http", Host: inst.Address, User: url.UserPassword("crawler", "sq-pass")}
 	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: tlsOrigin.Client().Transport.(*http.Transport).TLSClientConfig.Clone()}
 	resp, err := (&http.Client{Transport: tr}).Get(tlsOrigin.URL + "/t")
@@ -107,6 +108,7 @@ func TestSquidRestartAfterKill(t *testing.T) {
 	o := origin(t)
 	ctx := ctxT(t)
 	sp := spec("demo-squid2")
+	sp.Egress = allowing(t, o)
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -131,7 +133,7 @@ func TestSquidThroughRuntime(t *testing.T) {
 	d := squidDriver(t, Config{})
 	conn := bustest.Start(t)
 	o := origin(t)
-	runAgent(t, conn, d)
+	runAgent(t, conn, d, endpoint(t, o))
 	store := bus.NewEventStore(conn, "test", nil)
 	ctx := ctxT(t)
 	cmd := createCommand("demo-squid3", &events.ProxyAuth{Username: "u", Password: "p"})

@@ -588,6 +588,7 @@ func createCommand(id string, d events.ProxyRequestedData, attempt int, sec even
 	cmd := events.CreateCommand{
 		ProxyID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
 		Attempt: attempt, Revision: d.Revision, Image: d.Image, Profile: d.Profile, Port: d.Port,
+		Egress: d.Egress.Clone(),
 	}
 	if d.Username != "" {
 		cmd.Auth = &events.ProxyAuth{Username: d.Username, Password: sec.Password}
@@ -787,7 +788,7 @@ func requestedData(id string, pool Pool, a agentSeen, replaces, why string) even
 	d := events.ProxyRequestedData{
 		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
 		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
-		Replaces: replaces, ReplaceReason: why,
+		Replaces: replaces, ReplaceReason: why, Egress: pool.Spec.Egress.Clone(),
 	}
 	if pool.Spec.Auth != nil {
 		d.Username = pool.Spec.Auth.Username

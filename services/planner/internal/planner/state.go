@@ -61,15 +61,22 @@ type Pool struct {
 }
 
 // shapeOf returns the part of a pool spec that shapes its instances: the
-// provider, image, profile, port, auth username and the digest of the
-// secrets (user-data and password). A proxy built from another shape is
-// outdated; size, targets and maxAge do not shape an instance.
+// provider, image, profile, port, auth username, the digest of the
+// secrets (user-data and password) and the egress allowance. A proxy built
+// from another shape is outdated; size, targets and maxAge do not shape an
+// instance.
 func shapeOf(spec events.PoolSpec, secretsDigest string) string {
 	user := ""
 	if spec.Auth != nil {
 		user = spec.Auth.Username
 	}
-	b, _ := json.Marshal([]any{spec.Provider, spec.Image, spec.Profile, spec.Port, user, secretsDigest})
+	parts := []any{spec.Provider, spec.Image, spec.Profile, spec.Port, user, secretsDigest}
+	if spec.Egress != nil {
+		// Only pools with an allowance carry it, so the shape of every
+		// other pool is what it was before the field existed.
+		parts = append(parts, spec.Egress)
+	}
+	b, _ := json.Marshal(parts)
 	return string(b)
 }
 

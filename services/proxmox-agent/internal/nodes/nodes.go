@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -23,6 +24,8 @@ type Options struct {
 	Config *config.Config
 	// RecheckInterval is every runtime's [agent.Config.RecheckInterval].
 	RecheckInterval time.Duration
+	// EgressEndpoints is every runtime's [agent.Config.EgressEndpoints].
+	EgressEndpoints []netip.AddrPort
 	// Log and Tracer may be nil (discard, no tracing).
 	Log    *slog.Logger
 	Tracer trace.Tracer
@@ -64,7 +67,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 		}
 		info := agent.Info{Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(),
 			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity}
-		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval}, log, o.Tracer)
+		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints}, log, o.Tracer)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: agent runtime: %w", node, err)
 		}

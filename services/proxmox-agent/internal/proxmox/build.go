@@ -114,7 +114,7 @@ func sameNet(a, b string) bool {
 func (d *Driver) configure(ctx context.Context, vm *vmRef, spec agent.Spec, prof *config.Profile) error {
 	userData := spec.UserData
 	if len(userData) == 0 {
-		userData = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth)
+		userData = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth, spec.Egress)
 	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
 		InstanceID:        spec.Name + "-" + strconv.Itoa(vm.vmid),

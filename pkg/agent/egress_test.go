@@ -1,0 +1,78 @@
+package agent_test
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/events"
+)
+
+// specDriver records the specs it is asked to create.
+type specDriver struct {
+	*memDriver
+	mu    sync.Mutex
+	specs []agent.Spec
+}
+
+func (d *specDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, error) {
+	d.mu.Lock()
+	d.specs = append(d.specs, s)
+	d.mu.Unlock()
+	return d.memDriver.Create(ctx, s)
+}
+
+// TestCreateCarriesEgress: the driver's spec holds the pool's allowance
+// from the command and the agent's --egress-allow endpoints.
+func TestCreateCarriesEgress(t *testing.T) {
+	drv := &specDriver{memDriver: newMemDriver()}
+	c := bustest.Start(t)
+	ep := netip.MustParseAddrPort("127.0.0.1:8480")
+	rt, err := agent.New(bustest.Dial(t, c), drv, agent.Config{
+		Info: agent.Info{Entry: "mem", Target: "t1", Type: "memory"}, WatchInterval: 10 * time.Millisecond,
+		EgressEndpoints: []netip.AddrPort{ep},
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = rt.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	h := &harness{t: t, conn: c, store: bus.NewEventStore(c, "test", nil), drv: drv}
+
+	cmd := events.CreateCommand{ProxyID: "p-eg", Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName("p-eg"), Attempt: 1, Port: 3128,
+		Egress: &events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}}
+	if _, err := bus.PublishCreate(context.Background(), c, "test", cmd, 0); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("p-eg", events.ProxyRunning)
+	drv.mu.Lock()
+	defer drv.mu.Unlock()
+	if len(drv.specs) != 1 {
+		t.Fatalf("%d creates, want 1", len(drv.specs))
+	}
+	pol := drv.specs[0].Egress
+	checks := []struct {
+		addr    string
+		port    uint16
+		connect bool
+		want    egress.Rule
+	}{
+		{"10.1.2.3", 8080, true, egress.RuleOK},
+		{"10.2.0.1", 443, true, egress.RulePrivate},
+		{"127.0.0.1", 8480, false, egress.RuleOK},
+		{"127.0.0.1", 4222, true, egress.RulePort},
+	}
+	for _, c := range checks {
+		if got := pol.Check(netip.MustParseAddr(c.addr), c.port, c.connect); got != c.want {
+			t.Errorf("spec policy Check(%s, %d) = %q, want %q", c.addr, c.port, got, c.want)
+		}
+	}
+}

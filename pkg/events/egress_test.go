@@ -1,0 +1,77 @@
+package events_test
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/events"
+)
+
+// TestPoolSpecEgress: every allowed range and port is checked, each
+// problem naming its element; Public keeps the allowance (it is not a
+// secret) as a copy; a create command validates it too.
+func TestPoolSpecEgress(t *testing.T) {
+	cases := []struct {
+		eg   events.Egress
+		want []string // exact messages, none when valid
+	}{
+		{events.Egress{AllowCIDRs: []string{"10.1.0.0/16", "192.168.4.7", "fd12::/16"}, AllowPorts: []int{8080, 1, 65535}}, nil},
+		{events.Egress{AllowCIDRs: []string{"10.1.0.1/16"}}, []string{`egress.allowCIDRs[0]: has host bits set; write 10.1.0.0/16 (got "10.1.0.1/16")`}},
+		{events.Egress{AllowCIDRs: []string{"10.0.0.0/8", "::ffff:10.0.0.0/104"}}, []string{`egress.allowCIDRs[1]: is an IPv4-mapped IPv6 range; write the IPv4 range (got "::ffff:10.0.0.0/104")`}},
+		{events.Egress{AllowCIDRs: []string{"example.com"}, AllowPorts: []int{0}}, []string{
+			`egress.allowCIDRs[0]: must be an IP address or a CIDR such as 10.1.0.0/16 (got "example.com")`,
+			`egress.allowPorts[0]: must be between 1 and 65535 (got "0")`}},
+		{events.Egress{AllowPorts: make([]int, events.MaxEgressAllows+1)}, nil}, // checked below
+	}
+	for i, c := range cases[:len(cases)-1] {
+		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Egress: &c.eg}
+		spec.Normalize()
+		err := spec.Validate()
+		var got []string
+		var ve *events.ValidationError
+		if errors.As(err, &ve) {
+			for _, f := range ve.Fields {
+				got = append(got, f.Error())
+			}
+		}
+		if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
+			t.Errorf("case %d: got %q, want %q", i, got, c.want)
+		}
+		cmd := events.CreateCommand{ProxyID: "demo-aaaaaaaaaa", Pool: "demo", Entry: "local", Target: "t1",
+			Instance: events.InstanceName("demo-aaaaaaaaaa"), Attempt: 1, Port: 3128, Egress: &c.eg}
+		if (cmd.Validate() == nil) != (len(c.want) == 0) {
+			t.Errorf("case %d: create command validation %v, want valid=%v", i, cmd.Validate(), len(c.want) == 0)
+		}
+	}
+	long := cases[len(cases)-1].eg
+	for i := range long.AllowPorts {
+		long.AllowPorts[i] = 1000 + i
+	}
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Egress: &long}
+	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "egress.allowPorts: may hold at most 64 ports") {
+		t.Errorf("65 ports: %v", err)
+	}
+
+	eg := &events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}
+	pub := events.PoolSpec{Name: "demo", Egress: eg}.Public()
+	if pub.Egress == eg || pub.Egress.AllowCIDRs[0] != "10.1.0.0/16" || pub.Egress.AllowPorts[0] != 8080 {
+		t.Errorf("Public egress: got %+v, want a copy of %+v", pub.Egress, eg)
+	}
+	pol, err := eg.Policy([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:8480")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pol.Check(netip.MustParseAddr("10.1.2.3"), 8080, true); got != egress.RuleOK {
+		t.Errorf("compiled policy refuses an allowed destination: %s", got)
+	}
+	if got := pol.Check(netip.MustParseAddr("127.0.0.1"), 8480, false); got != egress.RuleOK {
+		t.Errorf("compiled policy refuses the endpoint: %s", got)
+	}
+	var none *events.Egress
+	if def, err := none.Policy(nil); err != nil || def.Check(netip.MustParseAddr("10.1.2.3"), 443, true) != egress.RulePrivate {
+		t.Errorf("nil egress: %v, want the default policy", err)
+	}
+}

@@ -7,14 +7,23 @@ import (
 	"strings"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 )
 
 // DefaultSquidUserData returns a #cloud-config document that turns a stock
 // Debian cloud image into a Squid forward proxy listening on port, demanding
-// basic auth when auth is set (the password ends up only in the guest's
-// htpasswd file). It is used when a pool gives no user-data. The result
-// holds the password: it is a secret like any user-data.
-func DefaultSquidUserData(port int, auth *events.ProxyAuth) []byte {
+// basic auth when auth is set. It is used when a pool gives no user-data.
+// The document carries the password only as a salted bcrypt hash
+// (pkg/htpasswd), never in the clear; it is still treated as a secret like
+// any user-data.
+func DefaultSquidUserData(port int, auth *events.ProxyAuth) ([]byte, error) {
+	var htpasswdLine string
+	if auth != nil {
+		var err error
+		if htpasswdLine, err = htpasswd.Line(auth.Username, auth.Password); err != nil {
+			return nil, fmt.Errorf("default cloud-config: basic auth: %w", err)
+		}
+	}
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "http_port %d\n", port)
 	if auth != nil {
@@ -34,9 +43,10 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth) []byte {
 	var setup strings.Builder
 	setup.WriteString("#!/bin/sh\nset -e\n")
 	if auth != nil {
-		fmt.Fprintf(&setup, "htpasswd -ic /etc/squid/proxyfleet.htpasswd %s < /etc/proxyfleet/proxy-password\n", shellQuote(auth.Username))
-		setup.WriteString("chown root:proxy /etc/squid/proxyfleet.htpasswd\nchmod 0640 /etc/squid/proxyfleet.htpasswd\n")
-		setup.WriteString("rm -f /etc/proxyfleet/proxy-password\n")
+		// The proxy group exists once the squid package is installed, after
+		// write_files ran.
+		setup.WriteString("install -m 0640 -o root -g proxy /etc/proxyfleet/htpasswd /etc/squid/proxyfleet.htpasswd\n")
+		setup.WriteString("rm -f /etc/proxyfleet/htpasswd\n")
 	}
 	setup.WriteString("install -m 0644 /etc/proxyfleet/squid.conf /etc/squid/squid.conf\n")
 	setup.WriteString("systemctl enable squid\nsystemctl restart squid\n")
@@ -46,17 +56,14 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth) []byte {
 	b.WriteString("# proxyfleet default: a Squid forward proxy.\n")
 	b.WriteString("package_update: true\n")
 	b.WriteString("packages:\n  - squid\n")
-	if auth != nil {
-		b.WriteString("  - apache2-utils\n")
-	}
 	b.WriteString("write_files:\n")
 	writeFile(&b, "/etc/proxyfleet/squid.conf", "0644", conf.String())
 	if auth != nil {
-		writeFile(&b, "/etc/proxyfleet/proxy-password", "0600", auth.Password)
+		writeFile(&b, "/etc/proxyfleet/htpasswd", "0600", htpasswdLine)
 	}
 	writeFile(&b, "/etc/proxyfleet/setup-squid.sh", "0700", setup.String())
 	b.WriteString("runcmd:\n  - [sh, /etc/proxyfleet/setup-squid.sh]\n")
-	return b.Bytes()
+	return b.Bytes(), nil
 }
 
 func writeFile(b *bytes.Buffer, path, perm, content string) {
@@ -69,9 +76,4 @@ func writeFile(b *bytes.Buffer, path, perm, content string) {
 func yamlString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
-}
-
-// shellQuote quotes s for a POSIX shell.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
 }

@@ -26,6 +26,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
 
@@ -237,7 +238,11 @@ func resources(p config.Resources) (corev1.ResourceRequirements, error) {
 func (d *Driver) ensureSecret(ctx context.Context, spec agent.Spec, pod *corev1.Pod) error {
 	data := map[string][]byte{squidConfKey: []byte(squidConf(spec.Port, spec.Auth, d.o.Config.AuthHelper))}
 	if spec.Auth != nil {
-		data[htpasswdKey] = []byte(htpasswdLine(spec.Auth))
+		line, err := htpasswd.Line(spec.Auth.Username, spec.Auth.Password)
+		if err != nil {
+			return agent.Wrapf(agent.ErrPermanent, "basic auth of proxy %s: %w", spec.ProxyID, err)
+		}
+		data[htpasswdKey] = []byte(line)
 	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{

@@ -27,6 +27,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
 
@@ -195,7 +196,7 @@ func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
 	if len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
 		t.Fatalf("secret owner = %+v, want the pod %s", sec.OwnerReferences, pod.UID)
 	}
-	if !strings.HasPrefix(string(sec.Data[htpasswdKey]), "crawler:$apr1$") || !strings.Contains(string(sec.Data[squidConfKey]), "http_port 3128") {
+	if !htpasswd.Verify(sec.Data[htpasswdKey], "crawler", "pw-canary-9f8e7d") || !strings.Contains(string(sec.Data[squidConfKey]), "http_port 3128") {
 		t.Fatalf("secret data = %q", sec.Data)
 	}
 	podJSON, _ := json.Marshal(pod)
@@ -470,7 +471,7 @@ func TestKubeEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "pod deleted") {
 		t.Fatalf("no driver logs captured:\n%s", out)
 	}
-	for _, secret := range []string{"pw-e2e-canary", "ud-e2e-canary", "$apr1$"} {
+	for _, secret := range []string{"pw-e2e-canary", "ud-e2e-canary", "$2y$"} {
 		if strings.Contains(out, secret) {
 			t.Errorf("%q appears in the debug logs", secret)
 		}

@@ -14,6 +14,16 @@ const (
 	htpasswdKey  = "htpasswd"
 )
 
+// squidWritableDirs are where Squid may write in its container, whose root
+// filesystem is read-only: each is an emptyDir volume.
+var squidWritableDirs = []struct{ volume, path string }{
+	{"run", "/run/squid"},
+	{"spool", "/var/spool/squid"},
+	{"cache", "/var/cache/squid"},
+	{"log", "/var/log/squid"},
+	{"tmp", "/tmp"},
+}
+
 // squidConf returns the Squid configuration of one proxy: listening on port,
 // demanding basic auth when auth is set, logging to the container's streams,
 // caching nothing and hiding the client.
@@ -21,6 +31,8 @@ func squidConf(port int, auth *events.ProxyAuth, authHelper string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "http_port %d\n", port)
 	b.WriteString("pid_filename none\n")
+	// The ICMP pinger needs a raw socket; the container has no capabilities.
+	b.WriteString("pinger_enable off\n")
 	b.WriteString("cache_log /dev/stderr\n")
 	b.WriteString("access_log stdio:/dev/stdout squid\n")
 	b.WriteString("cache deny all\nvia off\nforwarded_for delete\n")

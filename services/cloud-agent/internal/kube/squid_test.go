@@ -10,7 +10,7 @@ import (
 func TestSquidConf(t *testing.T) {
 	auth := &events.ProxyAuth{Username: "crawler", Password: "s3cret-canary"}
 	conf := squidConf(8080, auth, "/usr/lib/squid/basic_ncsa_auth")
-	for _, want := range []string{"http_port 8080\n", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/proxyfleet/htpasswd\n", "http_access deny all\n"} {
+	for _, want := range []string{"http_port 8080\n", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/proxyfleet/htpasswd\n", "http_access deny all\n", "pinger_enable off\n"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("squid.conf lacks %q:\n%s", want, conf)
 		}

@@ -15,7 +15,9 @@ const (
 )
 
 // squidWritableDirs are where Squid may write in its container, whose root
-// filesystem is read-only: each is an emptyDir volume.
+// filesystem is read-only: each is an emptyDir volume. squidConf writes
+// nothing to disk (TestSquidPodRunsReadOnly runs it without them); they are
+// for images whose Squid does.
 var squidWritableDirs = []struct{ volume, path string }{
 	{"run", "/run/squid"},
 	{"spool", "/var/spool/squid"},

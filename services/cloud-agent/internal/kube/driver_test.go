@@ -86,7 +86,7 @@ func TestClassify(t *testing.T) {
 
 func TestPodSpec(t *testing.T) {
 	d := New(nil, Options{Entry: "k8s", Namespace: "ns1", Config: config.Kubernetes{
-		Image: "ubuntu/squid:latest", Images: map[string]string{"squid6": "ubuntu/squid:6.10"},
+		Image: "ubuntu/squid:6.6-24.04_edge", Images: map[string]string{"squid6": "ubuntu/squid:6.10"},
 		Profiles: map[string]config.Resources{"small": {CPU: "100m", Memory: "64Mi", MemoryLimit: "128Mi"}, "bad": {CPU: "lots"}},
 	}})
 	s := agent.Spec{ProxyID: "pool-a-x", Pool: "pool-a", Entry: "k8s", Name: events.InstanceName("pool-a-x"), Port: 8080, Image: "squid6", Profile: "small",

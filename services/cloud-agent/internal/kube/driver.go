@@ -191,7 +191,7 @@ func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
 	volumes := []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
 		Secret: &corev1.SecretVolumeSource{SecretName: spec.Name, DefaultMode: new(int32(0o444))},
 	}}}
-	// The root filesystem is read-only: Squid writes only to these.
+	// The root filesystem is read-only: Squid may write only to these.
 	for _, w := range squidWritableDirs {
 		mounts = append(mounts, corev1.VolumeMount{Name: w.volume, MountPath: w.path})
 		volumes = append(volumes, corev1.Volume{Name: w.volume, VolumeSource: corev1.VolumeSource{

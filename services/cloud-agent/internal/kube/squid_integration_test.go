@@ -113,8 +113,7 @@ func TestSquidPodRunsReadOnly(t *testing.T) {
 	cmd := exec.Command("unshare", args...)
 	cmd.Stdout, cmd.Stderr = w, w
 	// The parent-death signal follows the thread that started the child:
-	// start it from a thread locked until the child ends (dialInNetns
-	// discards threads).
+	// start it from a thread locked until the child ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	started, exited := make(chan error, 1), make(chan error, 1)
 	go func() {
@@ -176,29 +175,29 @@ func TestSquidPodRunsReadOnly(t *testing.T) {
 }
 
 // dialInNetns connects to addr from inside the network namespace of pid:
-// the socket is made on a thread moved into that namespace, and the thread
-// is then discarded (its goroutine ends locked to it).
+// the socket is made on a thread moved into that namespace and back. The
+// thread must not be discarded: the control plane's processes get SIGKILL
+// when the thread that started them exits (Pdeathsig), and any thread may
+// be that one.
 func dialInNetns(pid int, addr string) (net.Conn, error) {
-	type result struct {
-		conn net.Conn
-		err  error
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	home, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+	if err != nil {
+		return nil, err
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer ns.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns: %w", err)}
-			return
-		}
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.conn, r.err
+	defer home.Close()
+	target, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		return nil, fmt.Errorf("setns: %w", err)
+	}
+	conn, dialErr := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+		panic("cannot return the thread to the test's network namespace: " + err.Error())
+	}
+	return conn, dialErr
 }

@@ -6,6 +6,9 @@
 # them: kube-apiserver is built from source by the small module in
 # services/cloud-agent/tools/kube-apiserver (about 12 minutes cold), etcd is
 # Debian's etcd-server package unpacked without installing it.
+# It also runs the Squid of the Pods the driver builds (their config,
+# htpasswd line, user and read-only root) with Debian's squid, which
+# squid-install (mk/local.mk) provides.
 
 CLOUD_AGENT  := services/cloud-agent
 KUBE_VERSION := v1.34.2
@@ -36,8 +39,8 @@ test-cloud: ## cloud-agent GCE tests alone (stateful Compute fake, discovery con
 	cd $(CLOUD_AGENT) && $(GO) test $(GOTEST_FLAGS) ./internal/gce/ ./internal/config/ ./cmd/...
 
 .PHONY: test-kube
-test-kube: kube-control-plane ## cloud-agent Kubernetes driver against a real kube-apiserver + etcd (builds them once)
-	cd $(CLOUD_AGENT) && KUBE_APISERVER=$(KUBE_APISERVER_BIN) ETCD=$(KUBE_ETCD_BIN) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+test-kube: kube-control-plane squid-install ## cloud-agent Kubernetes driver against a real kube-apiserver + etcd (builds them once), and its Squid Pod's config under real Squid (root)
+	cd $(CLOUD_AGENT) && KUBE_APISERVER=$(KUBE_APISERVER_BIN) ETCD=$(KUBE_ETCD_BIN) PROXYFLEET_SQUID=$(SQUID) PROXYFLEET_REQUIRE_INTEGRATION=1 \
 		$(GO) test -tags integration $(GOTEST_FLAGS) ./internal/kube/
 
 TEST_ALL_TIERS += test-kube

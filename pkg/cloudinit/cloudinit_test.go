@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 )
 
 // readISO returns the label and the files of the root directory of img.
@@ -185,6 +186,14 @@ func TestVendorData(t *testing.T) {
 	}
 }
 
+func TestDefaultSquidUserDataRefusesUnhashablePassword(t *testing.T) {
+	long := strings.Repeat("p", htpasswd.MaxPasswordBytes+1)
+	doc, err := DefaultSquidUserData(8080, &events.ProxyAuth{Username: "crawler", Password: long}, egress.Policy{})
+	if err == nil || !strings.Contains(err.Error(), "at most 72") || strings.Contains(err.Error(), long) || doc != nil {
+		t.Fatalf("DefaultSquidUserData with a 73-byte password = %d bytes, %v; want a clear error", len(doc), err)
+	}
+}
+
 func TestDefaultSquidUserData(t *testing.T) {
 	tests := []struct {
 		name string
@@ -196,7 +205,10 @@ func TestDefaultSquidUserData(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			pol := egress.Policy{AllowEndpoints: []netip.AddrPort{netip.MustParseAddrPort("203.0.114.9:8480")}}
-			doc := DefaultSquidUserData(8080, tc.auth, pol)
+			doc, err := DefaultSquidUserData(8080, tc.auth, pol)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if !bytes.HasPrefix(doc, []byte("#cloud-config\n")) {
 				t.Fatalf("not a cloud-config: %q", doc[:20])
 			}
@@ -240,11 +252,15 @@ func TestDefaultSquidUserData(t *testing.T) {
 				t.Errorf("auth in squid.conf = %v, want %v", hasAuth, tc.auth != nil)
 			}
 			if tc.auth != nil {
-				if got := files["/etc/proxyfleet/proxy-password"]; got != tc.auth.Password {
-					t.Errorf("password file = %q, want %q", got, tc.auth.Password)
+				if bytes.Contains(doc, []byte("s s")) {
+					t.Errorf("the user-data holds the password in the clear:\n%s", doc)
 				}
-				if !strings.Contains(files["/etc/proxyfleet/setup-squid.sh"], "htpasswd -ic /etc/squid/proxyfleet.htpasswd 'crawler'") {
-					t.Errorf("setup script does not create the htpasswd entry:\n%s", files["/etc/proxyfleet/setup-squid.sh"])
+				if got := files["/etc/proxyfleet/htpasswd"]; !htpasswd.Verify([]byte(got), tc.auth.Username, tc.auth.Password) {
+					t.Errorf("htpasswd file %q does not verify the pool's password", got)
+				}
+				if !strings.Contains(conf, "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.htpasswd\n") ||
+					!strings.Contains(files["/etc/proxyfleet/setup-squid.sh"], "install -m 0640 -o root -g proxy /etc/proxyfleet/htpasswd /etc/squid/proxyfleet.htpasswd\n") {
+					t.Errorf("setup script does not install the htpasswd file where squid.conf reads it:\n%s", files["/etc/proxyfleet/setup-squid.sh"])
 				}
 			} else if !strings.Contains(conf, "http_access allow all") {
 				t.Errorf("open proxy lacks http_access allow all:\n%s", conf)

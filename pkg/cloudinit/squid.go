@@ -8,6 +8,7 @@ import (
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 )
 
 // OwnAddressesFile is where the guest lists its own addresses at boot, for
@@ -16,11 +17,19 @@ const OwnAddressesFile = "/etc/squid/proxyfleet-own-addresses"
 
 // DefaultSquidUserData returns a #cloud-config document that turns a stock
 // Debian cloud image into a Squid forward proxy listening on port, demanding
-// basic auth when auth is set (the password ends up only in the guest's
-// htpasswd file) and enforcing the egress policy pol (the guest's own
-// addresses are listed at boot). It is used when a pool gives no user-data.
-// The result holds the password: it is a secret like any user-data.
-func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) []byte {
+// basic auth when auth is set and enforcing the egress policy pol (the
+// guest's own addresses are listed at boot). It is used when a pool gives no
+// user-data. The document carries the password only as a salted bcrypt hash
+// (pkg/htpasswd), never in the clear; it is still treated as a secret like
+// any user-data.
+func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) ([]byte, error) {
+	var htpasswdLine string
+	if auth != nil {
+		var err error
+		if htpasswdLine, err = htpasswd.Line(auth.Username, auth.Password); err != nil {
+			return nil, fmt.Errorf("default cloud-config: basic auth: %w", err)
+		}
+	}
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "http_port %d\n", port)
 	conf.WriteString(pol.SquidRules(OwnAddressesFile))
@@ -41,9 +50,10 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) [
 	var setup strings.Builder
 	setup.WriteString("#!/bin/sh\nset -e\n")
 	if auth != nil {
-		fmt.Fprintf(&setup, "htpasswd -ic /etc/squid/proxyfleet.htpasswd %s < /etc/proxyfleet/proxy-password\n", shellQuote(auth.Username))
-		setup.WriteString("chown root:proxy /etc/squid/proxyfleet.htpasswd\nchmod 0640 /etc/squid/proxyfleet.htpasswd\n")
-		setup.WriteString("rm -f /etc/proxyfleet/proxy-password\n")
+		// The proxy group exists once the squid package is installed, after
+		// write_files ran.
+		setup.WriteString("install -m 0640 -o root -g proxy /etc/proxyfleet/htpasswd /etc/squid/proxyfleet.htpasswd\n")
+		setup.WriteString("rm -f /etc/proxyfleet/htpasswd\n")
 	}
 	// The own-address acl: loopback and every address of the guest.
 	fmt.Fprintf(&setup, "{ echo 127.0.0.1; echo ::1; ip -o addr show | awk '{split($4, a, \"/\"); print a[1]}'; } > %s\n", OwnAddressesFile)
@@ -55,17 +65,14 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) [
 	b.WriteString("# proxyfleet default: a Squid forward proxy.\n")
 	b.WriteString("package_update: true\n")
 	b.WriteString("packages:\n  - squid\n")
-	if auth != nil {
-		b.WriteString("  - apache2-utils\n")
-	}
 	b.WriteString("write_files:\n")
 	writeFile(&b, "/etc/proxyfleet/squid.conf", "0644", conf.String())
 	if auth != nil {
-		writeFile(&b, "/etc/proxyfleet/proxy-password", "0600", auth.Password)
+		writeFile(&b, "/etc/proxyfleet/htpasswd", "0600", htpasswdLine)
 	}
 	writeFile(&b, "/etc/proxyfleet/setup-squid.sh", "0700", setup.String())
 	b.WriteString("runcmd:\n  - [sh, /etc/proxyfleet/setup-squid.sh]\n")
-	return b.Bytes()
+	return b.Bytes(), nil
 }
 
 func writeFile(b *bytes.Buffer, path, perm, content string) {
@@ -78,9 +85,4 @@ func writeFile(b *bytes.Buffer, path, perm, content string) {
 func yamlString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
-}
-
-// shellQuote quotes s for a POSIX shell.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
 }

@@ -32,7 +32,10 @@ func TestSquidDefaultConfParses(t *testing.T) {
 	}
 	for _, auth := range []*events.ProxyAuth{nil, {Username: "crawler", Password: "pw"}} {
 		for _, p := range []egress.Policy{{}, pol} {
-			doc := DefaultSquidUserData(3128, auth, p)
+			doc, err := DefaultSquidUserData(3128, auth, p)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var cc struct {
 				WriteFiles []struct {
 					Path    string `yaml:"path"`

@@ -153,6 +153,7 @@ func TestPoolSpecValidation(t *testing.T) {
 		{events.PoolSpec{Name: "demo", Provider: "local", Image: "x.y"}, "image"},
 		{events.PoolSpec{Name: "demo", Provider: "local", Auth: &events.ProxyAuth{Username: "a:b", Password: "p"}}, "auth.username"},
 		{events.PoolSpec{Name: "demo", Provider: "local", Auth: &events.ProxyAuth{Username: "a"}}, "auth.password"},
+		{events.PoolSpec{Name: "demo", Provider: "local", Auth: &events.ProxyAuth{Username: "a", Password: strings.Repeat("p", events.MaxPasswordBytes+1)}}, "auth.password"},
 		{events.PoolSpec{Name: "demo", Provider: "local", MaxAge: events.Duration(time.Second)}, "maxAge"},
 	}
 	for _, c := range cases {

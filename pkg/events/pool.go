@@ -23,6 +23,9 @@ const (
 	// MinUnhealthyAfter is the shortest unhealthyAfter a pool may ask for:
 	// shorter would replace proxies for one slow probe round.
 	MinUnhealthyAfter = 10 * time.Second
+	// MaxPasswordBytes is the longest proxy password: Squid-based proxies
+	// store it as a bcrypt hash (pkg/htpasswd), which takes at most 72 bytes.
+	MaxPasswordBytes = 72
 )
 
 // PoolSpec is what an operator asks for: a named group of proxies. It is the
@@ -187,6 +190,8 @@ func (p *PoolSpec) Validate() error {
 		}
 		if p.Auth.Password == "" || containsAny(p.Auth.Password, "\r\n") {
 			v.Add("auth.password", "is required and may not contain line breaks", "")
+		} else if len(p.Auth.Password) > MaxPasswordBytes {
+			v.Add("auth.password", fmt.Sprintf("may be at most %d bytes long (bcrypt)", MaxPasswordBytes), fmt.Sprintf("%d bytes", len(p.Auth.Password)))
 		}
 	}
 	if p.MaxAge < 0 {

@@ -20,8 +20,13 @@ const (
 )
 
 // DefaultSquidImage is the container image a kubernetes entry runs when it
-// names none.
-const DefaultSquidImage = "ubuntu/squid:latest"
+// names none: Ubuntu 24.04's Squid 6.6 (its C library verifies the bcrypt
+// htpasswd lines of pkg/htpasswd). Pin a digest for immutable deployments.
+const DefaultSquidImage = "ubuntu/squid:6.6-24.04_edge"
+
+// DefaultSquidUser is the numeric user and group the Squid container runs
+// as: "proxy" (13) in Debian and Ubuntu images.
+const DefaultSquidUser = 13
 
 // DefaultAuthHelper is where Debian and Ubuntu Squid packages install the
 // basic-auth helper.
@@ -84,7 +89,16 @@ type Kubernetes struct {
 	// Profiles maps profile keys to resource requests and limits.
 	Profiles map[string]Resources `yaml:"profiles"`
 	// AuthHelper is the path of Squid's basic_ncsa_auth inside the image.
-	AuthHelper         string `yaml:"authHelper"`
+	AuthHelper string `yaml:"authHelper"`
+	// RunAsUser is the numeric user (and group) of the Squid container; it
+	// must not be 0 (Pod Security "restricted").
+	RunAsUser int64 `yaml:"runAsUser"`
+	// ClusterScope lists the entry's Pods in every namespace, so the first
+	// target's inventory also reports Pods left in namespaces that are no
+	// longer targets. It needs the cluster-scope RBAC overlay
+	// (deploy/kubernetes/cluster-scope); by default the agent lists only
+	// its target namespaces.
+	ClusterScope       bool   `yaml:"clusterScope"`
 	ServiceAccountName string `yaml:"serviceAccountName"`
 	// ImagePullSecrets names Secrets in each target namespace.
 	ImagePullSecrets []string          `yaml:"imagePullSecrets"`
@@ -121,6 +135,9 @@ func (f *File) Defaults() {
 			}
 			if k.AuthHelper == "" {
 				k.AuthHelper = DefaultAuthHelper
+			}
+			if k.RunAsUser == 0 {
+				k.RunAsUser = DefaultSquidUser
 			}
 		}
 	}
@@ -222,10 +239,34 @@ func checkKube(v *agentconfig.Error, p string, k *Kubernetes) {
 	agentconfig.Keyed(v, p+".images", k.Images, func(key, image string) {
 		if image == "" {
 			v.Add(key, "must name a container image")
+		} else if why := unpinned(image); why != "" {
+			v.Add(key, "%s", why)
 		}
 	})
+	if why := unpinned(k.Image); why != "" {
+		v.Add(p+".image", "%s", why)
+	}
+	if k.RunAsUser < 0 {
+		v.Add(p+".runAsUser", "must be a non-root numeric user (1 or more), got %d", k.RunAsUser)
+	}
 	agentconfig.Keyed(v, p+".profiles", k.Profiles, nil)
 	if !strings.HasPrefix(k.AuthHelper, "/") {
 		v.Add(p+".authHelper", "must be an absolute path inside the image, got %q", k.AuthHelper)
 	}
+}
+
+// unpinned says why image is not pinned to a tag or digest, or "".
+func unpinned(image string) string {
+	if strings.Contains(image, "@sha256:") {
+		return ""
+	}
+	name := image[strings.LastIndex(image, "/")+1:]
+	_, tag, ok := strings.Cut(name, ":")
+	switch {
+	case !ok || tag == "":
+		return fmt.Sprintf("must pin a tag or digest, got %q (it would mean :latest)", image)
+	case tag == "latest":
+		return fmt.Sprintf("must pin a tag or digest, not :latest, got %q", image)
+	}
+	return ""
 }

@@ -47,7 +47,7 @@ func TestParseGood(t *testing.T) {
 		t.Fatalf("gce entry = %+v", g)
 	}
 	k := f.Entries[1].Kubernetes
-	if k.Image != DefaultSquidImage || k.AuthHelper != DefaultAuthHelper {
+	if k.Image != DefaultSquidImage || k.AuthHelper != DefaultAuthHelper || k.RunAsUser != DefaultSquidUser || k.ClusterScope {
 		t.Fatalf("kubernetes defaults not applied: %+v", k)
 	}
 }
@@ -81,6 +81,9 @@ func TestParseErrors(t *testing.T) {
 		{"mixed sections", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    gce: {project: p}\n", []string{"entries[0].gce"}},
 		{"bad duration", "entries:\n  - {name: a, type: kubernetes, targets: [z], commandTimeout: soon}\n", []string{"duration"}},
 		{"relative helper", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {authHelper: basic_ncsa_auth}\n", []string{"authHelper"}},
+		{"unpinned images", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {image: 'ubuntu/squid:latest', images: {b: 'reg:5000/squid'}}\n",
+			[]string{`.kubernetes.image: must pin a tag or digest, not :latest, got "ubuntu/squid:latest"`, `.kubernetes.images.b: must pin a tag or digest, got "reg:5000/squid"`}},
+		{"root squid", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {runAsUser: -1}\n", []string{"runAsUser"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

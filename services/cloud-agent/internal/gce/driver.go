@@ -44,7 +44,7 @@ type Options struct {
 	Zones  []string
 	Config config.GCE
 	// DefaultUserData builds the cloud-config used when a pool gives none.
-	DefaultUserData func(port int, auth *events.ProxyAuth, pol egress.Policy) []byte
+	DefaultUserData func(port int, auth *events.ProxyAuth, pol egress.Policy) ([]byte, error)
 	Log             *slog.Logger
 }
 
@@ -162,7 +162,10 @@ func (d *Driver) instanceFor(spec agent.Spec) (*compute.Instance, error) {
 		if d.o.DefaultUserData == nil {
 			return nil, agent.Wrapf(agent.ErrPermanent, "pool %s gives no user-data and no default cloud-config is configured", spec.Pool)
 		}
-		userData = d.o.DefaultUserData(spec.Port, spec.Auth, spec.Egress)
+		var err error
+		if userData, err = d.o.DefaultUserData(spec.Port, spec.Auth, spec.Egress); err != nil {
+			return nil, agent.Wrapf(agent.ErrPermanent, "pool %s: %w", spec.Pool, err)
+		}
 	}
 	ud := string(userData)
 	nic := &compute.NetworkInterface{Network: c.Network, Subnetwork: c.Subnetwork}

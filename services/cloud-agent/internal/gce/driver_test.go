@@ -29,8 +29,11 @@ func testConfig() config.GCE {
 	}
 }
 
-func defaultUserData(port int, auth *events.ProxyAuth, pol egress.Policy) []byte {
-	return fmt.Appendf(nil, "#cloud-config\n# squid on %d, egress ports %v\n", port, pol.AllowPorts)
+func defaultUserData(port int, auth *events.ProxyAuth, pol egress.Policy) ([]byte, error) {
+	if auth != nil && auth.Password == "unhashable" {
+		return nil, errors.New("default cloud-config: basic auth: refused")
+	}
+	return fmt.Appendf(nil, "#cloud-config\n# squid on %d, egress ports %v\n", port, pol.AllowPorts), nil
 }
 
 func newDriver(t testing.TB, f *fakeCompute, zone string, zones []string, log *slog.Logger) *Driver {
@@ -121,8 +124,15 @@ func TestCreateUsesDefaultUserDataWhenPoolGivesNone(t *testing.T) {
 	if _, err := d.Create(ctx(t), s); err != nil {
 		t.Fatal(err)
 	}
-	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(defaultUserData(8080, nil, s.Egress)) {
+	want, _ := defaultUserData(8080, nil, s.Egress)
+	if got := *f.instance("zone-a", s.Name).Metadata.Items[0].Value; got != string(want) {
 		t.Fatalf("user-data = %q, want the default cloud-config with the spec's egress policy", got)
+	}
+	// A default the pool's auth cannot be rendered into fails for good.
+	s = spec("px-default-bad", 1)
+	s.UserData, s.Auth = nil, &events.ProxyAuth{Username: "crawler", Password: "unhashable"}
+	if _, err := d.Create(ctx(t), s); !errors.Is(err, agent.ErrPermanent) || !strings.Contains(err.Error(), "basic auth") {
+		t.Fatalf("create with an unrenderable default: %v, want ErrPermanent naming basic auth", err)
 	}
 }
 

@@ -27,8 +27,8 @@ import (
 func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 	e := newKubeEnv(t)
 	ns := e.namespace("dead")
-	// An entry of its own: other tests list every marked Pod of theirs
-	// cluster-wide.
+	// An entry of its own: TestKubeClusterScopeOverlay lists the marked
+	// Pods of its entry cluster-wide.
 	const entry = "k8s-dead"
 	d := &countingDriver{Driver: e.driver(entry, ns)}
 	conn := bustest.Start(t)

@@ -26,6 +26,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
 
@@ -63,9 +64,10 @@ type Options struct {
 	Entry string
 	// Namespace is this driver's target.
 	Namespace string
-	// Namespaces are all targets of the entry. The driver of Namespaces[0]
-	// also reports marked Pods in namespaces that are no target (left from
-	// an earlier config), so garbage collection still reaches them.
+	// Namespaces are all targets of the entry. With Config.ClusterScope,
+	// the driver of Namespaces[0] also reports marked Pods in namespaces
+	// that are no target (left from an earlier config), so garbage
+	// collection still reaches them.
 	Namespaces []string
 	Config     config.Kubernetes
 	Log        *slog.Logger
@@ -93,6 +95,9 @@ func New(api *Client, o Options) *Driver {
 	}
 	if o.Config.AuthHelper == "" {
 		o.Config.AuthHelper = config.DefaultAuthHelper
+	}
+	if o.Config.RunAsUser == 0 {
+		o.Config.RunAsUser = config.DefaultSquidUser
 	}
 	return &Driver{api: api, o: o, log: o.Log.With("namespace", o.Namespace)}
 }
@@ -181,6 +186,19 @@ func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
 		}
 	}
 	port := int32(spec.Port)
+	listening := corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}}
+	mounts := []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}}
+	volumes := []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+		Secret: &corev1.SecretVolumeSource{SecretName: spec.Name, DefaultMode: new(int32(0o444))},
+	}}}
+	// The root filesystem is read-only: Squid may write only to these.
+	for _, w := range squidWritableDirs {
+		mounts = append(mounts, corev1.VolumeMount{Name: w.volume, MountPath: w.path})
+		volumes = append(volumes, corev1.Volume{Name: w.volume, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: new(resource.MustParse("64Mi"))},
+		}})
+	}
+	uid := c.RunAsUser
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: d.o.Namespace, Labels: markerLabels(spec.Marker())},
 		Spec: corev1.PodSpec{
@@ -189,20 +207,30 @@ func (d *Driver) podFor(spec agent.Spec) (*corev1.Pod, error) {
 			NodeSelector:       c.NodeSelector,
 			// The proxy needs no API access.
 			AutomountServiceAccountToken: new(false),
+			// Pod Security "restricted": non-root with a numeric user,
+			// the runtime's default seccomp profile, no privilege gain, no
+			// capabilities, a read-only root filesystem.
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: new(true), RunAsUser: &uid, RunAsGroup: &uid, FSGroup: &uid,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Containers: []corev1.Container{{
-				Name:    containerName,
-				Image:   image,
-				Command: []string{"squid", "-N", "-f", configDir + "/" + squidConfKey},
-				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
-				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)},
-				}, PeriodSeconds: 5},
-				Resources:    res,
-				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}},
+				Name:           containerName,
+				Image:          image,
+				Command:        []string{"squid", "-N", "-f", configDir + "/" + squidConfKey},
+				Ports:          []corev1.ContainerPort{{Name: "proxy", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: listening, PeriodSeconds: 5},
+				LivenessProbe: &corev1.Probe{ProbeHandler: listening, InitialDelaySeconds: 10, PeriodSeconds: 10,
+					TimeoutSeconds: 3, FailureThreshold: 3},
+				Resources: res,
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot: new(true), AllowPrivilegeEscalation: new(false), ReadOnlyRootFilesystem: new(true),
+					Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				VolumeMounts: mounts,
 			}},
-			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
-				Secret: &corev1.SecretVolumeSource{SecretName: spec.Name, DefaultMode: new(int32(0o444))},
-			}}},
+			Volumes: volumes,
 		},
 	}
 	for _, s := range c.ImagePullSecrets {
@@ -237,7 +265,11 @@ func resources(p config.Resources) (corev1.ResourceRequirements, error) {
 func (d *Driver) ensureSecret(ctx context.Context, spec agent.Spec, pod *corev1.Pod) error {
 	data := map[string][]byte{squidConfKey: []byte(squidConf(spec.Port, spec.Auth, d.o.Config.AuthHelper, spec.Egress))}
 	if spec.Auth != nil {
-		data[htpasswdKey] = []byte(htpasswdLine(spec.Auth))
+		line, err := htpasswd.Line(spec.Auth.Username, spec.Auth.Password)
+		if err != nil {
+			return agent.Wrapf(agent.ErrPermanent, "basic auth of proxy %s: %w", spec.ProxyID, err)
+		}
+		data[htpasswdKey] = []byte(line)
 	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
@@ -332,16 +364,27 @@ func (d *Driver) selector() string {
 	return LabelEntry + "=" + d.o.Entry + "," + LabelProxy
 }
 
-// List returns the marked Pods of this entry in this namespace (and, for
-// the entry's first namespace, in namespaces that are no target), listing
-// every namespace by label selector, all pages.
+// listScope is the namespace List and Check list Pods in: this target,
+// or every namespace with Config.ClusterScope.
+func (d *Driver) listScope() (namespace, what string) {
+	if d.o.Config.ClusterScope {
+		return metav1.NamespaceAll, "cluster-wide"
+	}
+	return d.o.Namespace, "in " + d.o.Namespace
+}
+
+// List returns the marked Pods of this entry in this namespace, by label
+// selector, all pages. With Config.ClusterScope it lists every namespace,
+// and the entry's first namespace also reports the Pods in namespaces that
+// are no target.
 func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	var out []agent.Instance
 	opts := metav1.ListOptions{LabelSelector: d.selector(), Limit: listPageSize}
+	ns, where := d.listScope()
 	for {
-		list, err := d.api.pods(metav1.NamespaceAll).List(ctx, opts)
+		list, err := d.api.pods(ns).List(ctx, opts)
 		if err != nil {
-			return nil, fmt.Errorf("list pods by label %s: %w", opts.LabelSelector, classify(err))
+			return nil, fmt.Errorf("list pods %s by label %s: %w", where, opts.LabelSelector, classify(err))
 		}
 		for i := range list.Items {
 			p := &list.Items[i]
@@ -359,15 +402,16 @@ func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 }
 
 func (d *Driver) owns(ns string) bool {
-	return ns == d.o.Namespace || (d.o.Namespace == d.o.Namespaces[0] && !slices.Contains(d.o.Namespaces, ns))
+	return ns == d.o.Namespace || (d.o.Config.ClusterScope && d.o.Namespace == d.o.Namespaces[0] && !slices.Contains(d.o.Namespaces, ns))
 }
 
-// Check lists at most one marked Pod cluster-wide (the call inventory
-// relies on) and asks the API server whether this agent may create and
-// delete Pods and Secrets in its namespace.
+// Check lists at most one marked Pod where inventory lists them and asks
+// the API server whether this agent may create and delete Pods and Secrets
+// in its namespace.
 func (d *Driver) Check(ctx context.Context) []agent.Verdict {
-	_, err := d.api.pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: d.selector(), Limit: 1})
-	api := agent.Verdict{Check: "kubernetes-api", OK: err == nil, Detail: "pods listed cluster-wide by label"}
+	ns, where := d.listScope()
+	_, err := d.api.pods(ns).List(ctx, metav1.ListOptions{LabelSelector: d.selector(), Limit: 1})
+	api := agent.Verdict{Check: "kubernetes-api", OK: err == nil, Detail: "pods listed " + where + " by label"}
 	if err != nil {
 		api.Detail = classify(err).Error()
 	}

@@ -86,7 +86,7 @@ func TestClassify(t *testing.T) {
 
 func TestPodSpec(t *testing.T) {
 	d := New(nil, Options{Entry: "k8s", Namespace: "ns1", Config: config.Kubernetes{
-		Image: "ubuntu/squid:latest", Images: map[string]string{"squid6": "ubuntu/squid:6.10"},
+		Image: "ubuntu/squid:6.6-24.04_edge", Images: map[string]string{"squid6": "ubuntu/squid:6.10"},
 		Profiles: map[string]config.Resources{"small": {CPU: "100m", Memory: "64Mi", MemoryLimit: "128Mi"}, "bad": {CPU: "lots"}},
 	}})
 	s := agent.Spec{ProxyID: "pool-a-x", Pool: "pool-a", Entry: "k8s", Name: events.InstanceName("pool-a-x"), Port: 8080, Image: "squid6", Profile: "small",
@@ -164,5 +164,54 @@ current-context: ctx-a
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	if _, err := RESTConfig("", ""); err == nil || !strings.Contains(err.Error(), "kubeconfig") {
 		t.Errorf("in-cluster config outside a cluster: %v, want an error naming kubernetes.kubeconfig", err)
+	}
+}
+
+// TestPodIsHardened checks what Pod Security "restricted" does not: a
+// read-only root filesystem with writable emptyDirs where Squid writes,
+// both probes on the proxy port, the configured numeric user; and what it
+// does, so a unit run catches a regression before the apiserver tier.
+func TestPodIsHardened(t *testing.T) {
+	d := New(nil, Options{Entry: "k8s", Namespace: "ns1", Config: config.Kubernetes{Image: "squid:6.6", RunAsUser: 4242}})
+	pod, err := d.podFor(agent.Spec{ProxyID: "pool-a-1", Pool: "pool-a", Entry: "k8s", Name: "px-1", Port: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, c := pod.Spec.SecurityContext, pod.Spec.Containers[0]
+	sc := c.SecurityContext
+	if ps == nil || sc == nil {
+		t.Fatalf("no security context: pod %+v container %+v", ps, sc)
+	}
+	if !*ps.RunAsNonRoot || *ps.RunAsUser != 4242 || *ps.RunAsGroup != 4242 || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context = %+v", ps)
+	}
+	if !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || !*sc.RunAsNonRoot ||
+		len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("container security context = %+v", sc)
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil || p.TCPSocket == nil || p.TCPSocket.Port.IntValue() != 8080 {
+			t.Errorf("probe %+v, want tcpSocket on 8080", p)
+		}
+	}
+	emptyDirs := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	writable := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		if emptyDirs[m.Name] && !m.ReadOnly {
+			writable[m.MountPath] = true
+		}
+	}
+	for _, dir := range []string{"/tmp", "/var/spool/squid", "/var/log/squid", "/run/squid"} {
+		if !writable[dir] {
+			t.Errorf("%s is not a writable emptyDir: mounts %+v", dir, c.VolumeMounts)
+		}
+	}
+	if *pod.Spec.AutomountServiceAccountToken {
+		t.Error("the Squid Pod mounts a service account token")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
 
@@ -41,15 +43,23 @@ type kubeEnv struct {
 	agent *Client              // the driver's client, impersonating the agent's service account
 }
 
+// agentGroups are the groups of the agent's service account.
+var agentGroups = []string{"system:serviceaccounts", "system:serviceaccounts:proxyfleet", "system:authenticated"}
+
 func newKubeEnv(t *testing.T) *kubeEnv {
 	t.Helper()
 	cfg := adminConfig(t)
 	admin := kubernetes.NewForConfigOrDie(cfg)
 	applyRBAC(t, admin)
-	ac := rest.CopyConfig(cfg)
-	ac.Impersonate = rest.ImpersonationConfig{UserName: agentSubject,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:proxyfleet", "system:authenticated"}}
-	return &kubeEnv{t: t, admin: admin, agent: newClient(t, ac)}
+	return &kubeEnv{t: t, admin: admin, agent: newClient(t, agentConfig(t))}
+}
+
+// agentConfig is the admin config impersonating the agent's service
+// account (with extra groups when given).
+func agentConfig(t *testing.T, extraGroups ...string) *rest.Config {
+	ac := adminConfig(t)
+	ac.Impersonate = rest.ImpersonationConfig{UserName: agentSubject, Groups: append(slices.Clone(agentGroups), extraGroups...)}
+	return ac
 }
 
 func newClient(t *testing.T, cfg *rest.Config) *Client {
@@ -59,24 +69,61 @@ func newClient(t *testing.T, cfg *rest.Config) *Client {
 	return c
 }
 
-// applyRBAC creates the objects of deploy/kubernetes/rbac.yaml, so every
-// test runs with exactly the rights the shipped manifest grants.
-func applyRBAC(t *testing.T, cs kubernetes.Interface) {
+// manifestDocs returns the YAML documents of a manifest file as JSON.
+func manifestDocs(t *testing.T, path string) []json.RawMessage {
 	t.Helper()
-	f, err := os.Open(rbacManifest)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	dec := yamlutil.NewYAMLOrJSONDecoder(f, 4096)
-	ctx := context.Background()
+	var docs []json.RawMessage
 	for {
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
+			return docs
 		} else if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", path, err)
 		}
+		docs = append(docs, raw)
+	}
+}
+
+// shippedRole returns the Role and RoleBinding of rbac.yaml: the rights
+// the agent holds in each target namespace.
+func shippedRole(t *testing.T) (rbacv1.Role, rbacv1.RoleBinding) {
+	t.Helper()
+	var role rbacv1.Role
+	var binding rbacv1.RoleBinding
+	for _, raw := range manifestDocs(t, rbacManifest) {
+		var meta metav1.TypeMeta
+		must(t, json.Unmarshal(raw, &meta))
+		switch meta.Kind {
+		case "Role":
+			must(t, json.Unmarshal(raw, &role))
+		case "RoleBinding":
+			must(t, json.Unmarshal(raw, &binding))
+		}
+	}
+	if role.Name == "" || binding.Name == "" {
+		t.Fatal("rbac.yaml has no Role or no RoleBinding")
+	}
+	return role, binding
+}
+
+// applyRBAC creates the objects of deploy/kubernetes/rbac.yaml (or of the
+// manifest at path), so every test runs with exactly the rights the
+// shipped manifest grants.
+func applyRBAC(t *testing.T, cs kubernetes.Interface, path ...string) {
+	t.Helper()
+	file := rbacManifest
+	if len(path) > 0 {
+		file = path[0]
+	}
+	ctx := context.Background()
+	for _, raw := range manifestDocs(t, file) {
+		var err error
 		var meta metav1.TypeMeta
 		_ = json.Unmarshal(raw, &meta)
 		switch meta.Kind {
@@ -96,8 +143,16 @@ func applyRBAC(t *testing.T, cs kubernetes.Interface) {
 			var o rbacv1.ClusterRoleBinding
 			must(t, json.Unmarshal(raw, &o))
 			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		case "Role":
+			var o rbacv1.Role
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		case "RoleBinding":
+			var o rbacv1.RoleBinding
+			must(t, json.Unmarshal(raw, &o))
+			_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
 		default:
-			t.Fatalf("rbac.yaml: unexpected kind %q", meta.Kind)
+			t.Fatalf("%s: unexpected kind %q", file, meta.Kind)
 		}
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("apply %s: %v", meta.Kind, err)
@@ -112,16 +167,49 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// namespace creates a fresh namespace with the "default" service account
-// the ServiceAccount admission plugin expects (no controller manager runs).
+// restricted labels a namespace to enforce Pod Security "restricted".
+var restricted = map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+
+// namespace creates a fresh target namespace enforcing Pod Security
+// "restricted", with the "default" service account the ServiceAccount
+// admission plugin expects (no controller manager runs) and the shipped
+// Role and RoleBinding of rbac.yaml bound in it.
 func (e *kubeEnv) namespace(prefix string) string {
 	e.t.Helper()
+	ns := e.bareNamespace(prefix)
+	role, binding := shippedRole(e.t)
+	role.Namespace, binding.Namespace = ns, ns
 	ctx := context.Background()
-	ns, err := e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
+	_, err := e.admin.RbacV1().Roles(ns).Create(ctx, &role, metav1.CreateOptions{})
+	must(e.t, err)
+	_, err = e.admin.RbacV1().RoleBindings(ns).Create(ctx, &binding, metav1.CreateOptions{})
+	must(e.t, err)
+	return ns
+}
+
+// bareNamespace creates a restricted namespace where the agent holds no right.
+func (e *kubeEnv) bareNamespace(prefix string) string {
+	e.t.Helper()
+	ctx := context.Background()
+	ns, err := e.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-", Labels: restricted}}, metav1.CreateOptions{})
 	must(e.t, err)
 	_, err = e.admin.CoreV1().ServiceAccounts(ns.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
 	must(e.t, err)
 	return ns.Name
+}
+
+// restrictedPod is a Pod that Pod Security "restricted" admits.
+func restrictedPod(name string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: new(true), RunAsUser: new(int64(1000)),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers: []corev1.Container{{Name: "web", Image: "nginx:1.27", SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: new(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			}}},
+		},
+	}
 }
 
 // driver returns a driver for ns; targets are all the entry's namespaces
@@ -131,7 +219,7 @@ func (e *kubeEnv) driver(entry, ns string, targets ...string) *Driver {
 		targets = []string{ns}
 	}
 	return New(e.agent, Options{Entry: entry, Namespace: ns, Namespaces: targets, Config: config.Kubernetes{
-		Image: "ubuntu/squid:latest", Profiles: map[string]config.Resources{"small": {CPU: "50m", Memory: "64Mi"}},
+		Image: config.DefaultSquidImage, Profiles: map[string]config.Resources{"small": {CPU: "50m", Memory: "64Mi"}},
 	}})
 }
 
@@ -195,7 +283,7 @@ func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
 	if len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
 		t.Fatalf("secret owner = %+v, want the pod %s", sec.OwnerReferences, pod.UID)
 	}
-	if !strings.HasPrefix(string(sec.Data[htpasswdKey]), "crawler:$apr1$") || !strings.Contains(string(sec.Data[squidConfKey]), "http_port 3128") {
+	if !htpasswd.Verify(sec.Data[htpasswdKey], "crawler", "pw-canary-9f8e7d") || !strings.Contains(string(sec.Data[squidConfKey]), "http_port 3128") {
 		t.Fatalf("secret data = %q", sec.Data)
 	}
 	podJSON, _ := json.Marshal(pod)
@@ -211,11 +299,13 @@ func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
 		}
 		return strings.Join(out, ",")
 	}
+	// Namespaced by default: each target lists its own namespace, and the
+	// Pod left in a namespace that is no longer a target is in no
+	// inventory (TestKubeClusterScopeOverlay reaches it).
 	l1, err := d1.List(tctx(t))
 	must(t, err)
-	wantFirst := []string{ns1 + "/" + s1.Name, old + "/" + s3.Name}
-	if got := names(l1); !(got == strings.Join(wantFirst, ",") || got == wantFirst[1]+","+wantFirst[0]) {
-		t.Fatalf("first target's inventory = %s, want its own pod and the one in the old namespace", got)
+	if got := names(l1); got != ns1+"/"+s1.Name {
+		t.Fatalf("first target's inventory = %s, want %s/%s alone", got, ns1, s1.Name)
 	}
 	l2, err := d2.List(tctx(t))
 	must(t, err)
@@ -229,11 +319,6 @@ func TestKubeLifecycleAcrossNamespaces(t *testing.T) {
 	must(t, err)
 	if got.State != agent.StateRunning || got.Address != "10.244.1.7:3128" {
 		t.Fatalf("running pod = %+v", got)
-	}
-	// The old namespace's pod is deleted through the first target's driver,
-	// by provider ID, as garbage collection would.
-	if err := d1.Delete(tctx(t), agent.Ref{ProxyID: s3.ProxyID, ProviderID: old + "/" + s3.Name}); err != nil {
-		t.Fatal(err)
 	}
 	if err := d1.Delete(tctx(t), ref); err != nil {
 		t.Fatal(err)
@@ -277,10 +362,7 @@ func TestKubeAlreadyExists(t *testing.T) {
 
 	// A Pod of the same name without our marker is never adopted or deleted.
 	foreign := kspec("pool-k-foreign", "k8s", ns, 1)
-	_, err = e.admin.CoreV1().Pods(ns).Create(tctx(t), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: foreign.Name, Labels: map[string]string{"app": "web"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx"}}},
-	}, metav1.CreateOptions{})
+	_, err = e.admin.CoreV1().Pods(ns).Create(tctx(t), restrictedPod(foreign.Name, map[string]string{"app": "web"}), metav1.CreateOptions{})
 	must(t, err)
 	if _, err := d.Create(tctx(t), foreign); !errors.Is(err, agent.ErrPermanent) {
 		t.Fatalf("create over a foreign pod: %v, want ErrPermanent", err)
@@ -470,7 +552,7 @@ func TestKubeEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "pod deleted") {
 		t.Fatalf("no driver logs captured:\n%s", out)
 	}
-	for _, secret := range []string{"pw-e2e-canary", "ud-e2e-canary", "$apr1$"} {
+	for _, secret := range []string{"pw-e2e-canary", "ud-e2e-canary", "$2y$"} {
 		if strings.Contains(out, secret) {
 			t.Errorf("%q appears in the debug logs", secret)
 		}

@@ -144,7 +144,10 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 func (d *Driver) writeSeed(ctx context.Context, pool libvirt.StoragePool, spec agent.Spec) (libvirt.StorageVol, error) {
 	userData := spec.UserData
 	if len(userData) == 0 {
-		userData = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth, spec.Egress)
+		var err error
+		if userData, err = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth, spec.Egress); err != nil {
+			return libvirt.StorageVol{}, agent.Wrapf(agent.ErrPermanent, "pool %s: %w", spec.Pool, err)
+		}
 	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
 		InstanceID: spec.Name, Hostname: spec.Name, UserData: userData,

@@ -12,12 +12,13 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 )
 
 // Files in an instance directory.
 const (
 	fileAuth     = "auth"     // built-in proxy: username:password
-	fileHtpasswd = "htpasswd" // squid: username:md5-crypt
+	fileHtpasswd = "htpasswd" // squid: username:bcrypt (pkg/htpasswd)
 	fileSquid    = "squid.conf"
 	fileLog      = "proxy.log" // the process's stdout and stderr
 )
@@ -107,8 +108,12 @@ func (d *Driver) prepareSquid(s *state, auth *events.ProxyAuth, pol egress.Polic
 		}
 	}
 	if auth != nil {
+		line, err := htpasswd.Line(auth.Username, auth.Password)
+		if err != nil {
+			return launch{}, agent.Wrapf(agent.ErrPermanent, "basic auth of proxy %s: %w", s.Name, err)
+		}
 		conf.Htpasswd = filepath.Join(l.dir, fileHtpasswd)
-		if err := writeFileAtomic(conf.Htpasswd, []byte(htpasswdLine(auth.Username, auth.Password)), 0o600); err != nil {
+		if err := writeFileAtomic(conf.Htpasswd, []byte(line), 0o600); err != nil {
 			return launch{}, err
 		}
 	}

@@ -114,7 +114,10 @@ func sameNet(a, b string) bool {
 func (d *Driver) configure(ctx context.Context, vm *vmRef, spec agent.Spec, prof *config.Profile) error {
 	userData := spec.UserData
 	if len(userData) == 0 {
-		userData = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth, spec.Egress)
+		var err error
+		if userData, err = cloudinit.DefaultSquidUserData(spec.Port, spec.Auth, spec.Egress); err != nil {
+			return agent.Wrapf(agent.ErrPermanent, "pool %s: %w", spec.Pool, err)
+		}
 	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
 		InstanceID:        spec.Name + "-" + strconv.Itoa(vm.vmid),

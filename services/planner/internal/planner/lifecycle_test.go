@@ -17,6 +17,10 @@ import (
 func appendAll(t *testing.T, c *bus.Conn, evs []lifecycletest.Event) {
 	t.Helper()
 	for _, e := range evs {
+		if e.Subject != "" {
+			bustest.AppendOn(t, c, e.Subject, e.Source, e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data)
+			continue
+		}
 		if _, err := bus.NewEventStore(c, e.Source, nil).Append(t.Context(), e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data, nil); err != nil {
 			t.Fatalf("append %s %s: %v", e.ID, e.Kind, err)
 		}

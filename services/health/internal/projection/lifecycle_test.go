@@ -157,7 +157,9 @@ func TestForgedObservationsMoveNothing(t *testing.T) {
 	if v := e.waitProxy(id, legit); v.State != events.ProxyRunning || v.Address != "127.0.0.1:1001" {
 		t.Fatalf("after the placed agent's running: state %q address %q; want running at 127.0.0.1:1001", v.State, v.Address)
 	}
-	observe := func(kind string) string { return events.ObservationSubject(id, kind, lifecycletest.Entry, lifecycletest.OtherTarget) }
+	observe := func(kind string) string {
+		return events.ObservationSubject(id, kind, lifecycletest.Entry, lifecycletest.OtherTarget)
+	}
 	e.appendRunning(id, other, "", "127.0.0.1:6666", 3)
 	e.appendRunning(id, other, events.ObservationSubject(id, events.ProxyRunning, lifecycletest.Entry, lifecycletest.Target), "127.0.0.1:6667", 4)
 	e.appendRunning(id, placed, observe(events.ProxyRunning), "127.0.0.1:6668", 5)

@@ -85,7 +85,7 @@ func (r *Runtime) markFailed(ctx context.Context, proxyID, name, reason string) 
 		if ctx.Err() != nil {
 			return
 		}
-		last, err := r.store.Last(ctx, events.AggregateProxy, proxyID)
+		last, err := r.lastEvent(ctx, proxyID)
 		if err != nil {
 			r.log.Warn("recheck: read proxy state", "proxy", proxyID, "err", err)
 			return

@@ -106,6 +106,26 @@ func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, er
 	return s.lastOn(ctx, events.AggregateFilter(aggregate, id))
 }
 
+// LastAccepted returns the last event of one aggregate that accept takes,
+// or nil when none does. It reads the last event and, only when accept
+// refuses it, the aggregate's history.
+func (s *EventStore) LastAccepted(ctx context.Context, aggregate, id string, accept func(Event) bool) (*Event, error) {
+	last, err := s.Last(ctx, aggregate, id)
+	if err != nil || last == nil || accept(*last) {
+		return last, err
+	}
+	evs, err := s.Load(ctx, aggregate, id)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		if accept(evs[i]) {
+			return &evs[i], nil
+		}
+	}
+	return nil, nil
+}
+
 // LastOf returns the last event of type typ of one aggregate, or nil when
 // it has none (for example the requested event whose trace a later
 // observation continues), whoever wrote it: for a type agents write, on

@@ -657,13 +657,11 @@ func (r *Runtime) inventory(ctx context.Context, body []byte) (any, error) {
 	return page.Encode("instances", items, name, limit, page.Budget(r.conn.NC.MaxPayload()))
 }
 
-// lastEvent returns the last event of proxy id this agent acts on: another
-// agent's observation (on that agent's subject, or naming it with a source
-// that is not its own) says nothing about this agent's instances, so a
-// forged deleted or running cannot make this agent drop a command.
+// lastEvent returns the last event of proxy id this agent acts on: the
+// planner's and health's, and its own. Another agent's observation (on
+// that agent's subject, the only one it may publish on) says nothing about
+// this agent's instances, so a forged deleted or running cannot make this
+// agent drop a command.
 func (r *Runtime) lastEvent(ctx context.Context, id string) (*bus.Event, error) {
-	self := events.Observer{Entry: r.cfg.Info.Entry, Target: r.cfg.Info.Target}
-	return r.store.LastAccepted(ctx, events.AggregateProxy, id, func(e bus.Event) bool {
-		return e.By.IsZero() || (e.By == self && e.Source == self.Source())
-	})
+	return r.store.LastSeenBy(ctx, id, events.Observer{Entry: r.cfg.Info.Entry, Target: r.cfg.Info.Target})
 }

@@ -106,24 +106,26 @@ func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, er
 	return s.lastOn(ctx, events.AggregateFilter(aggregate, id))
 }
 
-// LastAccepted returns the last event of one aggregate that accept takes,
-// or nil when none does. It reads the last event and, only when accept
-// refuses it, the aggregate's history.
-func (s *EventStore) LastAccepted(ctx context.Context, aggregate, id string, accept func(Event) bool) (*Event, error) {
-	last, err := s.Last(ctx, aggregate, id)
-	if err != nil || last == nil || accept(*last) {
-		return last, err
-	}
-	evs, err := s.Load(ctx, aggregate, id)
+// LastSeenBy returns the last event of proxy id that is either no agent's
+// (the planner's decisions, health's observations) or agent by's own, or
+// nil when there is none: what agent by acts on, whatever other agents
+// record about the proxy. It reads the last message of two subject
+// filters, [events.DecisionFilter] and [events.AgentFilter], and reads
+// nothing else (no consumer), so an agent allowed only direct gets on
+// FLEET_EVENTS can call it.
+func (s *EventStore) LastSeenBy(ctx context.Context, id string, by events.Observer) (*Event, error) {
+	dec, err := s.lastOn(ctx, events.DecisionFilter(events.AggregateProxy, id))
 	if err != nil {
 		return nil, err
 	}
-	for i := len(evs) - 1; i >= 0; i-- {
-		if accept(evs[i]) {
-			return &evs[i], nil
-		}
+	own, err := s.lastOn(ctx, events.AgentFilter(id, by.Entry, by.Target))
+	if err != nil {
+		return nil, err
 	}
-	return nil, nil
+	if own != nil && (dec == nil || own.Seq > dec.Seq) {
+		return own, nil
+	}
+	return dec, nil
 }
 
 // LastOf returns the last event of type typ of one aggregate, or nil when

@@ -157,6 +157,30 @@ func TestAgentObservationsNameTheAgent(t *testing.T) {
 	if err != nil || len(evs) != 4 {
 		t.Fatalf("Load = %d events, %v; want 4", len(evs), err)
 	}
+
+	// What an agent acts on: decisions, health's observations and its own,
+	// never another agent's.
+	t1, t2 := events.Observer{Entry: "local", Target: "t1"}, events.Observer{Entry: "local", Target: "t2"}
+	odel, err := other.Append(ctx, events.AggregateProxy, "p1", events.ProxyDeleted, "p1.deleted.9", events.ProxyDeletedData{Attempt: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := agent.LastSeenBy(ctx, "p1", t1); err != nil || e == nil || e.Seq != pfail {
+		t.Fatalf("LastSeenBy(local/t1) after local/t2's deleted = %+v, %v; want the planner's failed at %d", e, err, pfail)
+	}
+	if e, err := other.LastSeenBy(ctx, "p1", t2); err != nil || e == nil || e.Seq != odel {
+		t.Fatalf("LastSeenBy(local/t2) = %+v, %v; want its deleted at %d", e, err, odel)
+	}
+	del, err := agent.Append(ctx, events.AggregateProxy, "p1", events.ProxyDeleted, "p1.deleted.1", events.ProxyDeletedData{Attempt: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := agent.LastSeenBy(ctx, "p1", t1); err != nil || e == nil || e.Seq != del || e.By != t1 {
+		t.Fatalf("LastSeenBy(local/t1) = %+v, %v; want its own deleted at %d", e, err, del)
+	}
+	if e, err := agent.LastSeenBy(ctx, "nope", t1); err != nil || e != nil {
+		t.Fatalf("LastSeenBy(nope) = %+v, %v; want nil, nil", e, err)
+	}
 }
 
 func TestFollowDeliversHistoryThenLive(t *testing.T) {

@@ -86,6 +86,19 @@ func ObservationFilter(id, typ string) string {
 	return evtPrefix + AggregateProxy + "." + id + "." + typ + ".>"
 }
 
+// DecisionFilter returns "fleet.evt.<aggregate>.<id>.*", the events of one
+// aggregate that no agent observed: the planner's decisions and the health
+// service's observations.
+func DecisionFilter(aggregate, id string) string {
+	return evtPrefix + aggregate + "." + id + ".*"
+}
+
+// AgentFilter returns "fleet.evt.proxy.<id>.*.<entry>.<target>", the
+// observations of proxy id by the agent serving entry/target.
+func AgentFilter(id, entry, target string) string {
+	return evtPrefix + AggregateProxy + "." + id + ".*." + entry + "." + target
+}
+
 // SubjectOf returns the subject the writer named by source appends an
 // event of type typ of aggregate/id on: [ObservationSubject] for a proxy
 // event of an agent (source [AgentSource]), [EventSubject] otherwise.

@@ -65,6 +65,8 @@ func TestSubjects(t *testing.T) {
 		events.AggregateFilter("proxy", "p1"):                                      "fleet.evt.proxy.p1.>",
 		events.ObservationSubject("p1", "running", "local", "t1"):                  "fleet.evt.proxy.p1.running.local.t1",
 		events.ObservationFilter("p1", "running"):                                  "fleet.evt.proxy.p1.running.>",
+		events.DecisionFilter("proxy", "p1"):                                       "fleet.evt.proxy.p1.*",
+		events.AgentFilter("p1", "local", "t1"):                                    "fleet.evt.proxy.p1.*.local.t1",
 		events.SubjectOf(events.AgentSource("kvm", "h1"), "proxy", "p1", "failed"): "fleet.evt.proxy.p1.failed.kvm.h1",
 		events.SubjectOf(events.SourcePlanner, "proxy", "p1", "failed"):            "fleet.evt.proxy.p1.failed",
 		events.SubjectOf(events.SourceHealth, "proxy", "p1", "ready"):              "fleet.evt.proxy.p1.ready",

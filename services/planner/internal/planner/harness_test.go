@@ -412,12 +412,22 @@ func (h *harness) commandsOf(verb string) []command {
 }
 
 // observe appends a fact about a proxy as an agent or the health service
-// would: with that writer's source, Msg-Id only, no expectation.
+// would: with that writer's source, Msg-Id only, no expectation. The
+// agent is the one the proxy's requested event placed it on (local/t1
+// for a proxy the planner never requested).
 func (h *harness) observe(id, kind string, n uint64, data any) {
 	h.t.Helper()
 	source := events.AgentSource("local", "t1")
 	if kind == events.ProxyReady || kind == events.ProxyUnhealthy {
 		source = events.SourceHealth
+	} else if req, err := bus.NewEventStore(h.c, "test", nil).LastOf(context.Background(), events.AggregateProxy, id, events.ProxyRequested); err != nil {
+		h.t.Fatal(err)
+	} else if req != nil {
+		var d events.ProxyRequestedData
+		if err := req.DecodeData(&d); err != nil {
+			h.t.Fatal(err)
+		}
+		source = events.AgentSource(d.Entry, d.Target)
 	}
 	if _, err := bus.NewEventStore(h.c, source, nil).Append(context.Background(), events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, nil); err != nil {
 		h.t.Fatal(err)

@@ -279,7 +279,7 @@ func (h *harness) lastSeq(stream string) uint64 {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		agg, _, kind, _ := events.ParseEventSubject(m.Subject)
+		agg, _, kind, _, _ := events.ParseEventSubject(m.Subject)
 		if agg != events.AggregatePlanner && (agg != events.AggregatePool || kind != events.PoolCondition) {
 			return seq
 		}
@@ -321,7 +321,7 @@ func (h *harness) events() []bus.Event {
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
-		agg, id, kind, ok := events.ParseEventSubject(m.Subject)
+		agg, id, kind, by, ok := events.ParseEventSubject(m.Subject)
 		if !ok {
 			h.t.Fatalf("event %d: subject %q", seq, m.Subject)
 		}
@@ -332,7 +332,7 @@ func (h *harness) events() []bus.Event {
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
-		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, Header: m.Header})
+		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, By: by, Header: m.Header})
 	}
 	return out
 }
@@ -412,12 +412,22 @@ func (h *harness) commandsOf(verb string) []command {
 }
 
 // observe appends a fact about a proxy as an agent or the health service
-// would: with that writer's source, Msg-Id only, no expectation.
+// would: with that writer's source, Msg-Id only, no expectation. The
+// agent is the one the proxy's requested event placed it on (local/t1
+// for a proxy the planner never requested).
 func (h *harness) observe(id, kind string, n uint64, data any) {
 	h.t.Helper()
 	source := events.AgentSource("local", "t1")
 	if kind == events.ProxyReady || kind == events.ProxyUnhealthy {
 		source = events.SourceHealth
+	} else if req, err := bus.NewEventStore(h.c, "test", nil).LastOf(context.Background(), events.AggregateProxy, id, events.ProxyRequested); err != nil {
+		h.t.Fatal(err)
+	} else if req != nil {
+		var d events.ProxyRequestedData
+		if err := req.DecodeData(&d); err != nil {
+			h.t.Fatal(err)
+		}
+		source = events.AgentSource(d.Entry, d.Target)
 	}
 	if _, err := bus.NewEventStore(h.c, source, nil).Append(context.Background(), events.AggregateProxy, id, kind, events.ProxyEventID(id, kind, n), data, nil); err != nil {
 		h.t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -25,6 +26,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/page"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
 )
 
@@ -51,6 +53,15 @@ type Config struct {
 	// It bounds how long a dead instance goes unnoticed by its agent: the
 	// failed event follows within one interval plus one List call.
 	RecheckInterval time.Duration
+	// Key is the agent's curve (xkey) key: create commands carry the
+	// pool's secrets sealed to its public half, announced in heartbeats.
+	// Nil loads it from KeyDir.
+	Key nkeys.KeyPair
+	// KeyDir holds the key's seed file "<entry>.<target>.xk" (0600,
+	// created on first start), so a restarted agent opens the commands
+	// queued for it. Empty with a nil Key makes a key that lives as long
+	// as the process (tests).
+	KeyDir string
 }
 
 // DefaultRecheckInterval is the default [Config.RecheckInterval].
@@ -85,6 +96,9 @@ type Heartbeat struct {
 	Instances int       `json:"instances"`
 	StartedAt time.Time `json:"startedAt"`
 	At        time.Time `json:"at"`
+	// XKey is the agent's curve public key: the planner seals the pool's
+	// secrets in create commands to it.
+	XKey string `json:"xkey,omitempty"`
 }
 
 // HeartbeatKey is the fleet-agents key of one agent: "<entry>.<target>".
@@ -102,6 +116,7 @@ type Runtime struct {
 	queue  *keyedQueue
 	start  time.Time
 	m      metrics
+	key    nkeys.KeyPair
 }
 
 // metrics are the runtime's OTel instruments (no-ops without a meter
@@ -143,7 +158,12 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 		tracer = noop.NewTracerProvider().Tracer("")
 	}
 	log = log.With("entry", cfg.Info.Entry, "target", cfg.Info.Target)
+	key, err := agentKey(cfg)
+	if err != nil {
+		return nil, err
+	}
 	return &Runtime{
+		key:    key,
 		conn:   conn,
 		drv:    drv,
 		cfg:    cfg,
@@ -217,7 +237,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 func (r *Runtime) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.CheckTimeout)
 	defer cancel()
-	hb := Heartbeat{Info: r.cfg.Info, StartedAt: r.start, At: time.Now().UTC()}
+	hb := Heartbeat{Info: r.cfg.Info, StartedAt: r.start, At: time.Now().UTC(), XKey: seal.Public(r.key)}
 	if list, err := r.drv.List(lctx); err == nil {
 		hb.Instances = len(list)
 	} else {
@@ -429,6 +449,9 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 				providerID = p.ProviderID
 			}
 		}
+	}
+	if err := r.unseal(&cmd); err != nil {
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
 	spec := Spec{
 		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,

@@ -39,6 +39,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 )
 
 // Source is the CloudEvents source of everything the planner writes.
@@ -135,6 +136,9 @@ type agentSeen struct {
 	Profiles      []string
 	Capacity      int
 	At            time.Time // server time of the last heartbeat
+	// XKey is the agent's curve public key, "" when it announced none (or
+	// an invalid one): create commands carrying secrets wait for one.
+	XKey string
 }
 
 // Planner is one planner replica. Create it with [New] and call [Planner.Run].
@@ -151,6 +155,8 @@ type Planner struct {
 	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
+	// digestKey keys the secrets digests in events; set by Run.
+	digestKey []byte
 	// agentsKV is fleet-agents, set by Run before the API starts.
 	agentsKV jetstream.KeyValue
 
@@ -260,6 +266,9 @@ func (p *Planner) Run(ctx context.Context) error {
 	}
 	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
+	}
+	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
+		return err
 	}
 	p.leaseKV = leaseKV
 
@@ -438,13 +447,17 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		p.log.Warn("ignoring unreadable heartbeat", "key", key, "err", err)
 		return
 	}
-	_, known := p.agents[key]
-	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created()}
+	prev, known := p.agents[key]
+	if hb.XKey != "" && seal.CheckPublic(hb.XKey) != nil {
+		p.log.Warn("ignoring the heartbeat's curve key: it is not a valid xkey", "key", key)
+		hb.XKey = ""
+	}
+	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
 	if p.seen[entry] == nil {
 		p.seen[entry] = map[string]bool{}
 	}
 	p.seen[entry][target] = true
-	if !known && p.caughtUp.Load() {
+	if (!known || prev.XKey != hb.XKey) && p.caughtUp.Load() {
 		p.poke()
 	}
 }

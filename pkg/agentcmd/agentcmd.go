@@ -41,6 +41,8 @@ type Spec[C any] struct {
 type Options struct {
 	// RecheckInterval is --recheck-interval, for [agent.Config].
 	RecheckInterval time.Duration
+	// KeyDir is --key-dir (default <data-dir>/keys), for [agent.Config].
+	KeyDir string
 }
 
 // Main parses args, loads the configuration and serves until SIGINT or
@@ -52,6 +54,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 	var cf agentconfig.Flags
 	cf.Register(cmd.Flags, s.ConfigPath, s.ConfigHolds)
 	recheck := agent.RecheckFlag(cmd.Flags)
+	keyDir := agent.KeyDirFlag(cmd.Flags)
 	if s.Flags != nil {
 		s.Flags(cmd.Flags)
 	}
@@ -76,7 +79,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 		return 0
 	}
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck})
+		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck, KeyDir: agent.KeyDirOr(*keyDir, cmd.Common.DataDir)})
 	})
 }
 

@@ -44,6 +44,7 @@ func run(args []string, stderr io.Writer) int {
 	squid := fs.String("squid", "", "path of the squid binary (e.g. /usr/sbin/squid) to run each proxy as Squid; empty runs the built-in proxy")
 	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range (required with --ports 0)")
 	recheck := agent.RecheckFlag(fs)
+	keyDir := agent.KeyDirFlag(fs)
 	if code, ok := cmd.Parse(args); !ok {
 		return code
 	}
@@ -82,17 +83,19 @@ func run(args []string, stderr io.Writer) int {
 		cmd.Printf("see --help")
 		return 2
 	}
-	return cmd.Serve(func(ctx context.Context, base *service.Base) error { return serve(ctx, base, cfg, *recheck) })
+	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
+		return serve(ctx, base, cfg, *recheck, agent.KeyDirOr(*keyDir, cmd.Common.DataDir))
+	})
 }
 
 // serve runs the local driver and its agent runtime until ctx ends.
-func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration) error {
+func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration, keyDir string) error {
 	drv, err := local.New(cfg, base.Log.With("component", "local"))
 	if err != nil {
 		return fmt.Errorf("local driver: %w", err)
 	}
 	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
-	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck}, base.Log, base.Tel.Tracer)
+	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck, KeyDir: keyDir}, base.Log, base.Tel.Tracer)
 	if err != nil {
 		return fmt.Errorf("agent runtime: %w", err)
 	}

@@ -23,6 +23,8 @@ type Options struct {
 	Config *config.Config
 	// RecheckInterval is every runtime's [agent.Config.RecheckInterval].
 	RecheckInterval time.Duration
+	// KeyDir holds the agents' curve key files (agent.Config.KeyDir).
+	KeyDir string
 	// Log and Tracer may be nil (discard, no tracing).
 	Log    *slog.Logger
 	Tracer trace.Tracer
@@ -64,7 +66,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 		}
 		info := agent.Info{Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(),
 			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity}
-		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval}, log, o.Tracer)
+		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval, KeyDir: o.KeyDir}, log, o.Tracer)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: agent runtime: %w", node, err)
 		}

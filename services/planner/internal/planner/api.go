@@ -271,6 +271,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 				if aerr := p.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
 					return nil, aerr
 				}
+				p.probeCredNow(ctx, spec.Name)
 				return p.poolView(spec.Name), nil
 			}
 		}
@@ -297,6 +298,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("pool recorded but not yet visible; get it again")
 		}
+		p.probeCredNow(ctx, spec.Name)
 		return p.poolView(spec.Name), nil
 	}
 	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}

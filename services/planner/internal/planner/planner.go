@@ -155,6 +155,8 @@ type Planner struct {
 	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
+	// probeCreds is fleet-probe-creds, set by Run.
+	probeCreds jetstream.KeyValue
 	// digestKey keys the secrets digests in events; set by Run.
 	digestKey []byte
 	// agentsKV is fleet-agents, set by Run before the API starts.
@@ -267,6 +269,9 @@ func (p *Planner) Run(ctx context.Context) error {
 	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
 	}
+	if p.probeCreds, err = p.conn.JS.KeyValue(ctx, bus.BucketProbeCreds); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketProbeCreds, err)
+	}
 	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
 		return err
 	}
@@ -299,6 +304,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
 	wg.Go(func() { p.snapshotLoop(ctx) })
+	wg.Go(func() { p.probeCredsLoop(ctx) })
 
 	svc, err := p.startAPI()
 	if err != nil {

@@ -2,12 +2,19 @@ package planner
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 )
 
 // agentWithoutKey announces a target whose agent has no curve key (one
@@ -73,4 +80,85 @@ func TestCreateWaitsForTheAgentsKey(t *testing.T) {
 		}
 	}
 	h.waitCondition("sec", events.ConditionPlaced, events.ConditionTrue, events.ReasonPlaced, 5*time.Second)
+}
+
+// probeCred reads and opens pool's probe credential with kp.
+func (h *harness) probeCred(kv jetstream.KeyValue, kp nkeys.KeyPair, pool string) (events.ProbeSecret, error) {
+	var s events.ProbeSecret
+	e, err := kv.Get(context.Background(), pool)
+	if err != nil {
+		return s, err
+	}
+	var c events.ProbeCredential
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		return s, err
+	}
+	plain, err := seal.Open(kp, &c.Sealed)
+	if err != nil {
+		return s, err
+	}
+	err = json.Unmarshal(plain, &s)
+	return s, err
+}
+
+// TestProbeCredentialsSealedToHealth: the planner writes each pool's
+// password into fleet-probe-creds sealed to the key health announced,
+// in nothing readable without that key; a new password or a new health key
+// is sealed again; pool.delete removes the credential, leftovers too.
+func TestProbeCredentialsSealedToHealth(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	kv, err := h.c.JS.KeyValue(ctx, bus.BucketProbeCreds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	health, _ := seal.NewKey()
+	if _, err := kv.Put(ctx, events.ProbeRecipientKey, []byte(seal.Public(health))); err != nil {
+		t.Fatal(err)
+	}
+	h.leader()
+	h.ok(poolApply, `{"name":"sec","provider":"local","size":0,"auth":{"username":"crawler","password":"Probe-Pw-1"}}`, nil)
+	h.ok(poolApply, `{"name":"open","provider":"local","size":0}`, nil)
+	want := func(kp nkeys.KeyPair, pw string) {
+		t.Helper()
+		h.waitFor("probe credential "+pw, func() bool {
+			s, err := h.probeCred(kv, kp, "sec")
+			return err == nil && s.Pool == "sec" && s.Password == pw
+		})
+		e, _ := kv.Get(ctx, "sec")
+		if strings.Contains(string(e.Value()), pw) {
+			t.Fatalf("fleet-probe-creds holds the password in plaintext: %s", e.Value())
+		}
+	}
+	want(health, "Probe-Pw-1")
+	if _, err := kv.Get(ctx, "open"); err == nil {
+		t.Error("a pool without password got a probe credential")
+	}
+
+	h.ok(poolApply, `{"name":"sec","provider":"local","size":0,"auth":{"username":"crawler","password":"Probe-Pw-2"}}`, nil)
+	want(health, "Probe-Pw-2")
+
+	// A new health key (a replica with another key file) is sealed to
+	// as soon as it is announced.
+	health2, _ := seal.NewKey()
+	if _, err := kv.Put(ctx, events.ProbeRecipientKey, []byte(seal.Public(health2))); err != nil {
+		t.Fatal(err)
+	}
+	want(health2, "Probe-Pw-2")
+
+	h.ok(poolDelete, `{"name":"sec"}`, nil)
+	if _, err := kv.Get(ctx, "sec"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("probe credential after pool.delete: %v, want %v", err, jetstream.ErrKeyNotFound)
+	}
+	// A leftover (a crash between the removals) goes with the next
+	// pool.delete.
+	raw, _ := json.Marshal(events.ProbeCredential{Revision: 2, Sealed: events.Sealed{To: seal.Public(health2), From: seal.Public(health), Box: []byte{1}}})
+	if _, err := kv.Put(ctx, "sec", raw); err != nil {
+		t.Fatal(err)
+	}
+	h.ok(poolDelete, `{"name":"sec"}`, nil)
+	if _, err := kv.Get(ctx, "sec"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("leftover probe credential after a repeated pool.delete: %v, want %v", err, jetstream.ErrKeyNotFound)
+	}
 }

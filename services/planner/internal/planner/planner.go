@@ -266,13 +266,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
 	}
-	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
-		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
-	}
-	if p.probeCreds, err = p.conn.JS.KeyValue(ctx, bus.BucketProbeCreds); err != nil {
-		return fmt.Errorf("bucket %s: %w", bus.BucketProbeCreds, err)
-	}
-	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
+	if err := p.openSecrets(ctx); err != nil {
 		return err
 	}
 	p.leaseKV = leaseKV
@@ -315,6 +309,22 @@ func (p *Planner) Run(ctx context.Context) error {
 	<-ctx.Done()
 	if err := svc.Stop(); err != nil {
 		p.log.Warn("stop API", "err", err)
+	}
+	return nil
+}
+
+// openSecrets opens fleet-secrets and fleet-probe-creds and reads (or
+// creates) the digest key.
+func (p *Planner) openSecrets(ctx context.Context) error {
+	var err error
+	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
+	}
+	if p.probeCreds, err = p.conn.JS.KeyValue(ctx, bus.BucketProbeCreds); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketProbeCreds, err)
+	}
+	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
+		return err
 	}
 	return nil
 }

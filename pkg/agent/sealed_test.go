@@ -167,3 +167,23 @@ func TestRestartedAgentKeepsItsKey(t *testing.T) {
 		t.Fatalf("after the restart the driver got auth %+v, want the sealed password", s.Auth)
 	}
 }
+
+// TestAgentKeyMustBeACurveKeyOfItsOwner: a key of another kind, or a key
+// file others may read, stops the runtime from starting, saying why.
+func TestAgentKeyMustBeACurveKeyOfItsOwner(t *testing.T) {
+	c := bustest.Start(t)
+	info := agent.Info{Entry: "mem", Target: "t1", Type: "memory"}
+	user, _ := nkeys.CreateUser()
+	if _, err := agent.New(c, newMemDriver(), agent.Config{Info: info, Key: user}, nil, nil); err == nil || !strings.Contains(err.Error(), "curve") {
+		t.Errorf("a user nkey as the agent key: err = %v, want a refusal naming curve keys", err)
+	}
+	dir := t.TempDir()
+	kp, _ := seal.NewKey()
+	seed, _ := kp.Seed()
+	if err := os.WriteFile(agent.KeyFile(dir, "mem", "t1"), seed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.New(c, newMemDriver(), agent.Config{Info: info, KeyDir: dir}, nil, nil); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a key file readable by others: err = %v, want a refusal saying chmod 600", err)
+	}
+}

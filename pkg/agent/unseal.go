@@ -18,11 +18,10 @@ func KeyFile(dir, entry, target string) string {
 	return filepath.Join(dir, HeartbeatKey(entry, target)+".xk")
 }
 
+// agentKey returns the runtime's curve key: cfg.Key, the one in cfg.KeyDir
+// (made on first start), or a new one held in memory.
 func agentKey(cfg Config) (nkeys.KeyPair, error) {
 	if cfg.Key != nil {
-		if _, err := cfg.Key.PublicKey(); err != nil {
-			return nil, fmt.Errorf("agent key: %w", err)
-		}
 		if err := seal.CheckPublic(seal.Public(cfg.Key)); err != nil {
 			return nil, fmt.Errorf("agent key: %w", err)
 		}

@@ -1,10 +1,12 @@
 package planner
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,5 +162,41 @@ func TestProbeCredentialsSealedToHealth(t *testing.T) {
 	h.ok(poolDelete, `{"name":"sec"}`, nil)
 	if _, err := kv.Get(ctx, "sec"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("leftover probe credential after a repeated pool.delete: %v, want %v", err, jetstream.ErrKeyNotFound)
+	}
+}
+
+// TestDigestKeyIsCreatedOnce: planners starting at once end with one
+// digest key, the one stored in fleet-secrets, and a later start reads it.
+func TestDigestKeyIsCreatedOnce(t *testing.T) {
+	h := newHarness(t)
+	keys := make([][]byte, 6)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			k, err := loadDigestKey(context.Background(), h.secret)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		})
+	}
+	wg.Wait()
+	e, err := h.secret.Get(context.Background(), DigestKeyName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Value()) != events.DigestKeyLen || e.Revision() != 1 {
+		t.Fatalf("stored key: %d bytes at revision %d, want %d bytes written once", len(e.Value()), e.Revision(), events.DigestKeyLen)
+	}
+	for i, k := range keys {
+		if !bytes.Equal(k, e.Value()) {
+			t.Fatalf("planner %d got another key than the stored one", i)
+		}
+	}
+	if _, err := h.secret.Put(context.Background(), DigestKeyName, []byte("short")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadDigestKey(context.Background(), h.secret); err == nil || !strings.Contains(err.Error(), "delete it") {
+		t.Fatalf("a damaged key: err = %v, want a refusal saying what to do", err)
 	}
 }

@@ -75,6 +75,7 @@ type fleet struct {
 	echoAddr string
 	agentArg []string
 	stateDir string // the local-agent's state directory
+	storeDir string // the JetStream server's store directory
 	squid    string // squid binary when the agent runs Squid proxies
 
 	mu    sync.Mutex
@@ -94,10 +95,12 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(stateDir) })
+	storeDir := t.TempDir()
 	f := &fleet{
 		stateDir: stateDir,
+		storeDir: storeDir,
 		t:        t,
-		conn:     bustest.Start(t),
+		conn:     bustest.StartIn(t, storeDir),
 		dir:      t.TempDir(),
 		// Health listens where the kernel puts it and probes through the
 		// address it bound.

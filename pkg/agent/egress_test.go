@@ -3,7 +3,6 @@ package agent_test
 import (
 	"context"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,24 +13,10 @@ import (
 	"proxyfleet/pkg/events"
 )
 
-// specDriver records the specs it is asked to create.
-type specDriver struct {
-	*memDriver
-	mu    sync.Mutex
-	specs []agent.Spec
-}
-
-func (d *specDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, error) {
-	d.mu.Lock()
-	d.specs = append(d.specs, s)
-	d.mu.Unlock()
-	return d.memDriver.Create(ctx, s)
-}
-
 // TestCreateCarriesEgress: the driver's spec holds the pool's allowance
 // from the command and the agent's --egress-allow endpoints.
 func TestCreateCarriesEgress(t *testing.T) {
-	drv := &specDriver{memDriver: newMemDriver()}
+	drv := &specDriver{memDriver: newMemDriver(), specs: map[string]agent.Spec{}}
 	c := bustest.Start(t)
 	ep := netip.MustParseAddrPort("127.0.0.1:8480")
 	rt, err := agent.New(bustest.Dial(t, c), drv, agent.Config{
@@ -53,12 +38,11 @@ func TestCreateCarriesEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitFor("p-eg", events.ProxyRunning)
-	drv.mu.Lock()
-	defer drv.mu.Unlock()
-	if len(drv.specs) != 1 {
-		t.Fatalf("%d creates, want 1", len(drv.specs))
+	spec, ok := drv.spec("p-eg")
+	if !ok {
+		t.Fatal("the driver was not asked to create p-eg")
 	}
-	pol := drv.specs[0].Egress
+	pol := spec.Egress
 	checks := []struct {
 		addr    string
 		port    uint16

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -133,4 +134,19 @@ func (r *Runtime) appendTerminated(ctx context.Context, last *bus.Event, proxyID
 func RecheckFlag(fs *flag.FlagSet) *time.Duration {
 	return fs.Duration("recheck-interval", DefaultRecheckInterval,
 		"how often the agent lists its instances to fail proxies whose instance terminated or disappeared behind its back; it bounds that detection delay (negative: off)")
+}
+
+// KeyDirFlag registers --key-dir, the directory of the agents' curve key
+// files ([Config.KeyDir]); empty means <data-dir>/keys.
+func KeyDirFlag(fs *flag.FlagSet) *string {
+	return fs.String("key-dir", "",
+		"directory of this agent's curve (xkey) key files, one <entry>.<target>.xk per target, created 0600 on first start; the planner seals create commands' secrets to them, so keep them across restarts (default <data-dir>/keys)")
+}
+
+// KeyDirOr returns dir, or <dataDir>/keys when dir is empty.
+func KeyDirOr(dir, dataDir string) string {
+	if dir != "" {
+		return dir
+	}
+	return filepath.Join(dataDir, "keys")
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -26,6 +27,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/page"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
 )
 
@@ -56,6 +58,15 @@ type Config struct {
 	// reach whatever the egress policy: the health echo endpoint the probes
 	// fetch (see package egress).
 	EgressEndpoints []netip.AddrPort
+	// Key is the agent's curve (xkey) key: create commands carry the
+	// pool's secrets sealed to its public half, announced in heartbeats.
+	// Nil loads it from KeyDir.
+	Key nkeys.KeyPair
+	// KeyDir holds the key's seed file "<entry>.<target>.xk" (0600,
+	// created on first start), so a restarted agent opens the commands
+	// queued for it. Empty with a nil Key makes a key that lives as long
+	// as the process (tests).
+	KeyDir string
 }
 
 // DefaultRecheckInterval is the default [Config.RecheckInterval].
@@ -90,6 +101,9 @@ type Heartbeat struct {
 	Instances int       `json:"instances"`
 	StartedAt time.Time `json:"startedAt"`
 	At        time.Time `json:"at"`
+	// XKey is the agent's curve public key: the planner seals the pool's
+	// secrets in create commands to it.
+	XKey string `json:"xkey,omitempty"`
 }
 
 // HeartbeatKey is the fleet-agents key of one agent: "<entry>.<target>".
@@ -107,6 +121,7 @@ type Runtime struct {
 	queue  *keyedQueue
 	start  time.Time
 	m      metrics
+	key    nkeys.KeyPair
 }
 
 // metrics are the runtime's OTel instruments (no-ops without a meter
@@ -148,7 +163,12 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 		tracer = noop.NewTracerProvider().Tracer("")
 	}
 	log = log.With("entry", cfg.Info.Entry, "target", cfg.Info.Target)
+	key, err := agentKey(cfg)
+	if err != nil {
+		return nil, err
+	}
 	return &Runtime{
+		key:    key,
 		conn:   conn,
 		drv:    drv,
 		cfg:    cfg,
@@ -222,7 +242,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 func (r *Runtime) heartbeat(ctx context.Context, kv jetstream.KeyValue) {
 	lctx, cancel := context.WithTimeout(ctx, r.cfg.CheckTimeout)
 	defer cancel()
-	hb := Heartbeat{Info: r.cfg.Info, StartedAt: r.start, At: time.Now().UTC()}
+	hb := Heartbeat{Info: r.cfg.Info, StartedAt: r.start, At: time.Now().UTC(), XKey: seal.Public(r.key)}
 	if list, err := r.drv.List(lctx); err == nil {
 		hb.Instances = len(list)
 	} else {
@@ -434,6 +454,9 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 				providerID = p.ProviderID
 			}
 		}
+	}
+	if err := r.unseal(&cmd); err != nil {
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
 	spec := Spec{
 		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,

@@ -44,6 +44,8 @@ type Options struct {
 	RecheckInterval time.Duration
 	// EgressEndpoints is --egress-allow, for [agent.Config].
 	EgressEndpoints []netip.AddrPort
+	// KeyDir is --key-dir (default <data-dir>/keys), for [agent.Config].
+	KeyDir string
 }
 
 // Main parses args, loads the configuration and serves until SIGINT or
@@ -56,6 +58,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 	cf.Register(cmd.Flags, s.ConfigPath, s.ConfigHolds)
 	recheck := agent.RecheckFlag(cmd.Flags)
 	endpoints := agent.EgressFlag(cmd.Flags)
+	keyDir := agent.KeyDirFlag(cmd.Flags)
 	if s.Flags != nil {
 		s.Flags(cmd.Flags)
 	}
@@ -80,7 +83,7 @@ func Main[C any](s Spec[C], args []string, stderr io.Writer) int {
 		return 0
 	}
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck, EgressEndpoints: *endpoints})
+		return s.Serve(ctx, base, cfg, Options{RecheckInterval: *recheck, EgressEndpoints: *endpoints, KeyDir: agent.KeyDirOr(*keyDir, cmd.Common.DataDir)})
 	})
 }
 

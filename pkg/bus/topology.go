@@ -22,7 +22,10 @@ const (
 	BucketPlanner = "fleet-planner"
 	BucketSecrets = "fleet-secrets"
 	BucketProbes  = "fleet-probes"
-	BucketVMIDs   = "fleet-vmids"
+	// BucketProbeCreds holds each pool's probe password sealed to the
+	// health service's curve key (see events.ProbeCredential).
+	BucketProbeCreds = "fleet-probe-creds"
+	BucketVMIDs      = "fleet-vmids"
 
 	// ObjectSnapshots is the object store of state checkpoints: a cache
 	// of FLEET_EVENTS (a snapshot names the sequence it covers), never a
@@ -89,6 +92,7 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketAgents, Description: "agent heartbeats", History: 1, TTL: AgentTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketPlanner, Description: "planner leader lease", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketSecrets, Description: "pool secrets (user-data, proxy passwords), never in the event log", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 	}
 	for _, cfg := range buckets {

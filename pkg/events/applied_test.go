@@ -11,7 +11,7 @@ func TestPoolAppliedWithAuthDecodes(t *testing.T) {
 	spec := PoolSpec{Name: "demo", Provider: "local", Size: 1, Port: DefaultProxyPort,
 		Auth: &ProxyAuth{Username: "crawler", Password: "s3cret"}}
 	env, err := NewEnvelope("demo.applied.1", "test", EnvelopeType(AggregatePool, PoolApplied), "demo", time.Now(),
-		PoolAppliedData{Spec: spec.Public(), Revision: 1, SecretsDigest: spec.Secrets().Digest()})
+		PoolAppliedData{Spec: spec.Public(), Revision: 1, SecretsDigest: spec.Secrets().Digest([]byte("k"))})
 	if err != nil {
 		t.Fatal(err)
 	}

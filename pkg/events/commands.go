@@ -3,9 +3,10 @@ package events
 import "fmt"
 
 // CreateCommand asks an agent to build the instance behind a proxy. It is
-// carried by FLEET_CMDS only; it holds the pool's secrets (user-data and the
-// proxy password) because the agent needs them, and must never be logged
-// whole (see [CreateCommand.LogValue]).
+// carried by FLEET_CMDS only. The pool's secrets (user-data and the proxy
+// password) travel in Sealed, readable only by the receiving agent; the
+// planner leaves Auth.Password and UserData empty (an agent still accepts
+// them, from a planner older than sealing).
 type CreateCommand struct {
 	ProxyID  string     `json:"proxyID"`
 	Pool     string     `json:"pool"`
@@ -22,6 +23,26 @@ type CreateCommand struct {
 	// Egress is the pool's egress allowance (nil: the default policy); the
 	// agent adds its own allowed endpoints (the health echo endpoint).
 	Egress *Egress `json:"egress,omitempty"`
+	// Sealed holds a [CommandSecrets], encrypted to the agent's curve key.
+	Sealed *Sealed `json:"sealed,omitempty"`
+}
+
+// CommandSecrets is the plaintext of a create command's [Sealed] box.
+type CommandSecrets struct {
+	// ProxyID binds the box to its command: a box copied into another
+	// command does not open as that command's secrets.
+	ProxyID  string `json:"proxyID"`
+	Password string `json:"password,omitempty"`
+	UserData []byte `json:"userData,omitempty"`
+}
+
+// Sealed is a box encrypted to one NATS curve (xkey) public key: To names
+// the recipient's key, From the one-time key the sender sealed with. Only
+// the holder of To's seed opens it.
+type Sealed struct {
+	To   string `json:"to"`
+	From string `json:"from"`
+	Box  []byte `json:"box"`
 }
 
 // Validate checks the command.
@@ -42,6 +63,9 @@ func (c *CreateCommand) Validate() error {
 	}
 	if c.Egress != nil {
 		c.Egress.validate(&v, "egress")
+	}
+	if c.Sealed != nil && (c.Sealed.To == "" || c.Sealed.From == "" || len(c.Sealed.Box) == 0) {
+		v.Add("sealed", "must name its recipient (to) and sender (from) keys and carry a box", "")
 	}
 	return v.Err()
 }

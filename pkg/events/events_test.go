@@ -1,6 +1,9 @@
 package events_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -209,13 +212,46 @@ func TestPublicSpecHasNoSecrets(t *testing.T) {
 	if p.Auth.Password != "hunter2" {
 		t.Fatal("Public modified the original")
 	}
+	key := bytes.Repeat([]byte{7}, events.DigestKeyLen)
 	s1, s2 := p.Secrets(), p.Secrets()
-	if s1.Digest() == "" || s1.Digest() != s2.Digest() {
+	if s1.Digest(key) == "" || s1.Digest(key) != s2.Digest(key) {
 		t.Fatal("digest not stable")
 	}
+	if !s1.Matches(key, s1.Digest(key)) {
+		t.Fatal("secrets do not match their own digest")
+	}
 	p.Auth.Password = "other"
-	if p.Secrets().Digest() == s1.Digest() {
+	if p.Secrets().Digest(key) == s1.Digest(key) {
 		t.Fatal("digest did not change with the password")
+	}
+	if p.Secrets().Matches(key, s1.Digest(key)) {
+		t.Fatal("changed secrets match the old digest")
+	}
+}
+
+// The digest is keyed: without the key, a reader of the log cannot test a
+// guessed password against it, and it is not the bare SHA-256.
+func TestSecretsDigestIsKeyed(t *testing.T) {
+	s := events.PoolSecrets{Password: "hunter2"}
+	k1 := bytes.Repeat([]byte{1}, events.DigestKeyLen)
+	k2 := bytes.Repeat([]byte{2}, events.DigestKeyLen)
+	if s.Digest(k1) == s.Digest(k2) {
+		t.Fatal("the digest does not depend on the key")
+	}
+	bare := sha256.Sum256([]byte("hunter2"))
+	framed := s.LegacyDigest()
+	for _, d := range []string{s.Digest(k1), s.Digest(nil)} {
+		if d == hex.EncodeToString(bare[:]) || d == framed {
+			t.Fatalf("digest %s is an unkeyed hash of the password", d)
+		}
+	}
+	// Digests older planners recorded still match, so their pools keep
+	// working without a re-apply.
+	if !s.Matches(k1, framed) {
+		t.Fatal("the legacy digest is not accepted")
+	}
+	if (events.PoolSecrets{}).Matches(k1, framed) || s.Matches(k1, "") {
+		t.Fatal("empty secrets or an empty digest matched")
 	}
 }
 

@@ -1,10 +1,12 @@
 package events
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"time"
 
@@ -253,14 +255,46 @@ type PoolSecrets struct {
 	Password string `json:"password,omitempty"`
 }
 
-// Digest returns a stable SHA-256 of the secrets, recorded in events so a
-// change of user-data or password is a new spec revision without the values
-// ever entering the log.
-func (s PoolSecrets) Digest() string {
-	if s.UserData == "" && s.Password == "" {
+// Empty reports whether there are no secrets at all.
+func (s PoolSecrets) Empty() bool { return s.UserData == "" && s.Password == "" }
+
+// DigestKeyLen is the length of the key of [PoolSecrets.Digest].
+const DigestKeyLen = 32
+
+// Digest returns an HMAC-SHA256 of the secrets under key, recorded in
+// events so a change of user-data or password is a new spec revision
+// without the values ever entering the log. The key (in fleet-secrets)
+// keeps readers of the log from testing guessed passwords against it.
+func (s PoolSecrets) Digest(key []byte) string {
+	if s.Empty() {
+		return ""
+	}
+	h := hmac.New(sha256.New, key)
+	s.write(h)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// LegacyDigest is the unkeyed SHA-256 that planners before keyed digests
+// recorded. It is only compared with digests already in the log, never
+// written again.
+func (s PoolSecrets) LegacyDigest() string {
+	if s.Empty() {
 		return ""
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s\x00%d:%s", len(s.UserData), s.UserData, len(s.Password), s.Password)
+	s.write(h)
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Matches reports whether digest, from an event, is the digest of s: under
+// key, or the legacy unkeyed one.
+func (s PoolSecrets) Matches(key []byte, digest string) bool {
+	if s.Empty() || digest == "" {
+		return s.Empty() && digest == ""
+	}
+	return hmac.Equal([]byte(s.Digest(key)), []byte(digest)) || hmac.Equal([]byte(s.LegacyDigest()), []byte(digest))
+}
+
+func (s PoolSecrets) write(w io.Writer) {
+	fmt.Fprintf(w, "%d:%s\x00%d:%s", len(s.UserData), s.UserData, len(s.Password), s.Password)
 }

@@ -68,7 +68,7 @@ func spec() agentcmd.Spec[*config.File] {
 			return lines
 		},
 		Serve: func(ctx context.Context, base *service.Base, cfg *config.File, o agentcmd.Options) error {
-			return entries.Run(ctx, base.Conn, entries.Options{File: cfg, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, Log: base.Log, Tracer: base.Tel.Tracer})
+			return entries.Run(ctx, base.Conn, entries.Options{File: cfg, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir, Log: base.Log, Tracer: base.Tel.Tracer})
 		},
 	}
 }

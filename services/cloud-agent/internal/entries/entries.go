@@ -30,6 +30,8 @@ type Options struct {
 	RecheckInterval time.Duration
 	// EgressEndpoints is every runtime's [agent.Config.EgressEndpoints].
 	EgressEndpoints []netip.AddrPort
+	// KeyDir holds the agents' curve key files (agent.Config.KeyDir).
+	KeyDir string
 	// Log and Tracer may be nil (discard, no tracing).
 	Log    *slog.Logger
 	Tracer trace.Tracer
@@ -64,7 +66,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 			images, profiles := catalog(e)
 			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: images, Profiles: profiles, Capacity: e.Capacity}
 			rt, err := agent.New(conn, drivers[target], agent.Config{Info: info, CommandTimeout: time.Duration(e.CommandTimeout),
-				RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints}, o.Log, o.Tracer)
+				RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir}, o.Log, o.Tracer)
 			if err != nil {
 				return nil, fmt.Errorf("entry %s, target %s: agent runtime: %w", e.Name, target, err)
 			}

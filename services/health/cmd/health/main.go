@@ -13,10 +13,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/health/internal/echo"
@@ -54,6 +56,7 @@ type flags struct {
 	checkInterval  time.Duration
 	checkTimeout   time.Duration
 	rebuild        bool
+	probeKeyFile   string
 }
 
 func parse(args []string) (*flags, error) {
@@ -72,6 +75,7 @@ func parse(args []string) (*flags, error) {
 	fs.StringVar(&f.echoURL, "echo-url", "", "echo URL the probes fetch through each proxy; answers JSON with \"ip\" or a plain-text IP (default: http://<echo-addr>/)")
 	fs.DurationVar(&f.checkInterval, "check-interval", 30*time.Second, "time between two rounds of agent checks")
 	fs.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Second, "how long one agent may take to answer its check")
+	fs.StringVar(&f.probeKeyFile, "probe-key-file", "", "file holding health's curve (xkey) seed, created 0600 on first start; the planner seals each pool's probe password to its key; give every replica the same file (default <data-dir>/probe.xk)")
 	fs.BoolVar(&f.rebuild, "rebuild-views", false, "drop fleet-proxies, fleet-pools and the projection consumer, replay FLEET_EVENTS into them, and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -137,9 +141,17 @@ func run(f *flags) error {
 		log.Info("echo endpoint serving", "addr", ln.Addr().String())
 	}
 
+	keyFile := f.probeKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(f.base.DataDir, "probe.xk")
+	}
+	key, err := seal.LoadOrCreate(keyFile)
+	if err != nil {
+		return fmt.Errorf("probe key: %w", err)
+	}
 	prober, err := probe.New(base.Conn, probe.Config{
 		EchoURL: echoURL, Interval: f.probeInterval, Timeout: f.probeTimeout,
-		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter,
+		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter, Key: key,
 	}, log, base.Tel)
 	if err != nil {
 		return err

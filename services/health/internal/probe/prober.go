@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -31,6 +32,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/health/internal/projection"
 )
@@ -51,6 +53,11 @@ type Config struct {
 	// UnhealthyAfter is the failure streak that makes a proxy unhealthy
 	// (default 3).
 	UnhealthyAfter int
+	// Key is health's curve (xkey) key: Run announces its public half in
+	// fleet-probe-creds, and the planner seals each pool's probe password
+	// to it. Replicas share one key. Nil makes a key that lives as long
+	// as the process (tests).
+	Key nkeys.KeyPair
 }
 
 func (c *Config) defaults() {
@@ -140,6 +147,15 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 	if tel != nil {
 		tracer, meter = tel.Tracer, tel.Meter
 	}
+	if cfg.Key == nil {
+		var err error
+		if cfg.Key, err = seal.NewKey(); err != nil {
+			return nil, err
+		}
+	}
+	if err := seal.CheckPublic(seal.Public(cfg.Key)); err != nil {
+		return nil, fmt.Errorf("probe key: %w", err)
+	}
 	p := &Prober{
 		conn:    c,
 		store:   bus.NewEventStore(c, events.SourceHealth, log),
@@ -165,9 +181,9 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 
 // buckets are the KV handles a run uses, and what it builds on them.
 type buckets struct {
-	proxies, probes, pools, secrets jetstream.KeyValue
-	records                         *recordWriter
-	creds                           *credCache
+	proxies, probes, pools, probeCreds jetstream.KeyValue
+	records                            *recordWriter
+	creds                              *credCache
 }
 
 // Run probes until ctx ends, then waits for the probes in flight.
@@ -176,7 +192,7 @@ func (p *Prober) Run(ctx context.Context) error {
 	for _, x := range []struct {
 		h    *jetstream.KeyValue
 		name string
-	}{{&b.proxies, bus.BucketProxies}, {&b.probes, bus.BucketProbes}, {&b.pools, bus.BucketPools}, {&b.secrets, bus.BucketSecrets}} {
+	}{{&b.proxies, bus.BucketProxies}, {&b.probes, bus.BucketProbes}, {&b.pools, bus.BucketPools}, {&b.probeCreds, bus.BucketProbeCreds}} {
 		kv, err := p.conn.JS.KeyValue(ctx, x.name)
 		if err != nil {
 			return fmt.Errorf("bucket %s: %w", x.name, err)
@@ -184,7 +200,10 @@ func (p *Prober) Run(ctx context.Context) error {
 		*x.h = kv
 	}
 	b.records = newRecordWriter(p.conn.JS, b.probes, p.log)
-	b.creds = newCredCache(b.pools, b.secrets, p.log)
+	if err := p.announceKey(ctx, b.probeCreds); err != nil {
+		return err
+	}
+	b.creds = newCredCache(b.pools, b.probeCreds, p.cfg.Key, p.log)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(2)
@@ -449,4 +468,22 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 // jitter returns d scaled by a random factor in [0.8, 1.2).
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// announceKey writes health's public key into fleet-probe-creds, where the
+// planner reads it to seal the probe passwords, unless it is there already.
+func (p *Prober) announceKey(ctx context.Context, kv jetstream.KeyValue) error {
+	pub := seal.Public(p.cfg.Key)
+	e, err := kv.Get(ctx, events.ProbeRecipientKey)
+	if err == nil && string(e.Value()) == pub {
+		return nil
+	}
+	if err == nil {
+		p.log.Warn("another probe key was announced (a health replica with another --probe-key-file?): replacing it; replicas must share one key", "was", string(e.Value()), "now", pub)
+	}
+	if _, err := kv.Put(ctx, events.ProbeRecipientKey, []byte(pub)); err != nil {
+		return fmt.Errorf("announce the probe key in %s: %w", bus.BucketProbeCreds, err)
+	}
+	p.log.Info("probe key announced", "xkey", pub)
+	return nil
 }

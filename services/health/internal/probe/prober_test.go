@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"go.uber.org/goleak"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -58,6 +60,8 @@ type fleet struct {
 	conn  *bus.Conn
 	store *bus.EventStore
 	logs  *syncBuf
+	// key is the probers' shared curve key.
+	key nkeys.KeyPair
 }
 
 func startFleet(t *testing.T) *fleet { return startFleetN(t, 1) }
@@ -73,7 +77,11 @@ func startFleetN(t *testing.T, n int) *fleet {
 	t.Cleanup(echoSrv.Close)
 	logs := &syncBuf{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs}
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
 
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -82,7 +90,7 @@ func startFleetN(t *testing.T, n int) *fleet {
 	for range n {
 		pr, err := probe.New(c, probe.Config{
 			EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
-			Concurrency: 4, UnhealthyAfter: unhealthyAfter,
+			Concurrency: 4, UnhealthyAfter: unhealthyAfter, Key: key,
 		}, log, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -97,6 +105,32 @@ func startFleetN(t *testing.T, n int) *fleet {
 	}
 	t.Cleanup(func() { stop(); wg.Wait() })
 	return f
+}
+
+// setProbePassword stores pool's probe password as the planner does:
+// sealed to the key the probers announced (to is that key unless set).
+func (f *fleet) setProbePassword(pool string, rev int, pw string, to string) {
+	f.t.Helper()
+	kv, err := f.conn.JS.KeyValue(f.ctx, bus.BucketProbeCreds)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if to == "" {
+		f.eventually("the probe key announced", func() bool {
+			e, err := kv.Get(f.ctx, events.ProbeRecipientKey)
+			return err == nil && string(e.Value()) == seal.Public(f.key)
+		})
+		to = seal.Public(f.key)
+	}
+	plain, _ := json.Marshal(events.ProbeSecret{Pool: pool, Password: pw})
+	box, err := seal.Seal(plain, to)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	raw, _ := json.Marshal(events.ProbeCredential{Revision: rev, Sealed: *box})
+	if _, err := kv.Put(f.ctx, pool, raw); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 func (f *fleet) append(agg, id, kind string, data any) {
@@ -264,26 +298,49 @@ func TestProbesWithPoolPassword(t *testing.T) {
 	const password = "s3cret-Pa55"
 	spec := events.PoolSpec{Name: "authed", Provider: "local", Size: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}}
 	f.append(events.AggregatePool, "authed", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	f.setProbePassword("authed", 1, password, "")
+	good := newFwdProxy(t, "127.0.0.1", "crawler", password)
+	f.runningProxy("authed-a", "authed", "crawler", good.addr)
+
+	// A pool whose password is not in fleet-probe-creds: its proxy refuses
+	// the probe, which proves the password is what made the first one pass.
+	noSecret := newFwdProxy(t, "127.0.0.1", "crawler", "other")
+	f.runningProxy("nosecret-a", "nosecret", "crawler", noSecret.addr)
+
+	// Health never reads fleet-secrets: a password only there is not used.
+	const onlyThere = "only-in-fleet-secrets-9"
 	secrets, err := f.conn.JS.KeyValue(f.ctx, bus.BucketSecrets)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, _ := json.Marshal(events.PoolSecrets{Revision: 1, Password: password})
-	if _, err := secrets.Put(f.ctx, "authed", raw); err != nil {
+	raw, _ := json.Marshal(events.PoolSecrets{Revision: 1, Password: onlyThere})
+	if _, err := secrets.Put(f.ctx, "plainsecret", raw); err != nil {
 		t.Fatal(err)
 	}
-	good := newFwdProxy(t, "127.0.0.1", "crawler", password)
-	f.runningProxy("authed-a", "authed", "crawler", good.addr)
+	plainSecret := newFwdProxy(t, "127.0.0.1", "crawler", onlyThere)
+	f.runningProxy("plainsecret-a", "plainsecret", "crawler", plainSecret.addr)
 
-	// A pool whose password is not in fleet-secrets: its proxy refuses the
-	// probe, which proves the password is what made the first one pass.
-	noSecret := newFwdProxy(t, "127.0.0.1", "crawler", "other")
-	f.runningProxy("nosecret-a", "nosecret", "crawler", noSecret.addr)
+	// A credential sealed to another key does not open: probed without it.
+	other, _ := seal.NewKey()
+	const otherPw = "sealed-to-another-key-7"
+	f.setProbePassword("otherkey", 1, otherPw, seal.Public(other))
+	otherKey := newFwdProxy(t, "127.0.0.1", "crawler", otherPw)
+	f.runningProxy("otherkey-a", "otherkey", "crawler", otherKey.addr)
 
 	f.waitState("authed-a", events.ProxyReady)
-	f.waitState("nosecret-a", events.ProxyUnhealthy)
-	if rec := f.record("nosecret-a"); !strings.Contains(rec.LastError, "407") {
-		t.Fatalf("proxy without a known password: last error %q, want a 407", rec.LastError)
+	for _, id := range []string{"nosecret-a", "plainsecret-a", "otherkey-a"} {
+		f.waitState(id, events.ProxyUnhealthy)
+		if rec := f.record(id); !strings.Contains(rec.LastError, "407") {
+			t.Fatalf("%s, without a password it can open: last error %q, want a 407", id, rec.LastError)
+		}
+	}
+	if !strings.Contains(f.logs.String(), "same --probe-key-file") {
+		t.Error("a credential sealed to another key is not reported with what to do")
+	}
+	for _, s := range []string{onlyThere, otherPw} {
+		if strings.Contains(f.logs.String(), s) {
+			t.Fatalf("the logs hold the password %q", s)
+		}
 	}
 	if good.rejected.Load() != 0 {
 		t.Fatalf("the authenticated proxy rejected %d requests", good.rejected.Load())
@@ -305,16 +362,9 @@ func TestProbesPickUpARotatedPassword(t *testing.T) {
 	f := startFleet(t)
 	spec := events.PoolSpec{Name: "rot", Provider: "local", Size: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}}
 	f.append(events.AggregatePool, "rot", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
-	secrets, err := f.conn.JS.KeyValue(f.ctx, bus.BucketSecrets)
-	if err != nil {
-		t.Fatal(err)
-	}
 	setSecret := func(rev int, pw string) {
 		t.Helper()
-		raw, _ := json.Marshal(events.PoolSecrets{Revision: rev, Password: pw})
-		if _, err := secrets.Put(f.ctx, "rot", raw); err != nil {
-			t.Fatal(err)
-		}
+		f.setProbePassword("rot", rev, pw, "")
 	}
 	setSecret(1, "first-Pa55")
 	fp := newFwdProxy(t, "127.0.0.1", "crawler", "first-Pa55")

@@ -390,12 +390,12 @@ func TestLateEventsDoNotResurrectDeletedProxy(t *testing.T) {
 func TestPoolView(t *testing.T) {
 	e := start(t)
 	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 3, Port: 3128, Auth: &events.ProxyAuth{Username: "u", Password: "hunter2"}, UserData: "#cloud-config"}
-	s1 := e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 1, SecretsDigest: spec.Secrets().Digest()})
+	s1 := e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 1, SecretsDigest: spec.Secrets().Digest([]byte("k"))})
 	var got projection.Pool
 	e.eventually("pool demo", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == s1 })
 	t1 := e.eventTime(s1)
 	want := projection.Pool{Name: "demo", Provider: "local", Size: 3, Spec: spec.Public(), Revision: 1,
-		SecretsDigest: spec.Secrets().Digest(), CreatedAt: t1, UpdatedAt: t1, Seq: s1}
+		SecretsDigest: spec.Secrets().Digest([]byte("k")), CreatedAt: t1, UpdatedAt: t1, Seq: s1}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("applied:\n got  %+v\n want %+v", got, want)
 	}

@@ -40,7 +40,7 @@ func spec() agentcmd.Spec[*config.Config] {
 		Serve: func(ctx context.Context, base *service.Base, cfg *config.Config, o agentcmd.Options) error {
 			stack := kvm.Open(cfg, kvm.Options{Log: base.Log, Tracer: base.Tel.Tracer, Publish: base.Conn.NC.Publish, VerboseRPC: verbose})
 			defer stack.Close()
-			rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints}, base.Log, base.Tel.Tracer)
+			rt, err := agent.New(base.Conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir}, base.Log, base.Tel.Tracer)
 			if err != nil {
 				return fmt.Errorf("agent runtime: %w", err)
 			}

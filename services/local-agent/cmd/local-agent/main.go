@@ -46,6 +46,7 @@ func run(args []string, stderr io.Writer) int {
 	capacity := fs.Int("capacity", 0, "maximum number of proxies on this machine; 0 means the size of the port range (required with --ports 0)")
 	recheck := agent.RecheckFlag(fs)
 	endpoints := agent.EgressFlag(fs)
+	keyDir := agent.KeyDirFlag(fs)
 	if code, ok := cmd.Parse(args); !ok {
 		return code
 	}
@@ -91,18 +92,18 @@ func run(args []string, stderr io.Writer) int {
 	}
 	defer lock.Release()
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return serve(ctx, base, cfg, *recheck, *endpoints)
+		return serve(ctx, base, cfg, *recheck, *endpoints, agent.KeyDirOr(*keyDir, cmd.Common.DataDir))
 	})
 }
 
 // serve runs the local driver and its agent runtime until ctx ends.
-func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration, endpoints []netip.AddrPort) error {
+func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration, endpoints []netip.AddrPort, keyDir string) error {
 	drv, err := local.New(cfg, base.Log.With("component", "local"))
 	if err != nil {
 		return fmt.Errorf("local driver: %w", err)
 	}
 	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
-	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck, EgressEndpoints: endpoints}, base.Log, base.Tel.Tracer)
+	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck, EgressEndpoints: endpoints, KeyDir: keyDir}, base.Log, base.Tel.Tracer)
 	if err != nil {
 		return fmt.Errorf("agent runtime: %w", err)
 	}

@@ -255,7 +255,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", spec.Name))
 	pub, sec := spec.Public(), spec.Secrets()
-	digest := sec.Digest()
+	digest := sec.Digest(p.digestKey)
 	pubJSON, _ := json.Marshal(pub)
 	for range maxConflictRetries {
 		p.mu.Lock()
@@ -265,12 +265,13 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 			cur = *cp
 		}
 		p.mu.Unlock()
-		if cp != nil && !cur.Deleted && cur.Revision > 0 && cur.SecretsDigest == digest {
+		if cp != nil && !cur.Deleted && cur.Revision > 0 && sec.Matches(p.digestKey, cur.SecretsDigest) {
 			curJSON, _ := json.Marshal(cur.Spec)
 			if bytes.Equal(curJSON, pubJSON) {
 				if aerr := p.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
 					return nil, aerr
 				}
+				p.probeCredNow(ctx, spec.Name)
 				return p.poolView(spec.Name), nil
 			}
 		}
@@ -297,6 +298,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("pool recorded but not yet visible; get it again")
 		}
+		p.probeCredNow(ctx, spec.Name)
 		return p.poolView(spec.Name), nil
 	}
 	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
@@ -309,7 +311,7 @@ func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec e
 	e, err := p.secrets.Get(ctx, pool)
 	if err == nil {
 		var have events.PoolSecrets
-		if json.Unmarshal(e.Value(), &have) == nil && have.Digest() == sec.Digest() {
+		if json.Unmarshal(e.Value(), &have) == nil && have.Digest(p.digestKey) == sec.Digest(p.digestKey) {
 			return nil
 		}
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {

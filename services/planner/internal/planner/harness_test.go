@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
@@ -21,6 +22,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 )
 
 func TestMain(m *testing.M) {
@@ -41,13 +43,17 @@ type harness struct {
 
 	mu  sync.Mutex
 	hbs map[string]agent.Info
+	// keys are the fake agents' curve keys, by heartbeat key: their
+	// heartbeats announce them, and commands sealed to them are opened
+	// with them.
+	keys map[string]nkeys.KeyPair
 }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	c := bustest.Start(t)
 	ctx := context.Background()
-	h := &harness{t: t, c: c, store: bus.NewEventStore(c, events.SourcePlanner, nil), hbs: map[string]agent.Info{}}
+	h := &harness{t: t, c: c, store: bus.NewEventStore(c, events.SourcePlanner, nil), hbs: map[string]agent.Info{}, keys: map[string]nkeys.KeyPair{}}
 	var err error
 	if h.agents, err = c.JS.KeyValue(ctx, bus.BucketAgents); err != nil {
 		t.Fatal(err)
@@ -89,6 +95,13 @@ func (h *harness) agent(info agent.Info) {
 	}
 	h.mu.Lock()
 	h.hbs[agent.HeartbeatKey(info.Entry, info.Target)] = info
+	if h.keys[agent.HeartbeatKey(info.Entry, info.Target)] == nil {
+		kp, err := seal.NewKey()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.keys[agent.HeartbeatKey(info.Entry, info.Target)] = kp
+	}
 	h.mu.Unlock()
 	if err := h.putHeartbeat(context.Background(), info); err != nil {
 		h.t.Fatal(err)
@@ -108,7 +121,11 @@ func (h *harness) goneAgent(entry, target string) {
 
 func (h *harness) putHeartbeat(ctx context.Context, info agent.Info) error {
 	now := time.Now().UTC()
-	b, _ := json.Marshal(agent.Heartbeat{Info: info, StartedAt: now, At: now})
+	hb := agent.Heartbeat{Info: info, StartedAt: now, At: now}
+	if kp := h.keys[agent.HeartbeatKey(info.Entry, info.Target)]; kp != nil {
+		hb.XKey = seal.Public(kp)
+	}
+	b, _ := json.Marshal(hb)
 	_, err := h.agents.Put(ctx, agent.HeartbeatKey(info.Entry, info.Target), b)
 	return err
 }
@@ -358,9 +375,13 @@ type command struct {
 	Subject string
 	Verb    string
 	Header  nats.Header
-	Time    time.Time // when it was published
-	Create  events.CreateCommand
+	Time    time.Time            // when it was published
+	Create  events.CreateCommand // as sent: secrets sealed
 	Delete  events.DeleteCommand
+	// Raw is the message as stored in FLEET_CMDS.
+	Raw []byte
+	// Secrets is a create's sealed box, opened with its agent's key.
+	Secrets events.CommandSecrets
 }
 
 // commands reads FLEET_CMDS by sequence, without consuming: no agent runs
@@ -386,10 +407,13 @@ func (h *harness) commands() []command {
 		if err != nil {
 			h.t.Fatalf("command %d: %v", seq, err)
 		}
-		c := command{Subject: m.Subject, Verb: m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], Header: m.Header, Time: env.Time}
+		c := command{Raw: m.Data, Subject: m.Subject, Verb: m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], Header: m.Header, Time: env.Time}
 		switch c.Verb {
 		case events.VerbCreate:
 			err = env.DecodeData(&c.Create)
+			if err == nil && c.Create.Sealed != nil {
+				err = h.open(&c)
+			}
 		case events.VerbDelete:
 			err = env.DecodeData(&c.Delete)
 		}
@@ -398,6 +422,43 @@ func (h *harness) commands() []command {
 		}
 		out = append(out, c)
 	}
+	return out
+}
+
+// open opens a create's sealed secrets with its agent's key.
+func (h *harness) open(c *command) error {
+	h.mu.Lock()
+	kp := h.keys[agent.HeartbeatKey(c.Create.Entry, c.Create.Target)]
+	h.mu.Unlock()
+	if kp == nil {
+		return errors.New("sealed to an agent this test never announced")
+	}
+	plain, err := seal.Open(kp, c.Create.Sealed)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(plain, &c.Secrets); err != nil {
+		return err
+	}
+	if c.Secrets.ProxyID != c.Create.ProxyID {
+		return errors.New("sealed for another proxy")
+	}
+	return nil
+}
+
+// opened is the create as its agent hands it to the driver: the sealed
+// secrets in Auth.Password and UserData.
+func (c command) opened() events.CreateCommand {
+	out := c.Create
+	if out.Auth != nil && c.Secrets.Password != "" {
+		a := *out.Auth
+		a.Password = c.Secrets.Password
+		out.Auth = &a
+	}
+	if len(c.Secrets.UserData) > 0 {
+		out.UserData = c.Secrets.UserData
+	}
+	out.Sealed = nil
 	return out
 }
 

@@ -153,7 +153,7 @@ func (g *logGen) apply(name string, size int) {
 	p.size, p.deleted = size, false
 	spec := events.PoolSpec{Name: name, Provider: "local", Size: size, Port: 3128, MaxAge: events.Duration(time.Hour)}
 	spec.Normalize()
-	d := events.PoolAppliedData{Spec: spec.Public(), Revision: p.revision, SecretsDigest: events.PoolSecrets{}.Digest()}
+	d := events.PoolAppliedData{Spec: spec.Public(), Revision: p.revision, SecretsDigest: events.PoolSecrets{}.Digest(nil)}
 	g.emit(events.AggregatePool, name, events.PoolApplied, fmt.Sprintf("%s.applied.%d", name, p.revision), events.SourcePlanner, d)
 }
 

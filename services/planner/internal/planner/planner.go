@@ -39,6 +39,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 )
 
 // Source is the CloudEvents source of everything the planner writes.
@@ -135,6 +136,9 @@ type agentSeen struct {
 	Profiles      []string
 	Capacity      int
 	At            time.Time // server time of the last heartbeat
+	// XKey is the agent's curve public key, "" when it announced none (or
+	// an invalid one): create commands carrying secrets wait for one.
+	XKey string
 }
 
 // Planner is one planner replica. Create it with [New] and call [Planner.Run].
@@ -151,6 +155,10 @@ type Planner struct {
 	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
+	// probeCreds is fleet-probe-creds, set by Run.
+	probeCreds jetstream.KeyValue
+	// digestKey keys the secrets digests in events; set by Run.
+	digestKey []byte
 	// agentsKV is fleet-agents, set by Run before the API starts.
 	agentsKV jetstream.KeyValue
 
@@ -258,8 +266,8 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
 	}
-	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
-		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
+	if err := p.openSecrets(ctx); err != nil {
+		return err
 	}
 	p.leaseKV = leaseKV
 
@@ -290,6 +298,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
 	wg.Go(func() { p.snapshotLoop(ctx) })
+	wg.Go(func() { p.probeCredsLoop(ctx) })
 
 	svc, err := p.startAPI()
 	if err != nil {
@@ -300,6 +309,22 @@ func (p *Planner) Run(ctx context.Context) error {
 	<-ctx.Done()
 	if err := svc.Stop(); err != nil {
 		p.log.Warn("stop API", "err", err)
+	}
+	return nil
+}
+
+// openSecrets opens fleet-secrets and fleet-probe-creds and reads (or
+// creates) the digest key.
+func (p *Planner) openSecrets(ctx context.Context) error {
+	var err error
+	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
+	}
+	if p.probeCreds, err = p.conn.JS.KeyValue(ctx, bus.BucketProbeCreds); err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketProbeCreds, err)
+	}
+	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
+		return err
 	}
 	return nil
 }
@@ -438,13 +463,17 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		p.log.Warn("ignoring unreadable heartbeat", "key", key, "err", err)
 		return
 	}
-	_, known := p.agents[key]
-	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created()}
+	prev, known := p.agents[key]
+	if hb.XKey != "" && seal.CheckPublic(hb.XKey) != nil {
+		p.log.Warn("ignoring the heartbeat's curve key: it is not a valid xkey", "key", key)
+		hb.XKey = ""
+	}
+	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
 	if p.seen[entry] == nil {
 		p.seen[entry] = map[string]bool{}
 	}
 	p.seen[entry][target] = true
-	if !known && p.caughtUp.Load() {
+	if (!known || prev.XKey != hb.XKey) && p.caughtUp.Load() {
 		p.poke()
 	}
 }

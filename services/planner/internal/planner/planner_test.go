@@ -2,7 +2,9 @@ package planner
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -104,8 +106,10 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			if err != nil && err != jetstream.ErrNoKeysFound {
 				t.Fatal(err)
 			}
+			// The digest key is the planner's, made at its start.
+			keys = slices.DeleteFunc(keys, func(k string) bool { return k == DigestKeyName })
 			if len(keys) != 0 {
-				t.Errorf("fleet-secrets keys: got %v, want none", keys)
+				t.Errorf("fleet-secrets keys: got %v, want no pool's", keys)
 			}
 		})
 	}
@@ -497,8 +501,12 @@ func TestSecretsNeverEnterEvents(t *testing.T) {
 	if err := applied[0].DecodeData(&ad); err != nil {
 		t.Fatal(err)
 	}
-	if ad.SecretsDigest != spec.Secrets().Digest() || ad.Spec.Auth == nil || ad.Spec.Auth.Username != "crawler" {
-		t.Errorf("applied: got %+v, want the digest and username only", ad)
+	dk, err := h.secret.Get(context.Background(), DigestKeyName)
+	if err != nil {
+		t.Fatalf("digest key: %v", err)
+	}
+	if ad.SecretsDigest != spec.Secrets().Digest(dk.Value()) || ad.Spec.Auth == nil || ad.Spec.Auth.Username != "crawler" {
+		t.Errorf("applied: got %+v, want the keyed digest and username only", ad)
 	}
 	e, err := h.secret.Get(context.Background(), "sec")
 	if err != nil {
@@ -510,8 +518,12 @@ func TestSecretsNeverEnterEvents(t *testing.T) {
 		t.Errorf("fleet-secrets: got revision %d, want the secrets of revision 1", stored.Revision)
 	}
 	for _, c := range h.commandsOf(events.VerbCreate) {
-		if c.Create.Auth == nil || c.Create.Auth.Password != password || string(c.Create.UserData) != userData {
+		if c.Create.Auth == nil || c.Create.Auth.Username != "crawler" || c.Secrets.Password != password || string(c.Secrets.UserData) != userData {
 			t.Errorf("create command for %s lacks the secrets the agent needs", c.Create.ProxyID)
+		}
+		if strings.Contains(string(c.Raw), password) || strings.Contains(string(c.Raw), "USERDATA-MARKER-42") ||
+			strings.Contains(string(c.Raw), base64.StdEncoding.EncodeToString([]byte(userData))) {
+			t.Errorf("create command for %s carries a secret in plaintext: %s", c.Create.ProxyID, c.Raw)
 		}
 	}
 	// A changed password is a new revision, still out of the log.
@@ -662,7 +674,7 @@ func (h *harness) manualPlanner() *Planner {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if p.secrets, err = h.c.JS.KeyValue(context.Background(), bus.BucketSecrets); err != nil {
+	if err := p.openSecrets(context.Background()); err != nil {
 		h.t.Fatal(err)
 	}
 	p.outbox = map[string]pending{}

@@ -80,8 +80,8 @@ func TestPoolDeleteRemovesSecrets(t *testing.T) {
 		return false
 	})
 	for _, c := range h.commandsOf(events.VerbCreate) {
-		if c.Create.ProxyID == ids[1] && (c.Create.Auth == nil || c.Create.Auth.Password != "pw-2" || string(c.Create.UserData) != "#cloud-config\n") {
-			t.Errorf("create of the re-applied pool: auth %+v user-data %q, want password pw-2 and the user-data", c.Create.Auth, c.Create.UserData)
+		if c.Create.ProxyID == ids[1] && (c.Create.Auth == nil || c.Secrets.Password != "pw-2" || string(c.Secrets.UserData) != "#cloud-config\n") {
+			t.Errorf("create of the re-applied pool: auth %+v user-data %q, want password pw-2 and the user-data", c.Create.Auth, c.Secrets.UserData)
 		}
 	}
 	// A removal for the deletion at revision 2 that runs only now (a
@@ -139,7 +139,7 @@ func TestDeletedPoolNeedsNoSecrets(t *testing.T) {
 	ctx := context.Background()
 	withSecrets := events.PoolSecrets{Password: "pw"}
 	ids := map[string]string{}
-	for pool, digest := range map[string]string{"secret": withSecrets.Digest(), "plain": ""} {
+	for pool, digest := range map[string]string{"secret": withSecrets.Digest([]byte("k")), "plain": ""} {
 		spec := events.PoolSpec{Name: pool, Provider: "local", Size: 1, Port: events.DefaultProxyPort}
 		if digest != "" {
 			spec.Auth = &events.ProxyAuth{Username: "u"}

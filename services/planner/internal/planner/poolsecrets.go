@@ -2,8 +2,10 @@ package planner
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -20,6 +22,7 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *APIE
 	for range maxConflictRetries {
 		e, err := p.secrets.Get(ctx, pool)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			p.removeProbeCred(ctx, pool, rev)
 			return nil
 		}
 		if err != nil {
@@ -33,10 +36,44 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *APIE
 		err = p.secrets.Purge(ctx, pool, jetstream.LastRevision(e.Revision()))
 		if err == nil {
 			p.log.InfoContext(ctx, "pool secrets removed", "pool", pool, "revision", rev)
+			p.removeProbeCred(ctx, pool, rev)
 			return nil
 		}
 		// Most likely the key changed since it was read: read it again.
 		p.log.DebugContext(ctx, "purge pool secrets", "pool", pool, "err", err)
 	}
 	return internal("the pool is deleted but its secrets could not be removed; send pool.delete again")
+}
+
+// DigestKeyName is the fleet-secrets key holding the HMAC key of the
+// secrets digests recorded in events. Pool names cannot start with '_', so
+// it never collides with a pool's secrets.
+const DigestKeyName = "_digest-key"
+
+// loadDigestKey returns the digest key, creating it on first start. Every
+// replica ends with the same key: it is created with KV Create, and a
+// replica that lost the race reads the winner's.
+func loadDigestKey(ctx context.Context, kv jetstream.KeyValue) ([]byte, error) {
+	for range maxConflictRetries {
+		e, err := kv.Get(ctx, DigestKeyName)
+		if err == nil {
+			if len(e.Value()) < events.DigestKeyLen {
+				return nil, fmt.Errorf("fleet-secrets key %s holds %d bytes, want %d: delete it to have a new one made (every pool is then re-applied with a new digest)", DigestKeyName, len(e.Value()), events.DigestKeyLen)
+			}
+			return e.Value(), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("read the digest key: %w", err)
+		}
+		key := make([]byte, events.DigestKeyLen)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		if _, err := kv.Create(ctx, DigestKeyName, key); err == nil {
+			return key, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("create the digest key: %w", err)
+		}
+	}
+	return nil, errors.New("the digest key keeps changing in fleet-secrets")
 }

@@ -17,6 +17,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
 )
 
@@ -193,8 +194,7 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 				if !ok {
 					continue
 				}
-				cmd := createCommand(x.ID, x.requested, x.Attempt, sec)
-				f.command(traceCtx(ctx, x.traceparent), pending{create: &cmd})
+				p.sealedCreate(traceCtx(ctx, x.traceparent), f, x.ID, x.requested, x.Attempt, sec, r.xkey(x.Entry, x.Target))
 				n++
 			case x.State == events.ProxyRetiring && !x.SkipCleanup:
 				cmd := deleteCommand(x, x.DeleteAttempt)
@@ -410,9 +410,8 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 			replaces, why = sick[0].ID, unhealthyReason(sick[0])
 			sick = sick[1:]
 		}
-		if !p.create(pctx, r, f, pool, a, replaces, why) {
-			pr.miss = &placeMiss{reason: events.ReasonSecretsUnavailable,
-				message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
+		if miss := p.create(pctx, r, f, pool, a, replaces, why); miss != nil {
+			pr.miss = miss
 			return
 		}
 	}
@@ -576,7 +575,7 @@ func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.
 			return s, false
 		}
 	}
-	if s.Digest() != pool.SecretsDigest {
+	if !s.Matches(p.digestKey, pool.SecretsDigest) {
 		p.log.Error("pool secrets do not match the applied revision; re-apply the pool", "pool", pool.Name, "revision", pool.Revision)
 		return s, false
 	}
@@ -584,19 +583,58 @@ func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.
 	return s, true
 }
 
-func createCommand(id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets) events.CreateCommand {
+// createCommand builds the create command of proxy id. The pool's secrets
+// travel sealed to the agent's curve key xkey, never in plaintext; a pool
+// without secrets needs no key.
+func createCommand(id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets, xkey string) (events.CreateCommand, error) {
 	cmd := events.CreateCommand{
 		ProxyID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
 		Attempt: attempt, Revision: d.Revision, Image: d.Image, Profile: d.Profile, Port: d.Port,
 		Egress: d.Egress.Clone(),
 	}
 	if d.Username != "" {
-		cmd.Auth = &events.ProxyAuth{Username: d.Username, Password: sec.Password}
+		cmd.Auth = &events.ProxyAuth{Username: d.Username}
 	}
-	if sec.UserData != "" {
-		cmd.UserData = []byte(sec.UserData)
+	if !!sec.Empty() {
+		return cmd, nil
 	}
-	return cmd
+	if xkey == "" {
+		return cmd, errNoAgentKey
+	}
+	plain, _ := json.Marshal(events.CommandSecrets{ProxyID: id, Password: sec.Password, UserData: []byte(sec.UserData)})
+	box, err := seal.Seal(plain, xkey)
+	clear(plain)
+	if err != nil {
+		return cmd, err
+	}
+	cmd.Sealed = box
+	return cmd, nil
+}
+
+// errNoAgentKey: the agent announced no curve key to seal secrets to.
+var errNoAgentKey = errors.New("the agent announced no curve key to seal the pool's secrets to")
+
+// xkey returns the curve key the agent of entry/target announced, or "".
+func (r *round) xkey(entry, target string) string {
+	for _, a := range r.agents {
+		if a.Entry == entry && a.Target == target {
+			return a.XKey
+		}
+	}
+	return ""
+}
+
+// sealedCreate builds a create command for a decision already stored; when
+// it cannot be sealed (the agent's key vanished with its heartbeat) the
+// command is not sent and waits: the create timeout issues it again.
+func (p *Planner) sealedCreate(ctx context.Context, f *flight, id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets, xkey string) {
+	cmd, err := createCommand(id, d, attempt, sec, xkey)
+	if err != nil {
+		p.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout",
+			"proxy", id, "entry", d.Entry, "target", d.Target, "err", err)
+		return
+	}
+	f.command(ctx, pending{create: &cmd})
 }
 
 func deleteCommand(x Proxy, attempt int) events.DeleteCommand {
@@ -715,6 +753,12 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 	if !ok {
 		return
 	}
+	xkey := r.xkey(x.Entry, x.Target)
+	if !sec.Empty() && xkey == "" {
+		// Nothing to seal the secrets to: issuing the attempt would only
+		// store a command that is never sent.
+		return
+	}
 	attempt := x.Attempt + 1
 	ctx, span := p.tracer.Start(ctx, "planner.recreate", trace.WithAttributes(
 		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
@@ -722,20 +766,24 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), Data: x.requested}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRequested, "entry", x.Entry, "target", x.Target, "attempt", attempt},
 		func(ctx context.Context, _ uint64) {
-			cmd := createCommand(x.ID, x.requested, attempt, sec)
-			f.command(ctx, pending{create: &cmd})
+			p.sealedCreate(ctx, f, x.ID, x.requested, attempt, sec, xkey)
 		})
 }
 
 // create decides one new proxy of pool on target a and sends its command
 // once the decision is stored. replaces names the proxy it is to replace,
 // if any, and why says why (the replaced proxy's retiring reason once this
-// one is ready). It returns false when the pool's secrets cannot be read:
-// nothing is decided.
-func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a agentSeen, replaces, why string) bool {
+// one is ready). It returns why nothing was decided: the pool's secrets
+// cannot be read, or the target's agent announced no key to seal them to.
+func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a agentSeen, replaces, why string) *placeMiss {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
-		return false
+		return &placeMiss{reason: events.ReasonSecretsUnavailable,
+			message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
+	}
+	if !sec.Empty() && a.XKey == "" {
+		return &placeMiss{reason: events.ReasonSecretsUnavailable,
+			message: fmt.Sprintf("target %s/%s: its agent announced no curve key to seal the pool's password and user-data to (an agent older than sealed commands?); creates wait until it does", a.Entry, a.Target)}
 	}
 	req := newRequest(pool, a, replaces, why)
 	ctx, span := p.startRequest(pctx, req)
@@ -745,10 +793,9 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
-			cmd := createCommand(req.id, req.data, 1, sec)
-			f.command(ctx, pending{create: &cmd})
+			p.sealedCreate(ctx, f, req.id, req.data, 1, sec, a.XKey)
 		})
-	return true
+	return nil
 }
 
 // proxyRequest is one decision to create a proxy: the reconciler's fills

@@ -45,6 +45,9 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	if !ok {
 		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
 	}
+	if !sec.Empty() && a.XKey == "" {
+		return "", 0, fmt.Errorf("%w (%s: target %s/%s announced no curve key to seal the pool's secrets to)", errNoTarget, events.ReasonSecretsUnavailable, a.Entry, a.Target)
+	}
 	req := newRequest(pool, a, x.ID, why)
 	ctx, span := p.startRequest(ctx, req)
 	defer span.End()
@@ -53,7 +56,11 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 		return "", 0, err
 	}
 	p.log.InfoContext(ctx, "decided", req.logArgs()...)
-	cmd := createCommand(req.id, req.data, 1, sec)
+	cmd, err := createCommand(req.id, req.data, 1, sec, a.XKey)
+	if err != nil {
+		p.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout", "proxy", req.id, "err", err)
+		return req.id, seq, nil
+	}
 	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
 		// The decision stands; the reconciler re-issues the create when
 		// the proxy stays requested.

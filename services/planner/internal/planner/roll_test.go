@@ -98,7 +98,7 @@ func (h *harness) checkReplacements(originals []string, rev int, check func(even
 	}
 	creates := map[string]events.CreateCommand{}
 	for _, c := range h.commandsOf(events.VerbCreate) {
-		creates[c.Create.ProxyID] = c.Create
+		creates[c.Create.ProxyID] = c.opened()
 	}
 	for _, id := range replaced {
 		c, ok := creates[id]
@@ -265,8 +265,8 @@ func TestSecretChangeRolls(t *testing.T) {
 		t.Errorf("user-data replacement: replaces %q at revision %d, want %q at 3", req[last].Replaces, req[last].Revision, second[0])
 	}
 	for _, c := range h.commandsOf(events.VerbCreate) {
-		if c.Create.ProxyID == last && string(c.Create.UserData) != "#cloud-config\n" {
-			t.Errorf("user-data replacement command: user-data %q, want the new one", c.Create.UserData)
+		if c.Create.ProxyID == last && string(c.opened().UserData) != "#cloud-config\n" {
+			t.Errorf("user-data replacement command: user-data %q, want the new one", c.opened().UserData)
 		}
 	}
 	h.checkSurge("sec", 1)

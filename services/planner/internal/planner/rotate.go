@@ -87,7 +87,9 @@ func (p *Planner) rotate(ctx context.Context, r *round, f *flight, pool Pool, pr
 		p.noPlace(r, pool, pr, 1)
 		return
 	}
-	if p.create(ctx, r, f, pool, a, next.ID, why) {
+	if miss := p.create(ctx, r, f, pool, a, next.ID, why); miss != nil {
+		pr.miss = miss
+	} else {
 		p.log.InfoContext(ctx, "replacing a proxy: replacement first", "pool", pool.Name, "proxy", next.ID,
 			"why", why, "age", now.Sub(next.CreatedAt).Round(time.Second).String(),
 			"proxyRevision", next.Revision, "shapeRevision", pool.ShapeRevision)

@@ -36,7 +36,7 @@ func spec() agentcmd.Spec[*config.Config] {
 		ConfigHolds: "entry, API URL, token file, TLS pin or CA, nodes, templates, seeds storage, bridge, VLAN, profiles",
 		Load:        load,
 		Serve: func(ctx context.Context, base *service.Base, cfg *config.Config, o agentcmd.Options) error {
-			return nodes.Run(ctx, base.Conn, nodes.Options{Config: cfg, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints,
+			return nodes.Run(ctx, base.Conn, nodes.Options{Config: cfg, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir,
 				Log: base.Log, Tracer: base.Tel.Tracer})
 		},
 	}

@@ -26,6 +26,8 @@ type Options struct {
 	RecheckInterval time.Duration
 	// EgressEndpoints is every runtime's [agent.Config.EgressEndpoints].
 	EgressEndpoints []netip.AddrPort
+	// KeyDir holds the agents' curve key files (agent.Config.KeyDir).
+	KeyDir string
 	// Log and Tracer may be nil (discard, no tracing).
 	Log    *slog.Logger
 	Tracer trace.Tracer
@@ -67,7 +69,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 		}
 		info := agent.Info{Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(),
 			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity}
-		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints}, log, o.Tracer)
+		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir}, log, o.Tracer)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: agent runtime: %w", node, err)
 		}

@@ -332,3 +332,50 @@ func FuzzEventID(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCommandData: the data decoders agents run on FLEET_CMDS. A refusal
+// is a *DecodeError; an accepted create or delete command re-encodes to
+// data that is accepted and decodes to a command with the same encoding.
+func FuzzCommandData(f *testing.F) {
+	id := "demo-abc"
+	for _, c := range []any{
+		events.CreateCommand{ProxyID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1, Revision: 2, Port: 3128,
+			Auth: &events.ProxyAuth{Username: "u", Password: "p"}, UserData: []byte("#cloud-config\n")},
+		events.DeleteCommand{ProxyID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), ProviderID: "101", Attempt: 3, Reason: "retired"},
+	} {
+		b, _ := json.Marshal(c)
+		f.Add(false, b)
+		f.Add(true, b)
+	}
+	f.Add(false, []byte(`{"proxyID":"demo-abc","pool":"demo","entry":"local","target":"t1","instance":"px-x","attempt":1,"port":3128}`))
+	f.Add(false, []byte(`{"userData":"not base64","port":70000,"attempt":0}`))
+	f.Add(false, []byte(`{"proxyID":"demo-abc","pool":"demo","entry":"local","target":"t1","instance":"`+events.InstanceName(id)+`","attempt":1,"port":3128,"userData":"","auth":{}}`))
+	f.Fuzz(func(t *testing.T, del bool, data []byte) {
+		newCmd := func() any { return &events.CreateCommand{} }
+		if del {
+			newCmd = func() any { return &events.DeleteCommand{} }
+		}
+		env := events.Envelope{SpecVersion: events.SpecVersion, ID: "c", Source: events.SourcePlanner, Type: "t", Data: data}
+		cmd := newCmd()
+		if err := env.DecodeData(cmd); err != nil {
+			if _, ok := errors.AsType[*events.DecodeError](err); !ok {
+				t.Fatalf("DecodeData(%q) = %v; want a *DecodeError", data, err)
+			}
+			return
+		}
+		out, err := json.Marshal(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.Data = out
+		again := newCmd()
+		if err := env.DecodeData(again); err != nil {
+			t.Fatalf("command %q re-encoded as %s is refused: %v", data, out, err)
+		}
+		// Empty and absent user-data are one on the wire (agents test its
+		// length), so the commands are compared encoded.
+		if out2, _ := json.Marshal(again); !bytes.Equal(out, out2) {
+			t.Fatalf("command %s decodes to one that encodes as %s", out, out2)
+		}
+	})
+}

@@ -85,6 +85,32 @@ test: $(BIN)/nats ## unit and integration tests (embedded NATS, real processes),
 		echo "== go test $$m"; (cd $$m && $(GO) test $(GOTEST_FLAGS) ./...) || exit 1; \
 	done
 
+# make fuzz runs every Go fuzz target (func FuzzX(f *testing.F) in a
+# _test.go file of any module) for FUZZTIME each, one after another; FUZZ
+# (an extended regexp) keeps the targets whose "<package dir> <name>" it
+# matches, e.g. make fuzz FUZZ=cloudinit FUZZTIME=5m. A failing input is
+# written under the package's testdata/fuzz/<name>/ and then runs as a seed
+# in make test. Their seeds run in make test anyway (docs/security.md#fuzzing).
+FUZZTIME  ?= 60s
+FUZZ      ?= .
+FUZZFLAGS ?=
+
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZTIME (60s), one after another (FUZZ=regexp selects; docs/security.md)
+	@set -e; list=$$(for m in $(MODULES); do \
+		grep -rlE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' $$m | while read -r file; do \
+			sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(f \*testing\.F\).*/\1/p' "$$file" | \
+				while read -r fn; do echo "$$(dirname "$$file") $$fn"; done; \
+		done; \
+	done | sort | grep -E -- '$(FUZZ)' || true); \
+	if [ -z "$$list" ]; then echo "no fuzz target matches FUZZ=$(FUZZ)"; exit 1; fi; \
+	echo "fuzz targets ($$(echo "$$list" | wc -l), $(FUZZTIME) each):"; echo "$$list" | sed 's/^/  /'; \
+	echo "$$list" | while read -r dir fn; do \
+		m=$$(for mod in $(MODULES); do case "$$dir/" in "$$mod"/*) echo "$$mod";; esac; done | tail -1); \
+		echo "== $$dir $$fn"; \
+		(cd "$$m" && $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) "./$${dir#$$m/}") || exit 1; \
+	done
+
 # Tier files must be read before test-all expands TEST_ALL_TIERS.
 -include mk/*.mk
 

@@ -99,7 +99,18 @@ type Error struct {
 // Add records a problem with key; the reason is formatted as by
 // [fmt.Sprintf].
 func (e *Error) Add(key, format string, args ...any) {
-	e.Problems = append(e.Problems, Problem{Key: key, Reason: fmt.Sprintf(format, args...)})
+	e.add(Problem{Key: key, Reason: fmt.Sprintf(format, args...)})
+}
+
+// lineBreaks escapes line breaks as Go does in a quoted string.
+var lineBreaks = strings.NewReplacer("\r", `\r`, "\n", `\n`)
+
+// add records p on one line: the decoder's messages quote values as they
+// stand, and a value or key with a line break would otherwise read as
+// another problem of the list.
+func (e *Error) add(p Problem) {
+	p.Key, p.Reason = lineBreaks.Replace(p.Key), lineBreaks.Replace(p.Reason)
+	e.Problems = append(e.Problems, p)
 }
 
 // Identifier records a problem when value breaks the identifier rule
@@ -130,7 +141,7 @@ func KeyOf[V any](e *Error, key, value string, m map[string]V, mapKey string) {
 // in key order so the problems come out in a stable order.
 func Keyed[V any](e *Error, key string, m map[string]V, check func(path string, v V)) {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		path := key + "." + k
+		path := keyPath(key, k)
 		e.Identifier(path, k)
 		if check != nil {
 			check(path, m[k])
@@ -197,7 +208,7 @@ func Decode(b []byte, v any) *Error {
 	case errors.As(err, &te):
 		paths := indexPaths(root.Content[0])
 		for _, msg := range te.Errors {
-			e.Problems = append(e.Problems, paths.problem(msg))
+			e.add(paths.problem(msg))
 		}
 	case errors.Is(err, io.EOF):
 		e.fatal = true
@@ -225,6 +236,19 @@ func emptyDocument(n *yaml.Node) bool {
 	return c.Kind == yaml.ScalarNode && c.Tag == "!!null" && c.Value == ""
 }
 
+// keyPath appends the mapping key k to path. A key holding a line break or
+// another unprintable character is Go-quoted, so that every problem stays
+// on its own line of the error whatever the document's keys are.
+func keyPath(path, k string) string {
+	if strings.IndexFunc(k, func(r rune) bool { return !strconv.IsPrint(r) }) >= 0 {
+		k = strconv.Quote(k)
+	}
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
 // place is one key or value of the document, with its path.
 type place struct {
 	line  int
@@ -250,10 +274,7 @@ func indexPaths(n *yaml.Node) paths {
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, val := n.Content[i], n.Content[i+1]
-				p := k.Value
-				if path != "" {
-					p = path + "." + k.Value
-				}
+				p := keyPath(path, k.Value)
 				out = append(out, place{line: k.Line, key: k.Value, path: p})
 				walk(val, p)
 			}

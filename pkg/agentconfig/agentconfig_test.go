@@ -120,6 +120,15 @@ entires: []
 			{Key: "entires", Reason: "unknown key (check its spelling and indentation)"},
 			{Key: "entries", Reason: "list at least one entry"},
 		}},
+		{"line breaks in a key and a value stay on the problem's line", `
+entries:
+  - name: a
+    "cap\nacity": 3
+    capacity: "x\ny"
+`, []agentconfig.Problem{
+			{Key: `entries[0]."cap\nacity"`, Reason: "unknown key (check its spelling and indentation)"},
+			{Key: "entries[0].capacity", Reason: "cannot unmarshal !!str `x\\ny` into int"},
+		}},
 		{"empty", "\n# nothing\n", []agentconfig.Problem{{Reason: "empty config: the file holds no keys"}}},
 		{"two documents", "entries: [{name: a}]\n---\nentries: [{name: b}]\n", []agentconfig.Problem{
 			{Reason: `the file holds more than one YAML document (a second "---"): only one is read, so merge them`}}},

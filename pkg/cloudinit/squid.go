@@ -2,7 +2,6 @@ package cloudinit
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -80,9 +79,34 @@ func writeFile(b *bytes.Buffer, path, perm, content string) {
 		yamlString(path), yamlString(perm), yamlString(content))
 }
 
-// yamlString quotes s as a YAML double-quoted scalar (JSON strings are
-// valid ones), so no value can break out of its field.
+// yamlString quotes s as a YAML double-quoted scalar, so no value can
+// break out of its field and every value reads back as it was: '"' and '\'
+// are escaped, and so is every character a YAML reader refuses as it
+// stands (C0 and C1 controls, DEL, U+FFFE, U+FFFF) or reads as a line break
+// (YAML 1.1's U+0085, U+2028, U+2029), and the byte order mark. A control
+// character left raw makes cloud-init refuse the whole document. Invalid
+// UTF-8 becomes U+FFFD, as in any JSON-decoded string.
 func yamlString(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r < 0x20, r >= 0x7f && r <= 0x9f, r == 0x2028, r == 0x2029, r == 0xfeff, r == 0xfffe, r == 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

@@ -140,6 +140,7 @@ func (e *Envelope) UnmarshalJSON(b []byte) error {
 		case "datacontenttype":
 			err = unmarshalString(v, &out.DataContentType)
 		case "time":
+			out.Time = time.Time{} // a repeated attribute replaces the earlier one, null included
 			err = out.Time.UnmarshalJSON(v)
 		case "data":
 			out.Data = v
@@ -218,9 +219,12 @@ func valueEnd(b []byte, i int) int {
 	return i
 }
 
-// unmarshalString sets *s from the raw JSON value v. A string without
-// escapes, the common case, is taken as it stands.
+// unmarshalString sets *s from the raw JSON value v; null sets "", so that
+// a repeated attribute replaces the earlier one, as the last of duplicate
+// keys does in a JSON object decoded as a whole. A string without escapes,
+// the common case, is taken as it stands.
 func unmarshalString(v json.RawMessage, s *string) error {
+	*s = ""
 	if n := len(v); n >= 2 && v[0] == '"' && v[n-1] == '"' {
 		inner := v[1 : n-1]
 		if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {

@@ -40,6 +40,11 @@ func TestDecodeEnvelopeAttributes(t *testing.T) {
 			want: events.Envelope{SpecVersion: "1.0", ID: "i", Source: "s", Type: "t", Data: json.RawMessage(`null`)},
 		},
 		{
+			name: "a repeated attribute replaces the earlier one, null included",
+			in:   `{"specversion":"1.0","id":"i","source":"s","type":"t","subject":"x","time":"2026-01-02T03:04:05.000006Z","subject":null,"time":null,"id":"j"}`,
+			want: events.Envelope{SpecVersion: "1.0", ID: "j", Source: "s", Type: "t"},
+		},
+		{
 			name: "extensions",
 			in:   `{"specversion":"1.0","id":"i","source":"s","type":"t","leaderterm":3,"ID":"other"}`,
 			want: events.Envelope{SpecVersion: "1.0", ID: "i", Source: "s", Type: "t",

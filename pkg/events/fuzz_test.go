@@ -220,34 +220,61 @@ func FuzzProxyEventData(f *testing.F) {
 }
 
 // FuzzParseEventSubject: a subject ParseEventSubject accepts is rebuilt
-// by EventSubject to the same string, and a subject EventSubject builds
-// from tokens without dots parses back to those tokens.
+// by EventSubject (or ObservationSubject, for an agent's observation) to
+// the same string, and a subject either builds from tokens without dots
+// parses back to those tokens and that observer.
 func FuzzParseEventSubject(f *testing.F) {
-	f.Add(events.EventSubject(events.AggregateProxy, "demo-abc", events.ProxyRunning), "proxy", "demo-abc", "running")
-	f.Add(events.EventSubject(events.AggregatePool, "demo", events.PoolApplied), "pool", "demo", "applied")
-	f.Add(events.PlannerTermSubject(), "planner", "", "term")
-	f.Add("fleet.evt.proxy.a.b.c", "proxy", "a.b", "c")
-	f.Add("fleet.evt..x.y", "", "x", "y")
-	f.Add("fleet.evt.proxy.x.", "proxy", "x", "")
-	f.Add("fleet.cmd.local.t1.create", "a", "*", ">")
-	f.Add("fleet.evt.", " ", "\x00", "é")
-	f.Fuzz(func(t *testing.T, subject, agg, id, typ string) {
-		if a, i, ty, ok := events.ParseEventSubject(subject); ok {
-			if a == "" || i == "" || ty == "" || strings.Contains(a+i+ty, ".") {
-				t.Fatalf("ParseEventSubject(%q) = %q, %q, %q: a token is empty or holds a dot", subject, a, i, ty)
+	f.Add(events.EventSubject(events.AggregateProxy, "demo-abc", events.ProxyRunning), "proxy", "demo-abc", "running", "", "")
+	f.Add(events.ObservationSubject("demo-abc", events.ProxyRunning, "local", "t1"), "proxy", "demo-abc", "running", "local", "t1")
+	f.Add(events.EventSubject(events.AggregatePool, "demo", events.PoolApplied), "pool", "demo", "applied", "", "")
+	f.Add(events.PlannerTermSubject(), "planner", "", "term", "", "")
+	f.Add("fleet.evt.proxy.a.b.c", "proxy", "a.b", "c", "x", "")
+	f.Add("fleet.evt.pool.a.b.c.d", "pool", "a", "b", "c", "d")
+	f.Add("fleet.evt..x.y", "", "x", "y", "", "")
+	f.Add("fleet.evt.proxy.x.", "proxy", "x", "", "", "")
+	f.Add("fleet.cmd.local.t1.create", "a", "*", ">", "", "")
+	f.Add("fleet.evt.", " ", "\x00", "é", "", "")
+	f.Fuzz(func(t *testing.T, subject, agg, id, typ, entry, target string) {
+		if a, i, ty, by, ok := events.ParseEventSubject(subject); ok {
+			if a == "" || i == "" || ty == "" || strings.Contains(a+i+ty+by.Entry+by.Target, ".") {
+				t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, %v: a token is empty or holds a dot", subject, a, i, ty, by)
 			}
-			if got := events.EventSubject(a, i, ty); got != subject {
-				t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, which rebuild to %q", subject, a, i, ty, got)
+			got := events.EventSubject(a, i, ty)
+			if !by.IsZero() {
+				if a != events.AggregateProxy || by.Entry == "" || by.Target == "" {
+					t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, %v: an observer outside the proxy aggregate or with an empty token", subject, a, i, ty, by)
+				}
+				got = events.ObservationSubject(i, ty, by.Entry, by.Target)
 			}
+			if got != subject {
+				t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, %v, which rebuild to %q", subject, a, i, ty, by, got)
+			}
+		}
+		clean := func(s ...string) bool {
+			for _, x := range s {
+				if x == "" || strings.Contains(x, ".") {
+					return false
+				}
+			}
+			return true
 		}
 		built := events.EventSubject(agg, id, typ)
-		a, i, ty, ok := events.ParseEventSubject(built)
-		valid := agg != "" && id != "" && typ != "" && !strings.Contains(agg+id+typ, ".")
-		if ok != valid {
-			t.Fatalf("ParseEventSubject(%q) ok = %v; want %v", built, ok, valid)
+		a, i, ty, by, ok := events.ParseEventSubject(built)
+		// Tokens with dots may still form another valid subject (checked
+		// above); clean tokens must parse back.
+		if valid := clean(agg, id, typ); valid && !ok {
+			t.Fatalf("ParseEventSubject(%q) ok = false; want true", built)
 		}
-		if ok && (a != agg || i != id || ty != typ) {
-			t.Fatalf("ParseEventSubject(%q) = %q, %q, %q; want %q, %q, %q", built, a, i, ty, agg, id, typ)
+		if ok && clean(agg, id, typ) && (a != agg || i != id || ty != typ || !by.IsZero()) {
+			t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, %v; want %q, %q, %q and no observer", built, a, i, ty, by, agg, id, typ)
+		}
+		obs := events.ObservationSubject(id, typ, entry, target)
+		a, i, ty, by, ok = events.ParseEventSubject(obs)
+		if valid := clean(id, typ, entry, target); valid && !ok {
+			t.Fatalf("ParseEventSubject(%q) ok = false; want true", obs)
+		}
+		if ok && clean(id, typ, entry, target) && (a != events.AggregateProxy || i != id || ty != typ || by != (events.Observer{Entry: entry, Target: target})) {
+			t.Fatalf("ParseEventSubject(%q) = %q, %q, %q, %v; want proxy, %q, %q, %s/%s", obs, a, i, ty, by, id, typ, entry, target)
 		}
 	})
 }
@@ -293,7 +320,12 @@ func FuzzEventSource(f *testing.F) {
 			t.Fatalf("WriterOf(AgentSource(%q, %q)) = %q; want %q", entry, target, got, want)
 		}
 		for _, agg := range []string{events.AggregateProxy, events.AggregatePool} {
-			fe := events.CheckEvent(agg, "px-1", typ, source)
+			// The event on the subject its writer appends on (SubjectOf).
+			var by events.Observer
+			if b, ok := events.ParseAgentSource(source); ok && agg == events.AggregateProxy {
+				by = b
+			}
+			fe := events.CheckEvent(agg, "px-1", typ, source, by)
 			allowed := events.Writers(agg, typ)
 			if allowed == nil {
 				if fe != nil {
@@ -307,6 +339,12 @@ func FuzzEventSource(f *testing.F) {
 			}
 			if fe != nil && fe.Field != "source" {
 				t.Fatalf("CheckEvent refusal names %q; want source", fe.Field)
+			}
+			// The same event on another agent's subject never passes.
+			if other := (events.Observer{Entry: "other", Target: "elsewhere"}); agg == events.AggregateProxy && other != by {
+				if fe := events.CheckEvent(agg, "px-1", typ, source, other); fe == nil {
+					t.Fatalf("CheckEvent(%s, %q, source %q) on %s's subject passed", agg, typ, source, other)
+				}
 			}
 		}
 	})

@@ -25,6 +25,10 @@ type Flags struct {
 	NATSURL     string
 	NATSContext string
 	NATSCreds   string
+	NATSNKey    string
+	NATSCA      string
+	NATSCert    string
+	NATSKey     string
 	DataDir     string
 	Listen      string
 	Replicas    int
@@ -41,8 +45,8 @@ type Flags struct {
 }
 
 // Register adds the common flags to fs. Environment variables give the
-// defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, PROXYFLEET_DATA_DIR,
-// PROXYFLEET_LOG_LEVEL.
+// defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, NATS_NKEY, NATS_CA,
+// NATS_CERT, NATS_KEY, PROXYFLEET_DATA_DIR, PROXYFLEET_LOG_LEVEL.
 func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	if f.Embed != nil {
 		fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
@@ -61,6 +65,14 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"nats CLI context (name or path of its JSON file) giving the URL and credentials (env NATS_CONTEXT)")
 	fs.StringVar(&f.NATSCreds, "nats-creds", os.Getenv("NATS_CREDS"),
 		"NATS credentials file used with --nats-url (env NATS_CREDS)")
+	fs.StringVar(&f.NATSNKey, "nats-nkey", os.Getenv("NATS_NKEY"),
+		"file holding this service's nkey seed, used with --nats-url (deploy/nats; env NATS_NKEY)")
+	fs.StringVar(&f.NATSCA, "nats-ca", os.Getenv("NATS_CA"),
+		"PEM bundle of the CAs that sign the NATS server's certificate; requires TLS (env NATS_CA)")
+	fs.StringVar(&f.NATSCert, "nats-cert", os.Getenv("NATS_CERT"),
+		"client certificate for mutual TLS, with --nats-key (env NATS_CERT)")
+	fs.StringVar(&f.NATSKey, "nats-key", os.Getenv("NATS_KEY"),
+		"private key of --nats-cert (env NATS_KEY)")
 	fs.IntVar(&f.Replicas, "replicas", 0,
 		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
@@ -68,7 +80,7 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
 	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
-		"create or update the streams and buckets at start; set false when this service's NATS user may not (see deploy/nats)")
+		"create or update the streams, buckets and this service's durable consumers at start; false binds the existing ones, created beforehand by `planner bootstrap` (deploy/nats)")
 }
 
 // needServer returns an error naming the flags to set when the service
@@ -118,6 +130,11 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		URL:       f.NATSURL,
 		Context:   f.NATSContext,
 		CredsFile: f.NATSCreds,
+		NKeyFile:  f.NATSNKey,
+		CAFile:    f.NATSCA,
+		CertFile:  f.NATSCert,
+		KeyFile:   f.NATSKey,
+		NoCreate:  !f.EnsureTopology,
 		Name:      "proxyfleet-" + name,
 		DataDir:   f.DataDir + "/jetstream",
 		Listen:    f.Listen,

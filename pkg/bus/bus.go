@@ -56,6 +56,11 @@ type Config struct {
 	// CertFile and KeyFile are this client's certificate and key for mutual
 	// TLS (both or neither).
 	CertFile, KeyFile string
+	// InboxPrefix replaces "_INBOX" as the prefix of this connection's reply
+	// subjects. deploy/nats lets each identity subscribe only to its own
+	// prefix (_INBOX_<identity>), so no identity can read the replies sent
+	// to another: JetStream API answers, KV values, pulled commands.
+	InboxPrefix string
 	// NoCreate says this service may not create JetStream assets: durable
 	// consumers are bound, never created or updated, and a missing one is an
 	// error naming the bootstrap command (see [Conn.MayCreate]).
@@ -136,6 +141,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
 	c := &Conn{replicas: cfg.Replicas}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
 	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
 		return nil, errors.New("a client certificate needs both its certificate and its key file (--nats-cert and --nats-key)")
 	}

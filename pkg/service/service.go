@@ -29,6 +29,7 @@ type Flags struct {
 	NATSCA      string
 	NATSCert    string
 	NATSKey     string
+	NATSInbox   string
 	DataDir     string
 	Listen      string
 	Replicas    int
@@ -73,6 +74,8 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"client certificate for mutual TLS, with --nats-key (env NATS_CERT)")
 	fs.StringVar(&f.NATSKey, "nats-key", os.Getenv("NATS_KEY"),
 		"private key of --nats-cert (env NATS_KEY)")
+	fs.StringVar(&f.NATSInbox, "nats-inbox-prefix", os.Getenv("NATS_INBOX_PREFIX"),
+		"prefix of this connection's reply subjects instead of _INBOX; deploy/nats gives each identity its own, _INBOX_<identity> (env NATS_INBOX_PREFIX)")
 	fs.IntVar(&f.Replicas, "replicas", 0,
 		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
@@ -127,19 +130,20 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		log.Info("metrics endpoint serving", "addr", tel.MetricsAddr)
 	}
 	cfg := bus.Config{
-		URL:       f.NATSURL,
-		Context:   f.NATSContext,
-		CredsFile: f.NATSCreds,
-		NKeyFile:  f.NATSNKey,
-		CAFile:    f.NATSCA,
-		CertFile:  f.NATSCert,
-		KeyFile:   f.NATSKey,
-		NoCreate:  !f.EnsureTopology,
-		Name:      "proxyfleet-" + name,
-		DataDir:   f.DataDir + "/jetstream",
-		Listen:    f.Listen,
-		Replicas:  f.Replicas,
-		Embed:     f.Embed,
+		URL:         f.NATSURL,
+		Context:     f.NATSContext,
+		CredsFile:   f.NATSCreds,
+		NKeyFile:    f.NATSNKey,
+		CAFile:      f.NATSCA,
+		CertFile:    f.NATSCert,
+		KeyFile:     f.NATSKey,
+		NoCreate:    !f.EnsureTopology,
+		InboxPrefix: f.NATSInbox,
+		Name:        "proxyfleet-" + name,
+		DataDir:     f.DataDir + "/jetstream",
+		Listen:      f.Listen,
+		Replicas:    f.Replicas,
+		Embed:       f.Embed,
 		// <data-dir>/<program>_<pid>.ports names the embedded server's
 		// client URL, also when --nats-listen asked for port 0.
 		PortsFileDir: f.DataDir,

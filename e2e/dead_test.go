@@ -36,7 +36,7 @@ func TestKilledProxyIsReplaced(t *testing.T) {
 	}
 	killed := time.Now()
 
-	failedSubject := events.EventSubject(events.AggregateProxy, victim.ID, events.ProxyFailed)
+	failedSubject := events.ObservationFilter(victim.ID, events.ProxyFailed) // the agent's
 	waitFor(t, unhealthyAfter+30*time.Second, "the dead proxy's failed event", func() bool {
 		return f.eventCount(failedSubject) > 0
 	})
@@ -66,7 +66,7 @@ func TestKilledProxyIsReplaced(t *testing.T) {
 	})
 	t.Logf("pool heal: 3 ready again %.1fs after kill -9", time.Since(killed).Seconds())
 
-	deleted := events.EventSubject(events.AggregateProxy, victim.ID, events.ProxyDeleted)
+	deleted := events.ObservationFilter(victim.ID, events.ProxyDeleted)
 	waitFor(t, 30*time.Second, "the dead proxy's deleted event", func() bool { return f.eventCount(deleted) > 0 })
 	if n := f.eventCount(events.EventSubject(events.AggregateProxy, victim.ID, events.ProxyRetiring)); n != 1 {
 		t.Fatalf("dead proxy has %d retiring events, want 1", n)

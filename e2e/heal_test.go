@@ -85,7 +85,7 @@ func TestStoppedProxyIsReplaced(t *testing.T) {
 	if !strings.HasPrefix(rd.Reason, "unhealthy: ") {
 		t.Errorf("retiring reason: got %q, want unhealthy: <last probe error>", rd.Reason)
 	}
-	lastEventOf(t, f, events.EventSubject(events.AggregateProxy, victim.ID, events.ProxyDeleted))
+	lastEventOf(t, f, events.ObservationFilter(victim.ID, events.ProxyDeleted))
 	waitFor(t, 10*time.Second, "the stopped proxy's process to be gone", func() bool {
 		for _, p := range f.proxyProcs() {
 			if p == pid {

@@ -81,7 +81,7 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 		t.Fatalf("instance.delete reply: got %+v, want proxy %s previously abandoned", rep, first.ID)
 	}
 	waitFor(t, 30*time.Second, "the abandoned proxy's deleted event", func() bool {
-		return f.eventCount("fleet.evt.proxy."+first.ID+".deleted") == 1
+		return f.eventCount(events.ObservationFilter(first.ID, events.ProxyDeleted)) == 1
 	})
 	waitFor(t, 10*time.Second, "the abandoned process to exit", func() bool {
 		return !slices.Contains(f.proxyProcs(), abandonedPID)

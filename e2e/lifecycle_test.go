@@ -84,7 +84,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 
 	f.mustReq("fleet.api.pool.apply", `{"name":"crash","provider":"local","size":3}`)
 	waitFor(t, 30*time.Second, "a provisioning event", func() bool {
-		return f.eventCount("fleet.evt.proxy.*.provisioning") > 0
+		return f.eventCount("fleet.evt.proxy.*.provisioning.>") > 0
 	})
 	f.kill9("local-agent")
 	f.startAgent()
@@ -167,8 +167,8 @@ func TestTraceIDFlowsToObservations(t *testing.T) {
 	f.waitPool("traced", 1, "ready", 60*time.Second)
 	// The agent's observation and the health service's transition both
 	// continue the operator's trace.
-	for _, kind := range []string{"running", "ready"} {
-		ev := lastEventOf(t, f, "fleet.evt.proxy.*."+kind)
+	for kind, filter := range map[string]string{"running": "fleet.evt.proxy.*.running.>", "ready": "fleet.evt.proxy.*.ready"} {
+		ev := lastEventOf(t, f, filter)
 		if got := ev.Header.Get("traceparent"); !strings.Contains(got, traceID) {
 			t.Fatalf("%s event traceparent = %q, want trace id %s", kind, got, traceID)
 		}

@@ -67,7 +67,7 @@ func BenchmarkCommandToObservation(b *testing.B) {
 		go func() { defer close(stopped); _ = rt.Run(rctx) }()
 		defer func() { cancel(); <-stopped }()
 		done := make(chan *nats.Msg, 1)
-		sub, _ := c.NC.ChanSubscribe("fleet.evt.proxy.*.running", done)
+		sub, _ := c.NC.ChanSubscribe("fleet.evt.proxy.*.running.>", done)
 		defer sub.Unsubscribe()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {

@@ -85,7 +85,7 @@ func (r *Runtime) markFailed(ctx context.Context, proxyID, name, reason string) 
 		if ctx.Err() != nil {
 			return
 		}
-		last, err := r.store.Last(ctx, events.AggregateProxy, proxyID)
+		last, err := r.lastEvent(ctx, proxyID)
 		if err != nil {
 			r.log.Warn("recheck: read proxy state", "proxy", proxyID, "err", err)
 			return
@@ -93,7 +93,9 @@ func (r *Runtime) markFailed(ctx context.Context, proxyID, name, reason string) 
 		if last == nil || !up(last.Kind) {
 			return
 		}
-		prov, err := r.store.LastOf(ctx, events.AggregateProxy, proxyID, events.ProxyProvisioning)
+		// This agent's own provisioning: another agent's, on its own
+		// subject, says nothing about this agent's instances.
+		prov, err := r.store.LastObservation(ctx, proxyID, events.ProxyProvisioning, events.Observer{Entry: r.cfg.Info.Entry, Target: r.cfg.Info.Target})
 		if err != nil {
 			r.log.Warn("recheck: read proxy placement", "proxy", proxyID, "err", err)
 			return

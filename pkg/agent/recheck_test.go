@@ -109,7 +109,8 @@ func TestRecheckFailsProxyOfDeadInstance(t *testing.T) {
 
 // TestRecheckLeavesOthersAlone: a dead instance whose proxy is not up as
 // far as the log knows (still provisioning, retiring, already failed), or
-// was placed by another target, gets no failed event from the recheck.
+// was placed by another target (whatever that target's agent claims),
+// gets no failed event from the recheck.
 func TestRecheckLeavesOthersAlone(t *testing.T) {
 	d := newMemDriver()
 	h := start(t, d)
@@ -119,17 +120,32 @@ func TestRecheckLeavesOthersAlone(t *testing.T) {
 		name := events.InstanceName(id)
 		d.instances[name] = &agent.Instance{Name: name, Marker: agent.Marker{ProxyID: id, Pool: "p", Entry: "mem"}, State: agent.StateTerminated, Detail: "shut off"}
 	}
-	prov := func(id, target string) {
-		h.observe(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "mem", Target: target, Instance: events.InstanceName(id), Attempt: 1})
+	// An agent's observation, as the agent of target (of entry mem)
+	// appends it, claiming claimed in its data.
+	by := func(target, id, kind string, data any) {
+		t.Helper()
+		if _, err := bus.NewEventStore(h.conn, events.AgentSource("mem", target), nil).Append(context.Background(), events.AggregateProxy, id, kind, id+"."+kind+".test", data, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
+	provBy := func(target, id, claimed string) {
+		by(target, id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "mem", Target: claimed, Instance: events.InstanceName(id), Attempt: 1})
+	}
+	prov := func(id, target string) { provBy(target, id, target) }
+	running := events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1}
 	// Another target of the same entry placed this one.
 	dead("other-target")
 	prov("other-target", "t2")
-	h.observe("other-target", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+	by("t2", "other-target", events.ProxyRunning, running)
+	// Another agent claims, in its provisioning's data, that this agent
+	// placed it: only this agent's own provisioning counts.
+	dead("forged")
+	provBy("t2", "forged", "t1")
+	by("t2", "forged", events.ProxyRunning, running)
 	// Being retired: the planner's delete decides.
 	dead("retiring")
 	prov("retiring", "t1")
-	h.observe("retiring", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+	by("t1", "retiring", events.ProxyRunning, running)
 	h.observe("retiring", events.ProxyRetiring, events.ProxyRetiringData{Reason: "scale down"})
 	// Another entry's marker.
 	d.mu.Lock()
@@ -137,10 +153,10 @@ func TestRecheckLeavesOthersAlone(t *testing.T) {
 	d.instances[foreign] = &agent.Instance{Name: foreign, Marker: agent.Marker{ProxyID: "foreign", Pool: "p", Entry: "other"}, State: agent.StateTerminated}
 	d.mu.Unlock()
 	prov("foreign", "t1")
-	h.observe("foreign", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
+	by("t1", "foreign", events.ProxyRunning, running)
 
 	d.waitSweeps(t, 4)
-	for _, id := range []string{"other-target", "retiring", "foreign"} {
+	for _, id := range []string{"other-target", "forged", "retiring", "foreign"} {
 		evs, err := h.store.Load(context.Background(), events.AggregateProxy, id)
 		if err != nil {
 			t.Fatal(err)

@@ -293,7 +293,7 @@ func (r *Runtime) resume(ctx context.Context) {
 		if inst.Marker.ProxyID == "" || !events.IsIdentifier(inst.Marker.ProxyID) {
 			continue
 		}
-		last, err := r.store.Last(ctx, events.AggregateProxy, inst.Marker.ProxyID)
+		last, err := r.lastEvent(ctx, inst.Marker.ProxyID)
 		if err != nil || last == nil || last.Kind != events.ProxyProvisioning {
 			continue
 		}
@@ -401,7 +401,7 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	ctx, span, log, done := r.begin(ctx, msg, events.VerbCreate, cmd.ProxyID, cmd.Pool, cmd.Attempt)
 	defer done()
 
-	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
+	last, err := r.lastEvent(ctx, cmd.ProxyID)
 	if err != nil {
 		return r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
 	}
@@ -529,7 +529,7 @@ func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd event
 	ctx, span, log, done := r.begin(ctx, msg, events.VerbDelete, cmd.ProxyID, cmd.Pool, cmd.Attempt)
 	defer done()
 
-	last, err := r.store.Last(ctx, events.AggregateProxy, cmd.ProxyID)
+	last, err := r.lastEvent(ctx, cmd.ProxyID)
 	if err != nil {
 		return r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
 	}
@@ -655,4 +655,13 @@ func (r *Runtime) inventory(ctx context.Context, body []byte) (any, error) {
 	name := func(i Instance) string { return i.Name }
 	items := page.FirstAfter(slices.Values(list), name, req.After, limit+1)
 	return page.Encode("instances", items, name, limit, page.Budget(r.conn.NC.MaxPayload()))
+}
+
+// lastEvent returns the last event of proxy id this agent acts on: the
+// planner's and health's, and its own. Another agent's observation (on
+// that agent's subject, the only one it may publish on) says nothing about
+// this agent's instances, so a forged deleted or running cannot make this
+// agent drop a command.
+func (r *Runtime) lastEvent(ctx context.Context, id string) (*bus.Event, error) {
+	return r.store.LastSeenBy(ctx, id, events.Observer{Entry: r.cfg.Info.Entry, Target: r.cfg.Info.Target})
 }

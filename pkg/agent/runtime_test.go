@@ -304,6 +304,42 @@ func TestCreateDroppedWhenRetiring(t *testing.T) {
 	}
 }
 
+// Another agent's word about a proxy decides nothing for this one: a
+// running from agent mem/t2 does not make this agent skip a create, nor its
+// deleted skip a delete.
+func TestOtherAgentsObservationsAreIgnored(t *testing.T) {
+	d := newMemDriver()
+	h := start(t, d)
+	other := bus.NewEventStore(h.conn, events.AgentSource("mem", "t2"), nil)
+	if _, err := other.Append(context.Background(), events.AggregateProxy, "x-1", events.ProxyRunning, "x-1.running.forged", events.ProxyRunningData{Address: "127.0.0.1:6666"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.create("x-1", 1)
+	h.waitFor("x-1", events.ProxyRunning)
+	h.waitQueueEmpty()
+	d.mu.Lock()
+	creates := d.creates["x-1"]
+	d.mu.Unlock()
+	if creates != 1 {
+		t.Fatalf("driver Create called %d times after another agent's running; want 1", creates)
+	}
+	if _, err := other.Append(context.Background(), events.AggregateProxy, "x-1", events.ProxyDeleted, "x-1.deleted.forged", events.ProxyDeletedData{Attempt: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.delete("x-1", 1)
+	h.waitQueueEmpty()
+	own, err := h.store.LastObservation(context.Background(), "x-1", events.ProxyDeleted, events.Observer{Entry: "mem", Target: "t1"})
+	if err != nil || own == nil || own.Source != events.AgentSource("mem", "t1") {
+		evs, _ := h.store.Load(context.Background(), events.AggregateProxy, "x-1")
+		t.Fatalf("this agent's deleted = %+v, %v; want one (events %v)", own, err, kinds(evs))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.instances) != 0 {
+		t.Fatalf("instances left after the delete: %v", d.instances)
+	}
+}
+
 func TestCommandsForOneProxyRunInOrder(t *testing.T) {
 	d := newMemDriver()
 	d.pollsToRun = 5

@@ -196,7 +196,7 @@ func (s *EventStore) StartFenced(ctx context.Context, term Term, ds ...Decision)
 		a.single = &ds[0]
 	}
 	last := ds[len(ds)-1]
-	a.subject = events.EventSubject(last.Aggregate, last.ID, last.Type)
+	a.subject = events.SubjectOf(s.source, last.Aggregate, last.ID, last.Type)
 	if err := ctx.Err(); err != nil {
 		a.err = fmt.Errorf("append %s: %w", a.subject, err)
 		return a
@@ -233,7 +233,7 @@ func (s *EventStore) StartFenced(ctx context.Context, term Term, ds ...Decision)
 			a.err = err
 			return a
 		}
-		msg := nats.NewMsg(events.EventSubject(d.Aggregate, d.ID, d.Type))
+		msg := nats.NewMsg(events.SubjectOf(s.source, d.Aggregate, d.ID, d.Type))
 		msg.Data = body
 		if d.Trace != nil {
 			for k, v := range d.Trace {

@@ -15,8 +15,8 @@ import (
 func TestRejectsReportsOncePerAggregate(t *testing.T) {
 	var buf bytes.Buffer
 	r := bus.NewRejects(slog.New(slog.NewTextHandler(&buf, nil)), 2)
-	badID := events.CheckEvent(events.AggregateProxy, "Bad", events.ProxyRunning, "test")
-	badSource := events.CheckEvent(events.AggregateProxy, "good", events.ProxyRunning, "test")
+	badID := events.CheckEvent(events.AggregateProxy, "Bad", events.ProxyRunning, "test", events.Observer{})
+	badSource := events.CheckEvent(events.AggregateProxy, "good", events.ProxyRunning, "test", events.Observer{})
 	steps := []struct {
 		seq    uint64
 		id     string

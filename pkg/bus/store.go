@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,8 +29,12 @@ type Event struct {
 	Seq       uint64
 	Aggregate string
 	ID        string // aggregate id
-	Kind      string // event type, the subject's last token
-	Header    nats.Header
+	Kind      string // event type, the subject's third token
+	// By is the agent an observation's subject names (zero for the
+	// planner's and the health service's events); readers check it with
+	// [events.CheckEvent] and [events.CheckPlacement].
+	By     events.Observer
+	Header nats.Header
 }
 
 // EventStore appends to and reads FLEET_EVENTS.
@@ -56,12 +61,14 @@ type Expect struct {
 }
 
 // Append writes one event of aggregate/id with the deterministic id msgID,
+// on the subject the store's source writes it on ([events.SubjectOf]: an
+// agent's proxy events name the agent),
 // carrying data and the trace context of ctx. With expect non-nil the append
 // succeeds only if the aggregate's last sequence is expect.Seq; a retry of an
 // append that already succeeded returns that earlier sequence, not a
 // conflict. Without expect (observations) only Msg-Id deduplication applies.
 func (s *EventStore) Append(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *Expect) (uint64, error) {
-	subject := events.EventSubject(aggregate, id, typ)
+	subject := events.SubjectOf(s.source, aggregate, id, typ)
 	env, err := events.NewEnvelope(msgID, s.source, events.EnvelopeType(aggregate, typ), id, s.now(), data)
 	if err != nil {
 		return 0, err
@@ -99,11 +106,52 @@ func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, er
 	return s.lastOn(ctx, events.AggregateFilter(aggregate, id))
 }
 
+// LastSeenBy returns the last event of proxy id that is either no agent's
+// (the planner's decisions, health's observations) or agent by's own, or
+// nil when there is none: what agent by acts on, whatever other agents
+// record about the proxy. It reads the last message of two subject
+// filters, [events.DecisionFilter] and [events.AgentFilter], and reads
+// nothing else (no consumer), so an agent allowed only direct gets on
+// FLEET_EVENTS can call it.
+func (s *EventStore) LastSeenBy(ctx context.Context, id string, by events.Observer) (*Event, error) {
+	dec, err := s.lastOn(ctx, events.DecisionFilter(events.AggregateProxy, id))
+	if err != nil {
+		return nil, err
+	}
+	own, err := s.lastOn(ctx, events.AgentFilter(id, by.Entry, by.Target))
+	if err != nil {
+		return nil, err
+	}
+	if own != nil && (dec == nil || own.Seq > dec.Seq) {
+		return own, nil
+	}
+	return dec, nil
+}
+
 // LastOf returns the last event of type typ of one aggregate, or nil when
 // it has none (for example the requested event whose trace a later
-// observation continues).
+// observation continues), whoever wrote it: for a type agents write, on
+// [events.EventSubject] and on [events.ObservationFilter] (any agent), so
+// the caller checks the event's writer where it matters.
 func (s *EventStore) LastOf(ctx context.Context, aggregate, id, typ string) (*Event, error) {
-	return s.lastOn(ctx, events.EventSubject(aggregate, id, typ))
+	last, err := s.lastOn(ctx, events.EventSubject(aggregate, id, typ))
+	if err != nil || aggregate != events.AggregateProxy || !slices.Contains(events.Writers(aggregate, typ), events.WriterAgent) {
+		return last, err
+	}
+	obs, err := s.lastOn(ctx, events.ObservationFilter(id, typ))
+	if err != nil {
+		return nil, err
+	}
+	if obs != nil && (last == nil || obs.Seq > last.Seq) {
+		return obs, nil
+	}
+	return last, nil
+}
+
+// LastObservation returns the last observation of type typ of proxy id by
+// the agent by ([events.ObservationSubject]), or nil when it has none.
+func (s *EventStore) LastObservation(ctx context.Context, id, typ string, by events.Observer) (*Event, error) {
+	return s.lastOn(ctx, events.ObservationSubject(id, typ, by.Entry, by.Target))
 }
 
 func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error) {
@@ -286,7 +334,7 @@ func (s *EventStore) closeReader(ctx context.Context, cons jetstream.Consumer, i
 }
 
 func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, error) {
-	agg, id, typ, ok := events.ParseEventSubject(subject)
+	agg, id, typ, by, ok := events.ParseEventSubject(subject)
 	if !ok {
 		return Event{}, fmt.Errorf("event subject %q has the wrong shape", subject)
 	}
@@ -294,5 +342,5 @@ func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, e
 	if err != nil {
 		return Event{}, fmt.Errorf("event %d on %s: %w", seq, subject, err)
 	}
-	return Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, Header: h}, nil
+	return Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, By: by, Header: h}, nil
 }

@@ -57,24 +57,51 @@ func TestNewProxyIDSatisfiesRule(t *testing.T) {
 
 func TestSubjects(t *testing.T) {
 	cases := map[string]string{
-		events.APISubject("pool", "apply"):                      "fleet.api.pool.apply",
-		events.AgentSubject("local", "node1", events.AgentInfo): "fleet.agent.local.node1.info",
-		events.CommandSubject("kvm", "h1", events.VerbCreate):   "fleet.cmd.kvm.h1.create",
-		events.CommandFilter("kvm", "h1"):                       "fleet.cmd.kvm.h1.>",
-		events.EventSubject("proxy", "p1", "running"):           "fleet.evt.proxy.p1.running",
-		events.AggregateFilter("proxy", "p1"):                   "fleet.evt.proxy.p1.>",
+		events.APISubject("pool", "apply"):                                         "fleet.api.pool.apply",
+		events.AgentSubject("local", "node1", events.AgentInfo):                    "fleet.agent.local.node1.info",
+		events.CommandSubject("kvm", "h1", events.VerbCreate):                      "fleet.cmd.kvm.h1.create",
+		events.CommandFilter("kvm", "h1"):                                          "fleet.cmd.kvm.h1.>",
+		events.EventSubject("proxy", "p1", "running"):                              "fleet.evt.proxy.p1.running",
+		events.AggregateFilter("proxy", "p1"):                                      "fleet.evt.proxy.p1.>",
+		events.ObservationSubject("p1", "running", "local", "t1"):                  "fleet.evt.proxy.p1.running.local.t1",
+		events.ObservationFilter("p1", "running"):                                  "fleet.evt.proxy.p1.running.>",
+		events.DecisionFilter("proxy", "p1"):                                       "fleet.evt.proxy.p1.*",
+		events.AgentFilter("p1", "local", "t1"):                                    "fleet.evt.proxy.p1.*.local.t1",
+		events.SubjectOf(events.AgentSource("kvm", "h1"), "proxy", "p1", "failed"): "fleet.evt.proxy.p1.failed.kvm.h1",
+		events.SubjectOf(events.SourcePlanner, "proxy", "p1", "failed"):            "fleet.evt.proxy.p1.failed",
+		events.SubjectOf(events.SourceHealth, "proxy", "p1", "ready"):              "fleet.evt.proxy.p1.ready",
+		events.SubjectOf(events.SourcePlanner, "pool", "demo", "applied"):          "fleet.evt.pool.demo.applied",
 	}
 	for got, want := range cases {
 		if got != want {
 			t.Errorf("got %q, want %q", got, want)
 		}
 	}
-	agg, id, typ, ok := events.ParseEventSubject("fleet.evt.proxy.p1.running")
-	if !ok || agg != "proxy" || id != "p1" || typ != "running" {
-		t.Errorf("ParseEventSubject = %q %q %q %v", agg, id, typ, ok)
+}
+
+func TestParseEventSubject(t *testing.T) {
+	tests := []struct {
+		subject, agg, id, typ string
+		by                    events.Observer
+	}{
+		{"fleet.evt.proxy.p1.running", "proxy", "p1", "running", events.Observer{}},
+		{"fleet.evt.proxy.p1.running.local.t1", "proxy", "p1", "running", events.Observer{Entry: "local", Target: "t1"}},
+		{events.SubjectOf(events.AgentSource("kvm", "h1"), "proxy", "p1", "deleted"), "proxy", "p1", "deleted", events.Observer{Entry: "kvm", Target: "h1"}},
+		{"fleet.evt.pool.demo.applied", "pool", "demo", "applied", events.Observer{}},
+		{"fleet.evt.planner.leader.term", "planner", "leader", "term", events.Observer{}},
 	}
-	for _, bad := range []string{"fleet.evt.proxy.p1", "fleet.cmd.a.b.c", "fleet.evt.proxy..x", "fleet.evt.a.b.c.d"} {
-		if _, _, _, ok := events.ParseEventSubject(bad); ok {
+	for _, tt := range tests {
+		agg, id, typ, by, ok := events.ParseEventSubject(tt.subject)
+		if !ok || agg != tt.agg || id != tt.id || typ != tt.typ || by != tt.by {
+			t.Errorf("ParseEventSubject(%q) = %q %q %q %v %v; want %q %q %q %v", tt.subject, agg, id, typ, by, ok, tt.agg, tt.id, tt.typ, tt.by)
+		}
+	}
+	for _, bad := range []string{
+		"fleet.evt.proxy.p1", "fleet.cmd.a.b.c", "fleet.evt.proxy..x", "fleet.evt.a.b.c.d",
+		"fleet.evt.proxy.p1.running.local", "fleet.evt.proxy.p1.running.local.t1.x", "fleet.evt.proxy.p1.running..t1",
+		"fleet.evt.pool.demo.applied.local.t1", "fleet.evt.proxy.p1.running.local.", "fleet.evt.", "fleet.evtx.proxy.p1.running",
+	} {
+		if _, _, _, _, ok := events.ParseEventSubject(bad); ok {
 			t.Errorf("ParseEventSubject(%q) accepted a bad subject", bad)
 		}
 	}

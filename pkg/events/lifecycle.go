@@ -1,6 +1,9 @@
 package events
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Writers: the roles that append events, named by an event's CloudEvents
 // source.
@@ -24,6 +27,21 @@ const (
 // observations of the agent serving one target.
 func AgentSource(entry, target string) string { return agentSourcePrefix + entry + "/" + target }
 
+// ParseAgentSource returns the agent that source "proxyfleet/agent/<entry>/<target>"
+// names, both names satisfying the identifier rule; ok is false for any
+// other source.
+func ParseAgentSource(source string) (by Observer, ok bool) {
+	rest, ok := strings.CutPrefix(source, agentSourcePrefix)
+	if !ok {
+		return Observer{}, false
+	}
+	entry, target, ok := strings.Cut(rest, "/")
+	if !ok || !IsIdentifier(entry) || !IsIdentifier(target) {
+		return Observer{}, false
+	}
+	return Observer{Entry: entry, Target: target}, true
+}
+
 // WriterOf returns the role that source names: [WriterPlanner],
 // [WriterAgent] (for "proxyfleet/agent/<entry>/<target>" with both names
 // satisfying the identifier rule) or [WriterHealth]; "" for anything else.
@@ -34,15 +52,10 @@ func WriterOf(source string) string {
 	case SourceHealth:
 		return WriterHealth
 	}
-	rest, ok := strings.CutPrefix(source, agentSourcePrefix)
-	if !ok {
-		return ""
+	if _, ok := ParseAgentSource(source); ok {
+		return WriterAgent
 	}
-	entry, target, ok := strings.Cut(rest, "/")
-	if !ok || !IsIdentifier(entry) || !IsIdentifier(target) {
-		return ""
-	}
-	return WriterAgent
+	return ""
 }
 
 // writers lists, per event type, the roles allowed to append it. Types not
@@ -75,28 +88,49 @@ func Writers(aggregate, typ string) []string { return writers[aggregate][typ] }
 
 // CheckEvent reports whether an event read from the log may enter a
 // reader's state: the id of a proxy or pool in its subject must satisfy the
-// identifier rule, and a known event type must come from one of its
-// [Writers]. It returns a [*FieldError] naming "id" or "source" otherwise.
-// Every reader of FLEET_EVENTS skips such events. Other aggregates are left
-// to their readers.
-func CheckEvent(aggregate, id, typ, source string) *FieldError {
+// identifier rule, a known event type must come from one of its
+// [Writers], and the subject must be the one its writer appends on (see
+// [SubjectOf]): an agent's proxy event names that agent in its subject (by,
+// from [ParseEventSubject], whose [Observer.Source] must be the event's
+// source), and no other event names an agent. It returns a [*FieldError]
+// naming "id", "source" or "subject" otherwise. Every reader of
+// FLEET_EVENTS skips such events. Other aggregates are left to their
+// readers. Whether the agent is the one the proxy was placed on is
+// [CheckPlacement]'s question.
+func CheckEvent(aggregate, id, typ, source string, by Observer) *FieldError {
 	if aggregate != AggregateProxy && aggregate != AggregatePool {
 		return nil
 	}
 	if fe := CheckIdentifier("id", id); fe != nil {
 		return fe
 	}
-	allowed := Writers(aggregate, typ)
-	if allowed == nil {
+	w := WriterOf(source)
+	if allowed := Writers(aggregate, typ); allowed != nil && !slices.Contains(allowed, w) {
+		return &FieldError{Field: "source", Reason: "may not write " + aggregate + " " + typ + " events (writers: " + strings.Join(allowed, ", ") + ")", Value: source}
+	}
+	switch {
+	case !by.IsZero() && (!IsIdentifier(by.Entry) || !IsIdentifier(by.Target)):
+		return &FieldError{Field: "subject", Reason: "names an agent whose entry or target breaks the identifier rule", Value: by.String()}
+	case !by.IsZero() && source != by.Source():
+		return &FieldError{Field: "source", Reason: "differs from the agent the subject names (" + by.String() + ")", Value: source}
+	case by.IsZero() && w == WriterAgent && aggregate == AggregateProxy:
+		return &FieldError{Field: "subject", Reason: "an agent's observation must be on " + ObservationSubject("<id>", "<type>", "<entry>", "<target>") + ", not " + EventSubject(aggregate, "<id>", "<type>"), Value: EventSubject(aggregate, id, typ)}
+	}
+	return nil
+}
+
+// CheckPlacement reports whether the observation of agent by (the
+// [Observer] of its subject; zero for an event that is no agent's) may
+// enter the state of a proxy the planner placed on entry/target (those of
+// its requested event): an agent speaks only for the proxies of its own
+// entry and target. It returns a [*FieldError] naming "subject"
+// otherwise; readers skip such events as they skip those [CheckEvent]
+// refuses.
+func CheckPlacement(by Observer, entry, target string) *FieldError {
+	if by.IsZero() || (by.Entry == entry && by.Target == target) {
 		return nil
 	}
-	w := WriterOf(source)
-	for _, a := range allowed {
-		if w == a {
-			return nil
-		}
-	}
-	return &FieldError{Field: "source", Reason: "may not write " + aggregate + " " + typ + " events (writers: " + strings.Join(allowed, ", ") + ")", Value: source}
+	return &FieldError{Field: "subject", Reason: "names agent " + by.String() + ", but the proxy was placed on " + entry + "/" + target, Value: by.String()}
 }
 
 // Transition is the proxy lifecycle: what event does to a proxy in state

@@ -136,37 +136,90 @@ func TestCheckEvent(t *testing.T) {
 		name                       string
 		aggregate, id, typ, source string
 		field                      string // "" when the event is accepted
+		on                         string // the subject; "" for the one source writes on
 	}{
-		{"planner requests", AggregateProxy, "demo-abc", ProxyRequested, SourcePlanner, ""},
-		{"agent requests", AggregateProxy, "demo-abc", ProxyRequested, agent, "source"},
-		{"agent runs", AggregateProxy, "demo-abc", ProxyRunning, agent, ""},
-		{"health runs", AggregateProxy, "demo-abc", ProxyRunning, SourceHealth, "source"},
-		{"health ready", AggregateProxy, "demo-abc", ProxyReady, SourceHealth, ""},
-		{"agent ready", AggregateProxy, "demo-abc", ProxyReady, agent, "source"},
-		{"agent fails", AggregateProxy, "demo-abc", ProxyFailed, agent, ""},
-		{"planner fails", AggregateProxy, "demo-abc", ProxyFailed, SourcePlanner, ""},
-		{"health fails", AggregateProxy, "demo-abc", ProxyFailed, SourceHealth, "source"},
-		{"agent retires", AggregateProxy, "demo-abc", ProxyRetiring, agent, "source"},
-		{"planner deletes", AggregateProxy, "demo-abc", ProxyDeleted, SourcePlanner, "source"},
-		{"agent abandons", AggregateProxy, "demo-abc", ProxyAbandoned, agent, "source"},
-		{"unknown source", AggregateProxy, "demo-abc", ProxyRetiring, "test", "source"},
-		{"unknown type is not checked", AggregateProxy, "demo-abc", "exploded", "test", ""},
-		{"planner applies a pool", AggregatePool, "demo", PoolApplied, SourcePlanner, ""},
-		{"agent applies a pool", AggregatePool, "demo", PoolApplied, agent, "source"},
-		{"upper-case id", AggregateProxy, "Demo-abc", ProxyRequested, SourcePlanner, "id"},
-		{"underscore id", AggregateProxy, "demo_abc", ProxyRunning, agent, "id"},
-		{"id of 64 characters", AggregateProxy, "a123456789012345678901234567890123456789012345678901234567890123", ProxyRequested, SourcePlanner, "id"},
-		{"pool id with a trailing dash", AggregatePool, "demo-", PoolApplied, SourcePlanner, "id"},
-		{"another aggregate is its readers' business", "planner", "Replica_1", "term", "test", ""},
+		{"planner requests", AggregateProxy, "demo-abc", ProxyRequested, SourcePlanner, "", ""},
+		{"agent requests", AggregateProxy, "demo-abc", ProxyRequested, agent, "source", ""},
+		{"agent runs", AggregateProxy, "demo-abc", ProxyRunning, agent, "", ""},
+		{"health runs", AggregateProxy, "demo-abc", ProxyRunning, SourceHealth, "source", ""},
+		{"health ready", AggregateProxy, "demo-abc", ProxyReady, SourceHealth, "", ""},
+		{"agent ready", AggregateProxy, "demo-abc", ProxyReady, agent, "source", ""},
+		{"agent fails", AggregateProxy, "demo-abc", ProxyFailed, agent, "", ""},
+		{"planner fails", AggregateProxy, "demo-abc", ProxyFailed, SourcePlanner, "", ""},
+		{"health fails", AggregateProxy, "demo-abc", ProxyFailed, SourceHealth, "source", ""},
+		{"agent retires", AggregateProxy, "demo-abc", ProxyRetiring, agent, "source", ""},
+		{"planner deletes", AggregateProxy, "demo-abc", ProxyDeleted, SourcePlanner, "source", ""},
+		{"agent abandons", AggregateProxy, "demo-abc", ProxyAbandoned, agent, "source", ""},
+		{"unknown source", AggregateProxy, "demo-abc", ProxyRetiring, "test", "source", ""},
+		{"unknown type is not checked", AggregateProxy, "demo-abc", "exploded", "test", "", ""},
+		{"planner applies a pool", AggregatePool, "demo", PoolApplied, SourcePlanner, "", ""},
+		{"agent applies a pool", AggregatePool, "demo", PoolApplied, agent, "source", ""},
+		{"upper-case id", AggregateProxy, "Demo-abc", ProxyRequested, SourcePlanner, "id", ""},
+		{"underscore id", AggregateProxy, "demo_abc", ProxyRunning, agent, "id", ""},
+		{"id of 64 characters", AggregateProxy, "a123456789012345678901234567890123456789012345678901234567890123", ProxyRequested, SourcePlanner, "id", ""},
+		{"pool id with a trailing dash", AggregatePool, "demo-", PoolApplied, SourcePlanner, "id", ""},
+		{"another aggregate is its readers' business", "planner", "Replica_1", "term", "test", "", ""},
+		{"agent fails on its subject", AggregateProxy, "demo-abc", ProxyFailed, agent, "", "fleet.evt.proxy.demo-abc.failed.local.laptop"},
+		{"agent runs on a decision's subject", AggregateProxy, "demo-abc", ProxyRunning, agent, "subject", "fleet.evt.proxy.demo-abc.running"},
+		{"agent deletes on a decision's subject", AggregateProxy, "demo-abc", ProxyDeleted, agent, "subject", "fleet.evt.proxy.demo-abc.deleted"},
+		{"agent runs on another agent's subject", AggregateProxy, "demo-abc", ProxyRunning, agent, "source", "fleet.evt.proxy.demo-abc.running.local.other"},
+		{"forged source on an agent's subject", AggregateProxy, "demo-abc", ProxyRunning, AgentSource("local", "other"), "source", "fleet.evt.proxy.demo-abc.running.local.laptop"},
+		{"planner fails on an agent's subject", AggregateProxy, "demo-abc", ProxyFailed, SourcePlanner, "source", "fleet.evt.proxy.demo-abc.failed.local.laptop"},
+		{"planner requests on an agent's subject", AggregateProxy, "demo-abc", ProxyRequested, SourcePlanner, "source", "fleet.evt.proxy.demo-abc.requested.local.laptop"},
+		{"health ready on an agent's subject", AggregateProxy, "demo-abc", ProxyReady, SourceHealth, "source", "fleet.evt.proxy.demo-abc.ready.local.laptop"},
+		{"subject's agent breaks the identifier rule", AggregateProxy, "demo-abc", "exploded", agent, "subject", "fleet.evt.proxy.demo-abc.exploded.Local.laptop"},
+		{"unknown type from an agent on a decision's subject", AggregateProxy, "demo-abc", "exploded", agent, "subject", "fleet.evt.proxy.demo-abc.exploded"},
 	}
 	for _, tt := range tests {
-		fe := CheckEvent(tt.aggregate, tt.id, tt.typ, tt.source)
+		on := tt.on
+		if on == "" {
+			on = SubjectOf(tt.source, tt.aggregate, tt.id, tt.typ)
+		}
+		_, _, _, by, ok := ParseEventSubject(on)
+		if !ok {
+			t.Fatalf("%s: ParseEventSubject(%q) refused the subject", tt.name, on)
+		}
+		fe := CheckEvent(tt.aggregate, tt.id, tt.typ, tt.source, by)
 		got := ""
 		if fe != nil {
 			got = fe.Field
 		}
 		if got != tt.field {
-			t.Errorf("%s: CheckEvent(%q, %q, %q, %q) = %v; want a problem with field %q", tt.name, tt.aggregate, tt.id, tt.typ, tt.source, fe, tt.field)
+			t.Errorf("%s: CheckEvent(%q, %q, %q, %q, %v) on %s = %v; want a problem with field %q", tt.name, tt.aggregate, tt.id, tt.typ, tt.source, by, on, fe, tt.field)
+		}
+	}
+}
+
+func TestCheckPlacement(t *testing.T) {
+	tests := []struct {
+		name  string
+		by    Observer
+		field string
+	}{
+		{"no agent: a decision or health's observation", Observer{}, ""},
+		{"the agent the proxy was placed on", Observer{"local", "t1"}, ""},
+		{"another target of the same entry", Observer{"local", "t2"}, "subject"},
+		{"another entry with the same target name", Observer{"kvm", "t1"}, "subject"},
+	}
+	for _, tt := range tests {
+		fe := CheckPlacement(tt.by, "local", "t1")
+		got := ""
+		if fe != nil {
+			got = fe.Field
+		}
+		if got != tt.field {
+			t.Errorf("%s: CheckPlacement(%v, local, t1) = %v; want a problem with field %q", tt.name, tt.by, fe, tt.field)
+		}
+	}
+}
+
+func TestParseAgentSource(t *testing.T) {
+	if by, ok := ParseAgentSource(AgentSource("kvm-home", "node1")); !ok || by != (Observer{"kvm-home", "node1"}) {
+		t.Errorf("ParseAgentSource(AgentSource(kvm-home, node1)) = %v, %v", by, ok)
+	}
+	for _, bad := range []string{SourcePlanner, SourceHealth, "proxyfleet/agent/kvm-home", "proxyfleet/agent/KVM/node1", "proxyfleet/agent/a/b/c", ""} {
+		if by, ok := ParseAgentSource(bad); ok {
+			t.Errorf("ParseAgentSource(%q) = %v; want no agent", bad, by)
 		}
 	}
 }

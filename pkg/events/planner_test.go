@@ -13,7 +13,7 @@ func TestPlannerSubjects(t *testing.T) {
 		t.Errorf("PlannerFenceSubject() = %q, want %q", got, want)
 	}
 	for _, s := range []string{PlannerTermSubject(), PlannerFenceSubject()} {
-		if agg, _, _, ok := ParseEventSubject(s); !ok || agg != AggregatePlanner {
+		if agg, _, _, by, ok := ParseEventSubject(s); !ok || agg != AggregatePlanner || !by.IsZero() {
 			t.Errorf("ParseEventSubject(%q) = %q, %v; want aggregate %q", s, agg, ok, AggregatePlanner)
 		}
 	}

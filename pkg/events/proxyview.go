@@ -97,8 +97,9 @@ func (v *ProxyView) Apply(to string, seq uint64, kind string, e Envelope) error 
 		if err := e.DecodeData(&d); err != nil {
 			return err
 		}
-		v.Entry = cmp.Or(d.Entry, v.Entry)
-		v.Target = cmp.Or(d.Target, v.Target)
+		// Entry and target stay those of the requested event: placing
+		// is the planner's decision, and [CheckPlacement] kept other
+		// agents' observations out.
 		v.Instance = cmp.Or(d.Instance, v.Instance)
 		v.ProviderID = cmp.Or(d.ProviderID, v.ProviderID)
 		if d.Attempt > 0 {

@@ -61,9 +61,52 @@ func CommandFilter(entry, target string) string { return cmdPrefix + entry + "."
 const CommandsAll = cmdPrefix + ">"
 
 // EventSubject returns "fleet.evt.<aggregate>.<id>.<type>", e.g.
-// "fleet.evt.proxy.demo-abc.running".
+// "fleet.evt.proxy.demo-abc.retiring": the subject of the planner's
+// decisions and of the health service's observations. An agent's
+// observations are on [ObservationSubject] instead.
 func EventSubject(aggregate, id, typ string) string {
 	return evtPrefix + aggregate + "." + id + "." + typ
+}
+
+// ObservationSubject returns "fleet.evt.proxy.<id>.<type>.<entry>.<target>",
+// e.g. "fleet.evt.proxy.demo-abc.running.local.t1": the subject of an
+// observation (provisioning, running, failed, deleted) of proxy id by the
+// agent serving entry/target. The agent's name is in the subject so that
+// the server, not the event's data, decides who may write it: agent
+// local/t1 may publish only on "fleet.evt.proxy.*.<type>.local.t1", and
+// readers refuse an observation whose subject names another agent than
+// the one the proxy was placed on.
+func ObservationSubject(id, typ, entry, target string) string {
+	return evtPrefix + AggregateProxy + "." + id + "." + typ + "." + entry + "." + target
+}
+
+// ObservationFilter returns "fleet.evt.proxy.<id>.<type>.>", the
+// observations of type typ of proxy id by any agent.
+func ObservationFilter(id, typ string) string {
+	return evtPrefix + AggregateProxy + "." + id + "." + typ + ".>"
+}
+
+// DecisionFilter returns "fleet.evt.<aggregate>.<id>.*", the events of one
+// aggregate that no agent observed: the planner's decisions and the health
+// service's observations.
+func DecisionFilter(aggregate, id string) string {
+	return evtPrefix + aggregate + "." + id + ".*"
+}
+
+// AgentFilter returns "fleet.evt.proxy.<id>.*.<entry>.<target>", the
+// observations of proxy id by the agent serving entry/target.
+func AgentFilter(id, entry, target string) string {
+	return evtPrefix + AggregateProxy + "." + id + ".*." + entry + "." + target
+}
+
+// SubjectOf returns the subject the writer named by source appends an
+// event of type typ of aggregate/id on: [ObservationSubject] for a proxy
+// event of an agent (source [AgentSource]), [EventSubject] otherwise.
+func SubjectOf(source, aggregate, id, typ string) string {
+	if by, ok := ParseAgentSource(source); ok && aggregate == AggregateProxy {
+		return ObservationSubject(id, typ, by.Entry, by.Target)
+	}
+	return EventSubject(aggregate, id, typ)
 }
 
 // AggregateFilter returns "fleet.evt.<aggregate>.<id>.>", every event of one
@@ -81,15 +124,43 @@ const EventsAll = evtPrefix + ">"
 // is not captured by any stream: progress is for watching, not for history.
 func ProgressSubject(entry, target string) string { return "fleet.progress." + entry + "." + target }
 
-// ParseEventSubject splits "fleet.evt.<aggregate>.<id>.<type>". ok is false
-// for any other shape.
-func ParseEventSubject(subject string) (aggregate, id, typ string, ok bool) {
-	if len(subject) <= len(evtPrefix) || subject[:len(evtPrefix)] != evtPrefix {
-		return "", "", "", false
+// Observer is the agent an observation's subject names (see
+// [ObservationSubject]); zero for an event on an [EventSubject].
+type Observer struct {
+	Entry, Target string
+}
+
+// IsZero reports whether o names no agent.
+func (o Observer) IsZero() bool { return o == Observer{} }
+
+// Source is the CloudEvents source of o's events, [AgentSource].
+func (o Observer) Source() string { return AgentSource(o.Entry, o.Target) }
+
+// String is "<entry>/<target>".
+func (o Observer) String() string { return o.Entry + "/" + o.Target }
+
+// ParseEventSubject splits "fleet.evt.<aggregate>.<id>.<type>" (by is
+// zero) and "fleet.evt.proxy.<id>.<type>.<entry>.<target>" (by names the
+// agent). ok is false for any other shape, including five tokens on an
+// aggregate other than proxy. The tokens are not checked against the
+// identifier rule: [CheckEvent] does that.
+func ParseEventSubject(subject string) (aggregate, id, typ string, by Observer, ok bool) {
+	rest, found := strings.CutPrefix(subject, evtPrefix)
+	if !found {
+		return "", "", "", Observer{}, false
 	}
-	parts := strings.Split(subject[len(evtPrefix):], ".")
-	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return "", "", "", false
+	parts := strings.Split(rest, ".")
+	for _, p := range parts {
+		if p == "" {
+			return "", "", "", Observer{}, false
+		}
 	}
-	return parts[0], parts[1], parts[2], true
+	switch {
+	case len(parts) == 3:
+	case len(parts) == 5 && parts[0] == AggregateProxy:
+		by = Observer{Entry: parts[3], Target: parts[4]}
+	default:
+		return "", "", "", Observer{}, false
+	}
+	return parts[0], parts[1], parts[2], by, true
 }

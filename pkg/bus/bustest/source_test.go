@@ -30,7 +30,8 @@ func TestSourcePassesCheckEvent(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("Source(%q, %q) = %q; want %q", tt.aggregate, tt.typ, got, tt.want)
 		}
-		if fe := events.CheckEvent(tt.aggregate, "demo-a", tt.typ, got); fe != nil {
+		by, _ := events.ParseAgentSource(got)
+		if fe := events.CheckEvent(tt.aggregate, "demo-a", tt.typ, got, by); fe != nil {
 			t.Errorf("CheckEvent(%q, %q) with source %q: %v; want nil", tt.aggregate, tt.typ, got, fe)
 		}
 	}

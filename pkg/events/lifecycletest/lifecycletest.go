@@ -22,7 +22,24 @@ type Event struct {
 	Source    string
 	MsgID     string
 	Data      any
+	// Subject is the subject the event is appended on when it is not
+	// the one its Source writes on (a forged or misplaced observation);
+	// "" otherwise. See [Event.On].
+	Subject string
 }
+
+// On returns the subject e is appended on: Subject, or the one its Source
+// writes on ([events.SubjectOf]).
+func (e Event) On() string {
+	if e.Subject != "" {
+		return e.Subject
+	}
+	return events.SubjectOf(e.Source, e.Aggregate, e.ID, e.Kind)
+}
+
+// Other names an agent other than the one of [Entry] and [Target]: its
+// observations of proxies placed on Entry/Target are refused.
+const OtherTarget = "t2"
 
 // Agent names the entry and target of the agent observations.
 const (
@@ -161,6 +178,28 @@ func Adversarial(prefix string) []Event {
 		Make(wrong, fail, events.SourceHealth, len(out)+4),
 		Make(wrong, del, events.SourcePlanner, len(out)+5),
 	)
+	// Observations only count from the agent the proxy was placed on,
+	// on that agent's subject and with its source: another agent's
+	// running, failed or deleted (on its own subject, or forging the
+	// source or the subject of the placed agent) and an agent's event on a
+	// decision's subject move nothing, nor does a decision on an agent's
+	// subject.
+	forged := prefix + "-forged"
+	placed, other := events.AgentSource(Entry, Target), events.AgentSource(Entry, OtherTarget)
+	onSubject := func(e Event, subject string) Event { e.Subject = subject; return e }
+	out = append(out,
+		As(forged, req, len(out)),
+		As(forged, prov, len(out)+1),
+		As(forged, run, len(out)+2),
+		Make(forged, run, other, len(out)+3),
+		Make(forged, fail, other, len(out)+4),
+		Make(forged, del, other, len(out)+5),
+		onSubject(Make(forged, run, other, len(out)+6), events.ObservationSubject(forged, run, Entry, Target)),
+		onSubject(Make(forged, run, placed, len(out)+7), events.ObservationSubject(forged, run, Entry, OtherTarget)),
+		onSubject(Make(forged, fail, placed, len(out)+8), events.EventSubject(events.AggregateProxy, forged, fail)),
+		onSubject(Make(forged, ret, events.SourcePlanner, len(out)+9), events.ObservationSubject(forged, ret, Entry, Target)),
+		onSubject(Make(forged, ready, events.SourceHealth, len(out)+10), events.ObservationSubject(forged, ready, Entry, Target)),
+	)
 	// Ids that break the identifier rule: never enter state.
 	for i, k := range []string{req, prov, run, ready} {
 		out = append(out, As("Bad_"+prefix, k, len(out)+i))
@@ -169,12 +208,19 @@ func Adversarial(prefix string) []Event {
 }
 
 // Want returns the state [events.Transition] gives each proxy after evs,
-// skipping events [events.CheckEvent] refuses and events whose data
+// skipping events [events.CheckEvent] refuses, observations
+// [events.CheckPlacement] refuses (by an agent other than the one the
+// requested event placed the proxy on) and events whose data
 // [events.CheckProxyData] refuses. Proxies no event created are absent.
 func Want(evs []Event) map[string]string {
 	st := map[string]string{}
+	placed := map[string]events.Observer{}
 	for _, e := range evs {
-		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source) != nil {
+		_, _, _, by, ok := events.ParseEventSubject(e.On())
+		if !ok || events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, by) != nil {
+			continue
+		}
+		if p, ok := placed[e.ID]; ok && events.CheckPlacement(by, p.Entry, p.Target) != nil {
 			continue
 		}
 		env, err := events.NewEnvelope(e.MsgID, e.Source, events.EnvelopeType(e.Aggregate, e.Kind), e.ID, time.Time{}, e.Data)
@@ -182,6 +228,12 @@ func Want(evs []Event) map[string]string {
 			continue
 		}
 		if to, ok := events.Transition(st[e.ID], e.Kind); ok {
+			if st[e.ID] == "" {
+				var d events.ProxyRequestedData
+				if env.DecodeData(&d) == nil {
+					placed[e.ID] = events.Observer{Entry: d.Entry, Target: d.Target}
+				}
+			}
 			st[e.ID] = to
 		}
 	}

@@ -25,6 +25,7 @@ func TestAdversarialWant(t *testing.T) {
 		"x-obsfirst":  "ready",
 		"x-readyunh":  "unhealthy",
 		"x-wrong":     "requested",
+		"x-forged":    "running",
 		"x-baddata":   "provisioning",
 	}
 	if !maps.Equal(got, want) {

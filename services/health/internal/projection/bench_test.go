@@ -164,7 +164,8 @@ func BenchmarkLiveLag(b *testing.B) {
 // proxyMsg is the event kind of proxy id from its writer.
 func proxyMsg(id, kind string, n uint64, at time.Time, data any) logMsg {
 	msgID := events.ProxyEventID(id, kind, n)
-	env, err := events.NewEnvelope(msgID, bustest.Source(events.AggregateProxy, kind), events.EnvelopeType(events.AggregateProxy, kind), id, at, data)
+	source := bustest.Source(events.AggregateProxy, kind)
+	env, err := events.NewEnvelope(msgID, source, events.EnvelopeType(events.AggregateProxy, kind), id, at, data)
 	if err != nil {
 		panic(err)
 	}
@@ -172,7 +173,7 @@ func proxyMsg(id, kind string, n uint64, at time.Time, data any) logMsg {
 	if err != nil {
 		panic(err)
 	}
-	return logMsg{subject: events.EventSubject(events.AggregateProxy, id, kind), msgID: msgID, data: body}
+	return logMsg{subject: events.SubjectOf(source, events.AggregateProxy, id, kind), msgID: msgID, data: body}
 }
 
 // waitSeq waits until proxy id's view records seq or later, following the

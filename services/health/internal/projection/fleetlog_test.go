@@ -35,8 +35,8 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 	r := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var out []logMsg
-	add := func(agg, id, kind, msgID string, data any) {
-		env, err := events.NewEnvelope(msgID, bustest.Source(agg, kind), events.EnvelopeType(agg, kind), id,
+	addFrom := func(source, agg, id, kind, msgID string, data any) {
+		env, err := events.NewEnvelope(msgID, source, events.EnvelopeType(agg, kind), id,
 			t0.Add(time.Duration(len(out))*time.Millisecond), data)
 		if err != nil {
 			panic(err)
@@ -45,7 +45,10 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 		if err != nil {
 			panic(err)
 		}
-		out = append(out, logMsg{subject: events.EventSubject(agg, id, kind), msgID: msgID, data: body})
+		out = append(out, logMsg{subject: events.SubjectOf(source, agg, id, kind), msgID: msgID, data: body})
+	}
+	add := func(agg, id, kind, msgID string, data any) {
+		addFrom(bustest.Source(agg, kind), agg, id, kind, msgID, data)
 	}
 
 	pools := make([]string, 3+live/500)
@@ -66,7 +69,8 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 
 	type proxy struct {
 		id, pool, state string
-		step            int // events so far, the attempt counter of ids
+		target          string // where it was placed: its agent's target
+		step            int    // events so far, the attempt counter of ids
 	}
 	var (
 		alive []*proxy
@@ -76,12 +80,17 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 	next := func(p *proxy, kind string, data any) {
 		p.step++
 		p.state = kind
-		add(events.AggregateProxy, p.id, kind, events.ProxyEventID(p.id, kind, uint64(p.step)), data)
+		source := bustest.Source(events.AggregateProxy, kind)
+		if events.WriterOf(source) == events.WriterAgent {
+			// The agent of the proxy's target observes it.
+			source = events.AgentSource("local", p.target)
+		}
+		addFrom(source, events.AggregateProxy, p.id, kind, events.ProxyEventID(p.id, kind, uint64(p.step)), data)
 	}
 	request := func(pool string, replaces *proxy) {
 		made++
-		p := &proxy{id: fmt.Sprintf("%s-%08x", pool, made), pool: pool}
-		d := events.ProxyRequestedData{Pool: pool, Entry: "local", Target: fmt.Sprintf("t%d", made%7),
+		p := &proxy{id: fmt.Sprintf("%s-%08x", pool, made), pool: pool, target: fmt.Sprintf("t%d", made%7)}
+		d := events.ProxyRequestedData{Pool: pool, Entry: "local", Target: p.target,
 			Instance: events.InstanceName(p.id), Revision: revs[pool], Port: 3128, Username: "u"}
 		if replaces != nil {
 			d.Replaces, d.ReplaceReason = replaces.id, "unhealthy: probe failed"
@@ -122,7 +131,7 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 		addr := fmt.Sprintf("10.%d.%d.%d:3128", made%200, p.step%250, i%250)
 		switch p.state {
 		case events.ProxyRequested:
-			next(p, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(p.id), ProviderID: "vm-" + p.id, Attempt: 1})
+			next(p, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: p.target, Instance: events.InstanceName(p.id), ProviderID: "vm-" + p.id, Attempt: 1})
 		case events.ProxyProvisioning:
 			if r.IntN(20) == 0 {
 				next(p, events.ProxyFailed, events.ProxyFailedData{Class: events.ClassQuota, Reason: "no capacity", Attempt: 1})
@@ -224,7 +233,7 @@ func mixedLog(seed uint64, n int) []logMsg {
 			if err != nil {
 				panic(err)
 			}
-			odd = append(odd, logMsg{subject: events.EventSubject(ev.Aggregate, ev.ID, ev.Kind), msgID: ev.MsgID, data: body})
+			odd = append(odd, logMsg{subject: ev.On(), msgID: ev.MsgID, data: body})
 		}
 	}
 	add(lifecycletest.Adversarial("adv"))

@@ -18,6 +18,7 @@ type event struct {
 	seq           uint64
 	subject       string
 	agg, id, kind string
+	by            events.Observer // the agent the subject names, if any
 	env           events.Envelope
 	header        nats.Header
 	// fold is false for a message no view shows or that was refused
@@ -40,12 +41,12 @@ type event struct {
 // meanwhile.
 func (p *Projector) prepare(seq uint64, subject string, data []byte, h nats.Header) event {
 	ev := event{seq: seq, subject: subject, header: h}
-	agg, id, kind, ok := events.ParseEventSubject(subject)
+	agg, id, kind, by, ok := events.ParseEventSubject(subject)
 	if !ok {
 		p.log.Error("event subject has the wrong shape; skipped", "seq", seq, "subject", subject)
 		return ev
 	}
-	ev.agg, ev.id, ev.kind = agg, id, kind
+	ev.agg, ev.id, ev.kind, ev.by = agg, id, kind, by
 	if agg == events.AggregatePlanner {
 		// Leader terms and decision fences: no view shows them.
 		return ev
@@ -55,7 +56,7 @@ func (p *Projector) prepare(seq uint64, subject string, data []byte, h nats.Head
 		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)
 		return ev
 	}
-	if fe := events.CheckEvent(agg, id, kind, env.Source); fe != nil {
+	if fe := events.CheckEvent(agg, id, kind, env.Source, by); fe != nil {
 		p.rejects.Report(seq, agg, id, kind, env.Source, fe)
 		return ev
 	}
@@ -216,6 +217,14 @@ func (b *batch) proxy(ev *event) {
 		b.logProxy(ev).Error("invalid event data; skipped", "err", ev.invalid)
 		return
 	}
+	if s.exists {
+		// An agent speaks only for the proxies placed on its entry and
+		// target.
+		if fe := events.CheckPlacement(ev.by, s.val.Entry, s.val.Target); fe != nil {
+			b.p.misplaced.Report(seq, ev.agg, id, kind, env.Source, fe)
+			return
+		}
+	}
 	// The lifecycle is events.Transition, shared with the planner's fold. A
 	// deleted or abandoned proxy has no key; its delete marker tells it from
 	// a proxy never requested, and a terminal proxy absorbs everything.
@@ -353,12 +362,14 @@ func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq ui
 		}
 		p.stream = st
 	}
-	ends := []string{events.ProxyDeleted, events.ProxyAbandoned}
+	// An agent's deleted names the agent in its subject: any agent's
+	// counts here, as the fold's placement check is not at hand.
+	ends := []string{events.ObservationFilter(id, events.ProxyDeleted), events.EventSubject(aggregate, id, events.ProxyAbandoned)}
 	if aggregate == events.AggregatePool {
-		ends = []string{events.PoolDeleted}
+		ends = []string{events.EventSubject(aggregate, id, events.PoolDeleted)}
 	}
-	for _, kind := range ends {
-		raw, err := p.stream.GetLastMsgForSubject(ctx, events.EventSubject(aggregate, id, kind))
+	for _, subject := range ends {
+		raw, err := p.stream.GetLastMsgForSubject(ctx, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/events/lifecycletest"
 	"proxyfleet/services/health/internal/projection"
@@ -17,6 +18,10 @@ import (
 func (e *env) appendAll(evs []lifecycletest.Event) {
 	e.t.Helper()
 	for _, ev := range evs {
+		if ev.Subject != "" {
+			bustest.AppendOn(e.t, e.conn, ev.Subject, ev.Source, ev.Aggregate, ev.ID, ev.Kind, ev.MsgID, ev.Data)
+			continue
+		}
 		if _, err := bus.NewEventStore(e.conn, ev.Source, nil).Append(e.ctx, ev.Aggregate, ev.ID, ev.Kind, ev.MsgID, ev.Data, nil); err != nil {
 			e.t.Fatalf("append %s %s: %v", ev.ID, ev.Kind, err)
 		}
@@ -132,4 +137,59 @@ func (e *env) appendPoolAs(name, source string) {
 		name+".applied.1", events.PoolAppliedData{Spec: spec, Revision: 1}, nil); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// Only the agent a proxy was placed on speaks for it. Another agent's
+// running (on its own subject, or forging the placed agent's subject or
+// source), failed and deleted, an agent's running on a decision's subject
+// and a decision on an agent's subject change neither the proxy's state
+// nor its address in the view; the placed agent's observations still do.
+func TestForgedObservationsMoveNothing(t *testing.T) {
+	e := start(t)
+	const id = "demo-forged"
+	placed := events.AgentSource(lifecycletest.Entry, lifecycletest.Target)
+	other := events.AgentSource(lifecycletest.Entry, lifecycletest.OtherTarget)
+	e.appendAll([]lifecycletest.Event{
+		lifecycletest.As(id, events.ProxyRequested, 0),
+		lifecycletest.As(id, events.ProxyProvisioning, 1),
+	})
+	legit := e.appendRunning(id, placed, "", "127.0.0.1:1001", 2)
+	if v := e.waitProxy(id, legit); v.State != events.ProxyRunning || v.Address != "127.0.0.1:1001" {
+		t.Fatalf("after the placed agent's running: state %q address %q; want running at 127.0.0.1:1001", v.State, v.Address)
+	}
+	observe := func(kind string) string {
+		return events.ObservationSubject(id, kind, lifecycletest.Entry, lifecycletest.OtherTarget)
+	}
+	e.appendRunning(id, other, "", "127.0.0.1:6666", 3)
+	e.appendRunning(id, other, events.ObservationSubject(id, events.ProxyRunning, lifecycletest.Entry, lifecycletest.Target), "127.0.0.1:6667", 4)
+	e.appendRunning(id, placed, observe(events.ProxyRunning), "127.0.0.1:6668", 5)
+	e.appendRunning(id, placed, events.EventSubject(events.AggregateProxy, id, events.ProxyRunning), "127.0.0.1:6669", 6)
+	bustest.AppendOn(t, e.conn, observe(events.ProxyFailed), other, events.AggregateProxy, id, events.ProxyFailed, id+".failed.7", events.ProxyFailedData{Class: events.ClassPermanent, Reason: "forged"})
+	bustest.AppendOn(t, e.conn, observe(events.ProxyDeleted), other, events.AggregateProxy, id, events.ProxyDeleted, id+".deleted.8", events.ProxyDeletedData{Attempt: 1})
+	bustest.AppendOn(t, e.conn, events.ObservationSubject(id, events.ProxyRetiring, lifecycletest.Entry, lifecycletest.Target), events.SourcePlanner,
+		events.AggregateProxy, id, events.ProxyRetiring, id+".retiring.9", events.ProxyRetiringData{Reason: "forged"})
+	e.caughtUp()
+	if v, ok := e.proxy(id); !ok || v.State != events.ProxyRunning || v.Address != "127.0.0.1:1001" || v.Seq != legit || v.Reason != "" {
+		t.Fatalf("after forged observations: %+v (found %v); want running at 127.0.0.1:1001, seq %d, no reason", v, ok, legit)
+	}
+	again := e.appendRunning(id, placed, "", "127.0.0.1:1002", 10)
+	if v := e.waitProxy(id, again); v.State != events.ProxyRunning || v.Address != "127.0.0.1:1002" {
+		t.Fatalf("after the placed agent's second running: state %q address %q; want running at 127.0.0.1:1002", v.State, v.Address)
+	}
+}
+
+// appendRunning appends a running event of id at address from source: on
+// subject, or on the one source writes on when subject is "".
+func (e *env) appendRunning(id, source, subject, address string, n uint64) uint64 {
+	e.t.Helper()
+	data := events.ProxyRunningData{Address: address, Attempt: 1}
+	msgID := events.ProxyEventID(id, events.ProxyRunning, n)
+	if subject != "" {
+		return bustest.AppendOn(e.t, e.conn, subject, source, events.AggregateProxy, id, events.ProxyRunning, msgID, data)
+	}
+	seq, err := bus.NewEventStore(e.conn, source, nil).Append(e.ctx, events.AggregateProxy, id, events.ProxyRunning, msgID, data, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return seq
 }

@@ -127,6 +127,9 @@ type Projector struct {
 	tracer  trace.Tracer
 	applied metric.Int64Counter
 	rejects *bus.Rejects
+	// misplaced reports observations by an agent other than the one a
+	// proxy was placed on; the fold uses it, prepare uses rejects.
+	misplaced *bus.Rejects
 
 	js      jetstream.JetStream // pipelined KV writes, bound on first use
 	stream  jetstream.Stream    // FLEET_EVENTS, bound on first use
@@ -159,7 +162,7 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 		metric.WithDescription("events read by the projection, by aggregate"))
 	log = log.With("component", "projection")
 	return &Projector{
-		conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0),
+		conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0), misplaced: bus.NewRejects(log, 0),
 		proxies: newBucket[Proxy](bus.BucketProxies, log), pools: newBucket[Pool](bus.BucketPools, log),
 		replayKeys: replayKeyLimit,
 	}

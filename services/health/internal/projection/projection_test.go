@@ -220,17 +220,17 @@ func diffDumps(t *testing.T, got, want map[string][]byte) {
 }
 
 func requested(pool string) events.ProxyRequestedData {
-	return events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "host1", Instance: events.InstanceName("p1"), Revision: 1, Port: 3128}
+	return events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName("p1"), Revision: 1, Port: 3128}
 }
 
 func TestProxyLifecycle(t *testing.T) {
 	e := start(t)
 	const id = "demo-p1"
-	req := events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "host1", Instance: events.InstanceName(id), Revision: 2, Port: 3128, Username: "crawler"}
+	req := events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128, Username: "crawler"}
 	s1 := e.append(id, events.ProxyRequested, req)
 	t0 := e.eventTime(s1)
 	want := projection.Proxy{
-		ID: id, Pool: "demo", Entry: "local", Target: "host1", Instance: events.InstanceName(id),
+		ID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id),
 		State: events.ProxyRequested, Revision: 2, Port: 3128, Username: "crawler", Attempt: 1,
 		CreatedAt: t0, UpdatedAt: t0, Seq: s1,
 	}
@@ -244,7 +244,7 @@ func TestProxyLifecycle(t *testing.T) {
 	}
 	check("requested", s1)
 
-	s := e.append(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "host1", Instance: events.InstanceName(id), ProviderID: "pid-1", Attempt: 1})
+	s := e.append(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), ProviderID: "pid-1", Attempt: 1})
 	want.State, want.ProviderID = events.ProxyProvisioning, "pid-1"
 	check("provisioning", s)
 
@@ -330,14 +330,14 @@ func TestBadEventsAreSkipped(t *testing.T) {
 		}
 	}
 	// Each body names its writer's source, so it is its data that is tested.
-	raw("fleet.evt.proxy.p1.running", `{not json`)
+	raw("fleet.evt.proxy.p1.running.local.t1", `{not json`)
 	raw("fleet.evt.proxy.p1.teleported", `{"specversion":"1.0","id":"x1","source":"t","type":"proxyfleet.proxy.teleported.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
 	raw("fleet.evt.widget.w1.made", `{"specversion":"1.0","id":"x2","source":"t","type":"proxyfleet.widget.made.v1","time":"2026-01-01T00:00:00Z","data":{}}`)
-	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x3","source":"proxyfleet/agent/local/host1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","data":{"address":42}}`)
+	raw("fleet.evt.proxy.p1.running.local.t1", `{"specversion":"1.0","id":"x3","source":"proxyfleet/agent/local/t1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","data":{"address":42}}`)
 	raw("fleet.evt.proxy.p2.requested", `{"specversion":"1.0","id":"x4","source":"proxyfleet/planner","type":"proxyfleet.proxy.requested.v1","time":"2026-01-01T00:00:00Z","data":{"pool":"BAD NAME"}}`)
 	raw("fleet.evt.pool.demo.applied", `{"specversion":"1.0","id":"x5","source":"proxyfleet/planner","type":"proxyfleet.pool.applied.v1","time":"2026-01-01T00:00:00Z","data":{"spec":{"name":"demo"},"revision":0}}`)
 	// A running event with a field added by a newer writer still applies.
-	raw("fleet.evt.proxy.p1.running", `{"specversion":"1.0","id":"x6","source":"proxyfleet/agent/local/host1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","newattr":"kept","data":{"address":"127.0.0.1:9","attempt":1,"zone":"new"}}`)
+	raw("fleet.evt.proxy.p1.running.local.t1", `{"specversion":"1.0","id":"x6","source":"proxyfleet/agent/local/t1","type":"proxyfleet.proxy.running.v1","time":"2026-01-01T00:00:00Z","newattr":"kept","data":{"address":"127.0.0.1:9","attempt":1,"zone":"new"}}`)
 	s := e.append("p1", events.ProxyReady, events.ProxyReadyData{LatencyMS: 3})
 
 	got := e.waitProxy("p1", s)
@@ -470,7 +470,7 @@ func history(e *env) {
 		}
 	}
 	e.append("demo-2", events.ProxyProvisioning, events.ProxyProvisioningData{Attempt: 2})
-	if _, err := e.conn.JS.Publish(e.ctx, "fleet.evt.proxy.demo-1.running", []byte("garbage")); err != nil {
+	if _, err := e.conn.JS.Publish(e.ctx, "fleet.evt.proxy.demo-1.running.local.t1", []byte("garbage")); err != nil {
 		e.t.Fatal(err)
 	}
 	e.append("demo-1", events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:42000", Attempt: 1})

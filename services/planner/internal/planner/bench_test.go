@@ -325,7 +325,7 @@ func (a *instantAgent) run(ctx context.Context) error {
 				return
 			}
 			body, _ := e.MarshalJSON()
-			msg := nats.NewMsg(events.EventSubject(events.AggregateProxy, id, typ))
+			msg := nats.NewMsg(events.SubjectOf(source, events.AggregateProxy, id, typ))
 			msg.Data = body
 			msg.Header.Set(jetstream.MsgIDHeader, msgID)
 			f, err := a.c.JS.PublishMsgAsync(msg)

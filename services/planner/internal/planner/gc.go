@@ -290,9 +290,10 @@ func (p *Planner) deleteOrphan(ctx context.Context, f *flight, o orphan) {
 	for _, e := range evs {
 		// The append below expects the aggregate's last sequence, whoever
 		// wrote it; but an event from a writer not allowed to append its
-		// type (an agent's abandoned) decides nothing.
+		// type (an agent's abandoned), or an observation by an agent other
+		// than the one holding the instance, decides nothing.
 		lastSeq = e.Seq
-		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source) != nil {
+		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, e.By) != nil || events.CheckPlacement(e.By, o.entry, o.target) != nil {
 			continue
 		}
 		switch e.Kind {

@@ -279,7 +279,7 @@ func (h *harness) lastSeq(stream string) uint64 {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		agg, _, kind, _ := events.ParseEventSubject(m.Subject)
+		agg, _, kind, _, _ := events.ParseEventSubject(m.Subject)
 		if agg != events.AggregatePlanner && (agg != events.AggregatePool || kind != events.PoolCondition) {
 			return seq
 		}
@@ -321,7 +321,7 @@ func (h *harness) events() []bus.Event {
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
-		agg, id, kind, ok := events.ParseEventSubject(m.Subject)
+		agg, id, kind, by, ok := events.ParseEventSubject(m.Subject)
 		if !ok {
 			h.t.Fatalf("event %d: subject %q", seq, m.Subject)
 		}
@@ -332,7 +332,7 @@ func (h *harness) events() []bus.Event {
 		if err != nil {
 			h.t.Fatalf("event %d: %v", seq, err)
 		}
-		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, Header: m.Header})
+		out = append(out, bus.Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: kind, By: by, Header: m.Header})
 	}
 	return out
 }

@@ -17,6 +17,10 @@ import (
 func appendAll(t *testing.T, c *bus.Conn, evs []lifecycletest.Event) {
 	t.Helper()
 	for _, e := range evs {
+		if e.Subject != "" {
+			bustest.AppendOn(t, c, e.Subject, e.Source, e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data)
+			continue
+		}
 		if _, err := bus.NewEventStore(c, e.Source, nil).Append(t.Context(), e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data, nil); err != nil {
 			t.Fatalf("append %s %s: %v", e.ID, e.Kind, err)
 		}
@@ -116,5 +120,68 @@ func TestFoldRejectsBadIDsAndWrongWriters(t *testing.T) {
 	lines := strings.Count(buf.String(), "skipping events that break the event contract")
 	if lines != 3 {
 		t.Errorf("%d reports; want 3 (Demo_X, demo-a, demo-b once each):\n%s", lines, buf.String())
+	}
+}
+
+// Only the agent a proxy was placed on speaks for it: another agent's
+// running (on its own subject, or forging the placed agent's subject or
+// source), failed and deleted, an agent's running on a decision's subject
+// and a decision on an agent's subject change neither the proxy's state
+// nor its address, and are reported once per aggregate and problem; the
+// proxy's last sequence still moves on (the next decision expects it), and
+// the placed agent's next running still applies.
+func TestFoldRefusesForgedObservations(t *testing.T) {
+	c := bustest.Start(t)
+	const id = "demo-forged"
+	placed := events.AgentSource(lifecycletest.Entry, lifecycletest.Target)
+	other := events.AgentSource(lifecycletest.Entry, lifecycletest.OtherTarget)
+	placedSubject := func(kind string) string {
+		return events.ObservationSubject(id, kind, lifecycletest.Entry, lifecycletest.Target)
+	}
+	otherSubject := func(kind string) string {
+		return events.ObservationSubject(id, kind, lifecycletest.Entry, lifecycletest.OtherTarget)
+	}
+	running := func(address string) events.ProxyRunningData {
+		return events.ProxyRunningData{Address: address, Attempt: 1}
+	}
+	appendAll(t, c, []lifecycletest.Event{
+		lifecycletest.As(id, events.ProxyRequested, 0),
+		lifecycletest.As(id, events.ProxyProvisioning, 1),
+		{Aggregate: events.AggregateProxy, ID: id, Kind: events.ProxyRunning, Source: placed, MsgID: id + ".running.2", Data: running("127.0.0.1:1001")},
+	})
+	forged := []struct {
+		subject, source, kind string
+		data                  any
+	}{
+		{otherSubject(events.ProxyRunning), other, events.ProxyRunning, running("127.0.0.1:6666")},
+		{placedSubject(events.ProxyRunning), other, events.ProxyRunning, running("127.0.0.1:6667")},
+		{otherSubject(events.ProxyRunning), placed, events.ProxyRunning, running("127.0.0.1:6668")},
+		{events.EventSubject(events.AggregateProxy, id, events.ProxyRunning), placed, events.ProxyRunning, running("127.0.0.1:6669")},
+		{otherSubject(events.ProxyFailed), other, events.ProxyFailed, events.ProxyFailedData{Class: events.ClassQuota, Reason: "forged"}},
+		{otherSubject(events.ProxyDeleted), other, events.ProxyDeleted, events.ProxyDeletedData{Attempt: 1}},
+		{placedSubject(events.ProxyRetiring), events.SourcePlanner, events.ProxyRetiring, events.ProxyRetiringData{Reason: "forged"}},
+	}
+	var lastForged uint64
+	for i, f := range forged {
+		lastForged = bustest.AppendOn(t, c, f.subject, f.source, events.AggregateProxy, id, f.kind, fmt.Sprintf("%s.forged.%d", id, i), f.data)
+	}
+	var buf bytes.Buffer
+	st := foldLog(t, c, slog.New(slog.NewTextHandler(&buf, nil)))
+	x := st.proxies[id]
+	if x == nil || x.State != events.ProxyRunning || x.Address != "127.0.0.1:1001" || x.Reason != "" || x.Entry != lifecycletest.Entry || x.Target != lifecycletest.Target || x.LastSeq != lastForged {
+		t.Fatalf("after forged observations: %+v; want running at 127.0.0.1:1001 on local/t1, no reason, last seq %d", x, lastForged)
+	}
+	if _, avoided := st.avoid[lifecycletest.Entry+"."+lifecycletest.Target]; avoided {
+		t.Error("a forged quota failure made the planner avoid the target")
+	}
+	if lines := strings.Count(buf.String(), "skipping events that break the event contract"); lines != 2 {
+		t.Errorf("%d reports; want 2 (the subject and the source of %s, once each):\n%s", lines, id, buf.String())
+	}
+
+	appendAll(t, c, []lifecycletest.Event{
+		{Aggregate: events.AggregateProxy, ID: id, Kind: events.ProxyRunning, Source: placed, MsgID: id + ".running.20", Data: running("127.0.0.1:1002")},
+	})
+	if x := foldLog(t, c, testLogger()).proxies[id]; x == nil || x.State != events.ProxyRunning || x.Address != "127.0.0.1:1002" {
+		t.Fatalf("after the placed agent's second running: %+v; want running at 127.0.0.1:1002", x)
 	}
 }

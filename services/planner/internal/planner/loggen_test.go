@@ -91,7 +91,7 @@ func (g *logGen) emit(aggregate, id, typ, msgID, source string, data any) {
 	if err == nil {
 		var body []byte
 		body, err = env.MarshalJSON()
-		msg := nats.NewMsg(events.EventSubject(aggregate, id, typ))
+		msg := nats.NewMsg(events.SubjectOf(source, aggregate, id, typ))
 		msg.Data = body
 		msg.Header.Set(jetstream.MsgIDHeader, msgID)
 		var f jetstream.PubAckFuture

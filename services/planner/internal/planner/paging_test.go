@@ -41,7 +41,7 @@ func (s *seed) add(source, aggregate, id, kind, msgID string, data any) {
 	if err != nil {
 		s.h.t.Fatal(err)
 	}
-	m := nats.NewMsg(events.EventSubject(aggregate, id, kind))
+	m := nats.NewMsg(events.SubjectOf(source, aggregate, id, kind))
 	m.Data = body
 	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	s.msgs = append(s.msgs, m)

@@ -293,9 +293,17 @@ func (s *state) apply(ev bus.Event) bool {
 	if ev.Aggregate != events.AggregatePlanner || ev.Kind != events.PlannerFence {
 		s.anchor = anchor{Seq: ev.Seq, ID: ev.Envelope.ID}
 	}
-	if fe := events.CheckEvent(ev.Aggregate, ev.ID, ev.Kind, ev.Source); fe != nil {
+	if fe := events.CheckEvent(ev.Aggregate, ev.ID, ev.Kind, ev.Source, ev.By); fe != nil {
 		s.reject(ev, fe)
 		return false
+	}
+	if x := s.proxies[ev.ID]; x != nil && ev.Aggregate == events.AggregateProxy {
+		// An agent speaks only for the proxies placed on its entry and
+		// target.
+		if fe := events.CheckPlacement(ev.By, x.Entry, x.Target); fe != nil {
+			s.reject(ev, fe)
+			return false
+		}
 	}
 	switch ev.Aggregate {
 	case events.AggregatePool:
@@ -311,8 +319,9 @@ func (s *state) skip(ev bus.Event, err error) bool {
 	return false
 }
 
-// reject skips an event with an id that breaks the identifier rule or from
-// a writer not allowed to append its type. The aggregate's last sequence
+// reject skips an event with an id that breaks the identifier rule, from
+// a writer not allowed to append its type, on a subject that is not its
+// writer's, or from an agent the proxy was not placed on. The aggregate's last sequence
 // still moves on: decisions are appended expecting it.
 func (s *state) reject(ev bus.Event, fe *events.FieldError) {
 	switch ev.Aggregate {

@@ -165,6 +165,7 @@ func TestDeployShipped(t *testing.T) {
 	for name, c := range map[string]*bus.Conn{"health": health, "operator": operator, "agent-local-t1": agent} {
 		d.secretRefused(t, name, c, secret)
 	}
+	d.operatorCLI(t, secret)
 
 	// An agent records observations only for its own entry and target.
 	for _, subj := range []string{"fleet.evt.proxy.dep-forged.running.local.t2", "fleet.evt.proxy.dep-forged.running"} {
@@ -463,6 +464,38 @@ func (d *deployServer) secretRefused(t *testing.T, name string, c *bus.Conn, sec
 	}
 	if err := subscribeErr(c, key); err == nil {
 		t.Fatalf("%s may subscribe to %s", name, key)
+	}
+}
+
+// operatorCLI uses the nats CLI as an operator would, with the operator's
+// nkey and inbox prefix: the API and the views answer; the secrets and the
+// topology do not.
+func (d *deployServer) operatorCLI(t *testing.T, secret string) {
+	t.Helper()
+	cli := os.Getenv("PROXYFLEET_NATS_CLI")
+	if cli == "" {
+		cli, _ = exec.LookPath("nats")
+	}
+	testgate.Need(t, cli != "", "no nats CLI: make test-deploy links the pinned one and sets PROXYFLEET_NATS_CLI")
+	home := t.TempDir() // no saved context of the machine's user applies
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(cli, append([]string{"--server", d.url, "--nkey", filepath.Join(d.dir, "operator.nk"),
+			"--tlsca", d.ca, "--inbox-prefix", "_INBOX_operator", "--timeout", "2s"}, args...)...)
+		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("req", "fleet.api.pool.list", "{}"); err != nil || !strings.Contains(out, "pools") {
+		t.Fatalf("operator CLI: nats req fleet.api.pool.list: %v\n%s", err, out)
+	}
+	if out, err := run("kv", "ls", bus.BucketAgents); err != nil || !strings.Contains(out, "local.t1") {
+		t.Fatalf("operator CLI: nats kv ls %s: %v\n%s", bus.BucketAgents, err, out)
+	}
+	if out, err := run("kv", "get", bus.BucketSecrets, "probe.dep", "--raw"); err == nil || strings.Contains(out, secret) {
+		t.Fatalf("operator CLI read fleet-secrets: %v\n%s", err, out)
+	}
+	if out, err := run("stream", "rm", bus.EventsStream, "-f"); err == nil {
+		t.Fatalf("operator CLI removed %s:\n%s", bus.EventsStream, out)
 	}
 }
 

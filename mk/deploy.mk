@@ -33,8 +33,8 @@ deploy-secrets: ## nkeys, nkeys.env and TLS certificates for deploy/nats: DIR=..
 	@cd pkg && $(GO) run ./deploykeys/cmd/deploy-secrets -dir "$(abspath $(DIR))" -agents "$(or $(AGENTS),$(DEPLOY_AGENTS))" -hosts "$(or $(HOSTS),$(DEPLOY_HOSTS))"
 
 .PHONY: test-deploy
-test-deploy: $(NATSSERVER_BIN) ## the shipped deploy/nats and systemd units against a real nats-server over TLS: lifecycle and every refusal
-	cd e2e && PROXYFLEET_NATS_SERVER=$(NATSSERVER_BIN) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+test-deploy: $(NATSSERVER_BIN) $(NATSCLI_BIN) ## the shipped deploy/nats and systemd units against a real nats-server over TLS: lifecycle and every refusal
+	cd e2e && PROXYFLEET_NATS_SERVER=$(NATSSERVER_BIN) PROXYFLEET_NATS_CLI=$(NATSCLI_BIN) PROXYFLEET_REQUIRE_INTEGRATION=1 \
 		$(GO) test -tags deploy $(GOTEST_FLAGS) -run 'TestDeploy' ./...
 
 TEST_ALL_TIERS += test-deploy

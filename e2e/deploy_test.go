@@ -324,7 +324,7 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 		t.Fatal(err)
 	}
 	credDir := t.TempDir()
-	var exec []string
+	var execLine []string
 	sc := bufio.NewScanner(strings.NewReader(string(unit)))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -346,15 +346,15 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 				t.Fatal(err)
 			}
 		case strings.HasPrefix(line, "ExecStart="):
-			exec = strings.Fields(strings.TrimPrefix(line, "ExecStart="))
+			execLine = strings.Fields(strings.TrimPrefix(line, "ExecStart="))
 		}
 	}
-	if len(exec) == 0 {
+	if len(execLine) == 0 {
 		t.Fatalf("%s.service has no ExecStart", service)
 	}
 	varRE := regexp.MustCompile(`\$\{([A-Z_]+)\}`)
-	args := make([]string, 0, len(exec))
-	for i, a := range exec[1:] {
+	args := make([]string, 0, len(execLine))
+	for i, a := range execLine[1:] {
 		a = strings.ReplaceAll(a, "%d", credDir)
 		a = varRE.ReplaceAllStringFunc(a, func(m string) string {
 			v, ok := vars[varRE.FindStringSubmatch(m)[1]]
@@ -363,7 +363,7 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 			}
 			return v
 		})
-		if i > 0 && exec[i] == "--data-dir" { // exec[i] is the previous argument
+		if execLine[i] == "--data-dir" { // execLine[i] is the previous argument
 			a = filepath.Join(f.dir, service)
 		}
 		args = append(args, a)
@@ -373,8 +373,8 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 			t.Fatalf("%s.service: unknown specifier in %q", service, a)
 		}
 	}
-	if filepath.Base(exec[0]) != service {
-		t.Fatalf("%s.service starts %s", service, exec[0])
+	if filepath.Base(execLine[0]) != service {
+		t.Fatalf("%s.service starts %s", service, execLine[0])
 	}
 	f.startBinaryArgs(service, filepath.Join(binDir, service), append(args, extra...))
 }

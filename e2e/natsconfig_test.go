@@ -14,17 +14,30 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
 )
 
-// TestDeployNATSConfigLeastPrivilege starts a server from
-// deploy/nats/nats-server.conf and checks that the planner user can set up
-// the topology and command an agent, that the agent user can run the agent
-// runtime end to end, and that the agent user cannot act as the planner.
+// TestDeployNATSConfigLeastPrivilege starts an in-process server from
+// deploy/nats/nats-server.conf with generated nkeys and certificates, and
+// checks that admin can bootstrap the topology, that the planner can
+// command an agent, that the agent identity can run the agent runtime end
+// to end, and that it cannot act as the planner. make test-deploy runs the
+// whole system against the real nats-server binary.
 func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
+	secrets := t.TempDir()
+	pubs, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, pub := range pubs {
+		t.Setenv(deploykeys.EnvName(id), pub)
+	}
 	for k, v := range map[string]string{
-		"SERVER_NAME": "pf-test", "PLANNER_PASSWORD": "pp", "HEALTH_PASSWORD": "hp",
-		"AGENT_LOCAL_T1_PASSWORD": "ap", "OPERATOR_PASSWORD": "op",
+		"SERVER_NAME": "pf-test", "NATS_LISTEN": "127.0.0.1:-1", "NATS_MONITOR": "127.0.0.1:-1",
+		"NATS_STORE_DIR": t.TempDir(),
+		"NATS_TLS_CERT":  filepath.Join(secrets, deploykeys.ServerCert), "NATS_TLS_KEY": filepath.Join(secrets, deploykeys.ServerKey),
+		"NATS_TLS_CA": filepath.Join(secrets, deploykeys.CACert),
 	} {
 		t.Setenv(k, v)
 	}
@@ -32,8 +45,6 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatalf("deploy/nats/nats-server.conf does not parse: %v", err)
 	}
-	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = t.TempDir()
 	opts.NoLog, opts.NoSigs = true, true
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -47,20 +58,27 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	connect := func(user, pass string) *bus.Conn {
+	connect := func(id string) *bus.Conn {
 		t.Helper()
-		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: user, Replicas: 1, User: user, Password: pass}, nil)
+		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: id, Replicas: 1,
+			NKeyFile: filepath.Join(secrets, id+".nk"), CAFile: filepath.Join(secrets, deploykeys.CACert),
+			InboxPrefix: "_INBOX_" + id, NoCreate: id != "admin"}, nil)
 		if err != nil {
-			t.Fatalf("connect as %s: %v", user, err)
+			t.Fatalf("connect as %s: %v", id, err)
 		}
 		t.Cleanup(c.Close)
 		return c
 	}
-	planner := connect("planner", "pp")
-	if err := bus.EnsureTopology(ctx, planner); err != nil {
-		t.Fatalf("planner cannot create the topology: %v", err)
+	planner := connect("planner")
+	ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ecancel()
+	if err := bus.EnsureTopology(ectx, planner); err == nil {
+		t.Fatal("the planner may create the topology; only admin may")
 	}
-	agentConn := connect("agent-local-t1", "ap")
+	if err := bus.Bootstrap(ctx, connect("admin"), []string{"local/t1"}); err != nil {
+		t.Fatalf("admin cannot bootstrap the topology: %v", err)
+	}
+	agentConn := connect("agent-local-t1")
 
 	drv := agenttest.NewInstant("127.0.0.1:1")
 	rt, err := agent.New(agentConn, drv, agent.Config{Info: agent.Info{Entry: "local", Target: "t1", Type: "test"}, HeartbeatInterval: 100 * time.Millisecond}, nil, nil)

@@ -88,6 +88,24 @@ type Config struct {
 	Context string
 	// CredsFile is a NATS credentials file used with URL.
 	CredsFile string
+	// NKeyFile is a file holding the user's nkey seed (deploy/nats names
+	// users by their public nkeys); used with URL.
+	NKeyFile string
+	// CAFile is a PEM bundle of the CAs that sign the server's certificate.
+	// Setting it requires TLS.
+	CAFile string
+	// CertFile and KeyFile are this client's certificate and key for mutual
+	// TLS (both or neither).
+	CertFile, KeyFile string
+	// InboxPrefix replaces "_INBOX" as the prefix of this connection's reply
+	// subjects. deploy/nats lets each identity subscribe only to its own
+	// prefix (_INBOX_<identity>), so no identity can read the replies sent
+	// to another: JetStream API answers, KV values, pulled commands.
+	InboxPrefix string
+	// NoCreate says this service may not create JetStream assets: durable
+	// consumers are bound, never created or updated, and a missing one is an
+	// error naming the bootstrap command (see [Conn.MayCreate]).
+	NoCreate bool
 	// User and Password authenticate with URL when set (deploy/nats uses
 	// one user per service).
 	User, Password string
@@ -126,7 +144,18 @@ type Conn struct {
 	Server Server // nil when connected to an external server
 
 	replicas int
+	noCreate bool
 }
+
+// MayCreate reports whether this connection creates and updates the
+// durable consumers it uses. It is false for a service started with
+// --ensure-topology=false on an external server: an administrator created
+// them beforehand (`planner bootstrap`).
+func (c *Conn) MayCreate() bool { return !c.noCreate }
+
+// BootstrapHint is what to run when a stream, bucket or durable consumer a
+// service only binds is missing.
+const BootstrapHint = "create the topology first with the admin identity: planner bootstrap --nats-url URL --nats-nkey admin.nk --nats-ca ca.crt --agent ENTRY/TARGET ... (see docs/deploy.md)"
 
 // Replicas is the replica count used for streams and buckets.
 func (c *Conn) Replicas() int { return c.replicas }
@@ -161,6 +190,12 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}),
 	}
 	c := &Conn{replicas: cfg.Replicas}
+	if cfg.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("a client certificate needs both its certificate and its key file (--nats-cert and --nats-key)")
+	}
 	url := cfg.URL
 	if cfg.Context != "" {
 		ctxURL, ctxOpts, err := contextOptions(cfg.Context)
@@ -189,9 +224,26 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 			c.replicas = 1
 		}
 	} else {
+		if cfg.CredsFile != "" && cfg.NKeyFile != "" {
+			return nil, errors.New("give either a credentials file (--nats-creds) or an nkey seed file (--nats-nkey), not both")
+		}
 		if cfg.CredsFile != "" {
 			opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 		}
+		if cfg.NKeyFile != "" {
+			o, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("nkey seed file %s: %w", cfg.NKeyFile, err)
+			}
+			opts = append(opts, o)
+		}
+		if cfg.CAFile != "" {
+			opts = append(opts, nats.RootCAs(cfg.CAFile))
+		}
+		if cfg.CertFile != "" {
+			opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+		}
+		c.noCreate = cfg.NoCreate
 		if cfg.User != "" {
 			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 		}

@@ -23,6 +23,9 @@ type natsContext struct {
 	Cert     string `json:"cert"`
 	Key      string `json:"key"`
 	CA       string `json:"ca"`
+	// InboxPrefix is the prefix of reply subjects (deploy/nats gives each
+	// identity its own).
+	InboxPrefix string `json:"inbox_prefix"`
 
 	// Settings a service cannot honour; a context using them is refused
 	// rather than silently half-applied.
@@ -103,6 +106,9 @@ func contextOptions(name string) (string, []nats.Option, error) {
 	}
 	if c.CA != "" {
 		opts = append(opts, nats.RootCAs(c.CA))
+	}
+	if c.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
 	}
 	return c.URL, opts, nil
 }

@@ -58,6 +58,24 @@ func TestConnectWithNATSContext(t *testing.T) {
 	}
 	c.Close()
 
+	// A context's inbox prefix, like Config.InboxPrefix, names the
+	// connection's reply subjects (deploy/nats allows each identity only its
+	// own).
+	write("inbox", `{"url":"`+srv.ClientURL()+`","user":"fleet","password":"s3cret","inbox_prefix":"_INBOX_ops"}`)
+	for name, cfg := range map[string]bus.Config{
+		"context": {Context: "inbox"},
+		"config":  {URL: srv.ClientURL(), User: "fleet", Password: "s3cret", InboxPrefix: "_INBOX_ops"},
+	} {
+		c, err := bus.Connect(ctx, cfg, nil)
+		if err != nil {
+			t.Fatalf("%s with an inbox prefix: %v", name, err)
+		}
+		if in := c.NC.NewRespInbox(); !strings.HasPrefix(in, "_INBOX_ops.") {
+			t.Errorf("%s: reply subject %s, want prefix _INBOX_ops.", name, in)
+		}
+		c.Close()
+	}
+
 	cases := []struct{ name, want string }{
 		{"wrong", "Authorization"},
 		{"jwt", "user_jwt"},

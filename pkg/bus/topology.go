@@ -2,7 +2,9 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -127,9 +129,32 @@ const AgentAckWait = 15 * time.Second
 const AgentMaxDeliver = 10
 
 // EnsureAgentConsumer creates or updates the durable pull consumer that
-// delivers the commands of one agent.
+// delivers the commands of one agent. On a connection that may not create
+// ([Conn.MayCreate] false) it binds the existing consumer instead, and a
+// missing one is an error naming the bootstrap command.
 func EnsureAgentConsumer(ctx context.Context, c *Conn, entry, target string) (jetstream.Consumer, error) {
-	return c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, jetstream.ConsumerConfig{
+	if !c.MayCreate() {
+		return BindConsumer(ctx, c, CommandsStream, AgentConsumerName(entry, target))
+	}
+	return c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, AgentConsumerConfig(entry, target, c.replicas))
+}
+
+// BindConsumer returns the existing durable consumer name of stream, or an
+// error naming the bootstrap command when it does not exist.
+func BindConsumer(ctx context.Context, c *Conn, stream, name string) (jetstream.Consumer, error) {
+	cons, err := c.JS.Consumer(ctx, stream, name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("durable consumer %s on stream %s does not exist, and this service may not create it (--ensure-topology=false): %s", name, stream, BootstrapHint)
+	case err != nil:
+		return nil, fmt.Errorf("bind durable consumer %s on stream %s: %w", name, stream, err)
+	}
+	return cons, nil
+}
+
+// AgentConsumerConfig is the definition of one agent's command consumer.
+func AgentConsumerConfig(entry, target string, replicas int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
 		Durable:       AgentConsumerName(entry, target),
 		Description:   "commands for " + entry + "/" + target,
 		FilterSubject: events.CommandFilter(entry, target),
@@ -138,6 +163,78 @@ func EnsureAgentConsumer(ctx context.Context, c *Conn, entry, target string) (je
 		MaxDeliver:    AgentMaxDeliver,
 		BackOff:       nil,
 		MaxAckPending: 256,
-		Replicas:      c.replicas,
-	})
+		Replicas:      replicas,
+	}
+}
+
+// HealthProjection is health's durable consumer of FLEET_EVENTS, which
+// projects the event log into fleet-proxies and fleet-pools, and
+// HealthProjectionGroup its one priority group.
+const (
+	HealthProjection      = "health-projection"
+	HealthProjectionGroup = "projection"
+	// HealthProjectionAckWait is how long a projected event may stay
+	// unacknowledged before it is delivered again.
+	HealthProjectionAckWait = 30 * time.Second
+	// HealthProjectionPinnedTTL is how long the server keeps the consumer
+	// pinned to a projector that stopped pulling.
+	HealthProjectionPinnedTTL = 30 * time.Second
+	// HealthProjectionMaxAckPending bounds the events in flight to the
+	// pinned projector.
+	HealthProjectionMaxAckPending = 4096
+)
+
+// HealthProjectionConfig is the definition of [HealthProjection]: one
+// pinned projector at a time (see services/health/internal/projection).
+func HealthProjectionConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        HealthProjection,
+		Description:    "health: projection of FLEET_EVENTS into fleet-proxies and fleet-pools",
+		FilterSubject:  events.EventsAll,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        HealthProjectionAckWait,
+		MaxAckPending:  HealthProjectionMaxAckPending,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{HealthProjectionGroup},
+		PinnedTTL:      HealthProjectionPinnedTTL,
+		// Replicas 0: the consumer follows the stream's replica count.
+	}
+}
+
+// Bootstrap creates or updates everything the services bind and may not
+// create under deploy/nats: the streams, buckets and object store
+// ([EnsureTopology]), health's projection consumer and the command consumer
+// of each agent, given as "entry/target".
+func Bootstrap(ctx context.Context, c *Conn, agents []string) error {
+	if err := EnsureTopology(ctx, c); err != nil {
+		return err
+	}
+	if _, err := c.JS.CreateOrUpdateConsumer(ctx, EventsStream, HealthProjectionConfig()); err != nil {
+		return fmt.Errorf("consumer %s: %w", HealthProjection, err)
+	}
+	for _, a := range agents {
+		entry, target, err := ParseAgent(a)
+		if err != nil {
+			return err
+		}
+		if _, err := c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, AgentConsumerConfig(entry, target, c.replicas)); err != nil {
+			return fmt.Errorf("consumer %s: %w", AgentConsumerName(entry, target), err)
+		}
+	}
+	return nil
+}
+
+// ParseAgent splits "entry/target" (an agent's entry name and target id,
+// each one subject token).
+func ParseAgent(s string) (entry, target string, err error) {
+	entry, target, ok := strings.Cut(s, "/")
+	if !ok || !validToken(entry) || !validToken(target) {
+		return "", "", fmt.Errorf("agent %q: want ENTRY/TARGET, e.g. local/t1 (each a non-empty NATS subject token: no '.', '*', '>', '/' or space)", s)
+	}
+	return entry, target, nil
+}
+
+func validToken(s string) bool {
+	return s != "" && !strings.ContainsAny(s, "./*> \t\r\n")
 }

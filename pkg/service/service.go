@@ -25,6 +25,11 @@ type Flags struct {
 	NATSURL     string
 	NATSContext string
 	NATSCreds   string
+	NATSNKey    string
+	NATSCA      string
+	NATSCert    string
+	NATSKey     string
+	NATSInbox   string
 	DataDir     string
 	Listen      string
 	Replicas    int
@@ -45,8 +50,8 @@ type Flags struct {
 }
 
 // Register adds the common flags to fs. Environment variables give the
-// defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, PROXYFLEET_DATA_DIR,
-// PROXYFLEET_LOG_LEVEL.
+// defaults: NATS_URL, NATS_CONTEXT, NATS_CREDS, NATS_NKEY, NATS_CA,
+// NATS_CERT, NATS_KEY, PROXYFLEET_DATA_DIR, PROXYFLEET_LOG_LEVEL.
 func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	if f.Embed != nil {
 		fs.StringVar(&f.NATSURL, "nats-url", os.Getenv("NATS_URL"),
@@ -67,6 +72,16 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"nats CLI context (name or path of its JSON file) giving the URL and credentials (env NATS_CONTEXT)")
 	fs.StringVar(&f.NATSCreds, "nats-creds", os.Getenv("NATS_CREDS"),
 		"NATS credentials file used with --nats-url (env NATS_CREDS)")
+	fs.StringVar(&f.NATSNKey, "nats-nkey", os.Getenv("NATS_NKEY"),
+		"file holding this service's nkey seed, used with --nats-url (deploy/nats; env NATS_NKEY)")
+	fs.StringVar(&f.NATSCA, "nats-ca", os.Getenv("NATS_CA"),
+		"PEM bundle of the CAs that sign the NATS server's certificate; requires TLS (env NATS_CA)")
+	fs.StringVar(&f.NATSCert, "nats-cert", os.Getenv("NATS_CERT"),
+		"client certificate for mutual TLS, with --nats-key (env NATS_CERT)")
+	fs.StringVar(&f.NATSKey, "nats-key", os.Getenv("NATS_KEY"),
+		"private key of --nats-cert (env NATS_KEY)")
+	fs.StringVar(&f.NATSInbox, "nats-inbox-prefix", os.Getenv("NATS_INBOX_PREFIX"),
+		"prefix of this connection's reply subjects instead of _INBOX; deploy/nats gives each identity its own, _INBOX_<identity> (env NATS_INBOX_PREFIX)")
 	fs.IntVar(&f.Replicas, "replicas", 0,
 		"stream and bucket replicas; 0 means 3 on a NATS cluster and 1 on a single or embedded server")
 	fs.StringVar(&f.LogLevel, "log-level", envOr("PROXYFLEET_LOG_LEVEL", "info"),
@@ -74,7 +89,7 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
 	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
-		"create or update the streams and buckets at start; set false when this service's NATS user may not (see deploy/nats)")
+		"create or update the streams, buckets and this service's durable consumers at start; false binds the existing ones, created beforehand by `planner bootstrap` (deploy/nats)")
 }
 
 // needServer returns an error naming the flags to set when the service
@@ -136,14 +151,20 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		log.Info("metrics endpoint serving", "addr", tel.MetricsAddr)
 	}
 	cfg := bus.Config{
-		URL:       f.NATSURL,
-		Context:   f.NATSContext,
-		CredsFile: f.NATSCreds,
-		Name:      "proxyfleet-" + name,
-		DataDir:   f.DataDir + "/jetstream",
-		Listen:    f.Listen,
-		Replicas:  f.Replicas,
-		Embed:     f.Embed,
+		URL:         f.NATSURL,
+		Context:     f.NATSContext,
+		CredsFile:   f.NATSCreds,
+		NKeyFile:    f.NATSNKey,
+		CAFile:      f.NATSCA,
+		CertFile:    f.NATSCert,
+		KeyFile:     f.NATSKey,
+		NoCreate:    !f.EnsureTopology,
+		InboxPrefix: f.NATSInbox,
+		Name:        "proxyfleet-" + name,
+		DataDir:     f.DataDir + "/jetstream",
+		Listen:      f.Listen,
+		Replicas:    f.Replicas,
+		Embed:       f.Embed,
 		// <data-dir>/<program>_<pid>.ports names the embedded server's
 		// client URL, also when --nats-listen asked for port 0.
 		PortsFileDir: f.DataDir,

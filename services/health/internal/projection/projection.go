@@ -36,26 +36,26 @@ import (
 )
 
 // ConsumerName is the durable consumer the projection reads FLEET_EVENTS with.
-const ConsumerName = "health-projection"
+const ConsumerName = bus.HealthProjection
 
 // PriorityGroup is the consumer's one priority group: the projection pulls
 // as a pinned client of it.
-const PriorityGroup = "projection"
+const PriorityGroup = bus.HealthProjectionGroup
 
 const (
 	// ackWait is how long an event may stay unacknowledged before it is
 	// redelivered. Retries of a failing batch send InProgress meanwhile.
-	ackWait = 30 * time.Second
+	ackWait = bus.HealthProjectionAckWait
 	// pinnedTTL is how long the server keeps the consumer pinned to a
 	// projector that stopped pulling without unpinning: how long a
 	// projector started after a crash waits before it takes over.
-	pinnedTTL = 30 * time.Second
+	pinnedTTL = bus.HealthProjectionPinnedTTL
 	// pullExpiry is how long one pull request waits; a pinned projector
 	// renews its pin with every pull, so it is well below pinnedTTL.
 	pullExpiry = 5 * time.Second
 	// maxAckPending bounds the events delivered and not yet acknowledged:
 	// the batch being applied and the next one, prefetched meanwhile.
-	maxAckPending = 2 * batchLimit
+	maxAckPending = bus.HealthProjectionMaxAckPending
 	// batchLimit bounds the events of one batch of [Projector.Run].
 	batchLimit = 2048
 	// replayKeyLimit bounds the keys of one batch of [Replay], which owns
@@ -73,7 +73,8 @@ const (
 // pinHeader names the pin of the projector a message was delivered to.
 const pinHeader = "Nats-Pin-Id"
 
-// EnsureConsumer creates or updates the projection's durable consumer.
+// EnsureConsumer creates or updates the projection's durable consumer (or
+// binds it, on a connection that may not create it).
 //
 // A projection must apply events in stream order, and one projector at a
 // time: with two, or with newer events delivered before older ones that a
@@ -86,20 +87,16 @@ const pinHeader = "Nats-Pin-Id"
 // projector, which applies them in batches and acknowledges a batch once
 // its writes are durable.
 func EnsureConsumer(ctx context.Context, c *bus.Conn) (jetstream.Consumer, error) {
-	return c.JS.CreateOrUpdateConsumer(ctx, bus.EventsStream, jetstream.ConsumerConfig{
-		Durable:        ConsumerName,
-		Description:    "health: projection of FLEET_EVENTS into fleet-proxies and fleet-pools",
-		FilterSubject:  events.EventsAll,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        ackWait,
-		MaxAckPending:  maxAckPending,
-		PriorityPolicy: jetstream.PriorityPolicyPinned,
-		PriorityGroups: []string{PriorityGroup},
-		PinnedTTL:      pinnedTTL,
-		// Replicas 0: the consumer follows the stream's replica count.
-	})
+	if !c.MayCreate() {
+		// Under deploy/nats health may not create it: the bootstrap did.
+		return bus.BindConsumer(ctx, c, bus.EventsStream, ConsumerName)
+	}
+	return c.JS.CreateOrUpdateConsumer(ctx, bus.EventsStream, bus.HealthProjectionConfig())
 }
+
+// The consumer's limits are defined with it in pkg/bus; the projection
+// batches depend on them.
+var _ = [1]struct{}{}[maxAckPending-2*batchLimit]
 
 // Rebuild drops the projection's consumer and both view buckets, then
 // recreates the buckets empty. The next [Projector.Run] replays the whole

@@ -13,8 +13,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
@@ -80,12 +82,19 @@ Without --nats-url the planner embeds a JetStream server listening on
 to it.
 
 Usage: planner [flags]
+       planner bootstrap --nats-url URL [credentials] --agent ENTRY/TARGET ...
+                         (with the admin identity: create the streams,
+                         buckets, object store and durable consumers the
+                         services bind under deploy/nats, then exit)
 
 `
 
 func main() { os.Exit(run()) }
 
 func run() int {
+	if len(os.Args) > 1 && os.Args[1] == "bootstrap" {
+		return bootstrap(os.Args[2:])
+	}
 	fs := flag.NewFlagSet("planner", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -151,6 +160,65 @@ func run() int {
 		return 1
 	}
 	base.Log.Info("planner stopped")
+	return 0
+}
+
+// agentList is the repeatable --agent flag.
+type agentList []string
+
+func (a *agentList) String() string { return strings.Join(*a, ",") }
+func (a *agentList) Set(v string) error {
+	if _, _, err := bus.ParseAgent(v); err != nil {
+		return err
+	}
+	*a = append(*a, v)
+	return nil
+}
+
+const bootstrapUsage = `planner bootstrap — create the NATS topology as the admin identity.
+
+It creates or updates every stream, KV bucket and the object store, health's
+durable consumer health-projection on FLEET_EVENTS, and for each --agent
+ENTRY/TARGET the durable consumer agent-ENTRY-TARGET on FLEET_CMDS (filter
+fleet.cmd.ENTRY.TARGET.>), then exits. Under deploy/nats only the admin
+identity may do this; the services run with --ensure-topology=false and bind
+what it created. Run it again after adding an agent. Safe to repeat.
+
+Usage: planner bootstrap [flags]
+
+`
+
+// bootstrap is the planner's bootstrap subcommand.
+func bootstrap(args []string) int {
+	fs := flag.NewFlagSet("planner bootstrap", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), bootstrapUsage)
+		fs.PrintDefaults()
+	}
+	var common service.Flags // no Embed: bootstrap needs a server to set up
+	common.Register(fs, "planner-bootstrap")
+	var agents agentList
+	fs.Var(&agents, "agent", "an agent's ENTRY/TARGET whose command consumer to create (repeatable), e.g. local/t1")
+	if code, ok := service.ParseArgs(fs, args, os.Stderr); !ok {
+		return code
+	}
+	// Everything is created below, once.
+	common.EnsureTopology = false
+	ctx, stop := service.SignalContext()
+	defer stop()
+	base, err := service.Start(ctx, "planner-bootstrap", common)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "planner bootstrap: %v\n", err)
+		return 1
+	}
+	defer base.Close()
+	bctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := bus.Bootstrap(bctx, base.Conn, agents); err != nil {
+		base.Log.Error("bootstrap failed", "err", err)
+		return 1
+	}
+	base.Log.Info("topology ready", "agents", agents.String(), "replicas", base.Conn.Replicas())
 	return 0
 }
 

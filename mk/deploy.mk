@@ -1,0 +1,40 @@
+# Deployment credentials and the deploy tier (docs/deploy.md).
+#
+# `make deploy-secrets DIR=... [AGENTS="local/t1 kvm/host1"] [HOSTS=...]`
+# writes one nkey seed per identity, nkeys.env (the public keys
+# deploy/nats/nats-server.conf reads) and a CA with server and client
+# certificates, using Go's crypto (no openssl).
+#
+# `make test-deploy` builds the pinned nats-server (the version pkg/go.mod
+# embeds) once into the cache directory, then runs e2e's deploy test: the
+# shipped deploy/nats and deploy/systemd files against that real server
+# over TLS.
+
+NATSSERVER_VERSION := $(shell awk '$$1=="github.com/nats-io/nats-server/v2"{print $$2; exit}' pkg/go.mod)
+NATSSERVER_BIN     := $(CACHE_DIR)/nats-server-$(NATSSERVER_VERSION)
+
+DEPLOY_AGENTS ?= local/t1
+DEPLOY_HOSTS  ?= localhost,127.0.0.1,::1
+
+$(NATSSERVER_BIN):
+	@mkdir -p $(CACHE_DIR)
+	@echo "building nats-server $(NATSSERVER_VERSION) into $(CACHE_DIR) (once per machine)"
+	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.nats-server-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+		GOBIN="$$tmp" $(GO) install github.com/nats-io/nats-server/v2@$(NATSSERVER_VERSION); \
+		mv -f "$$tmp/nats-server" $@
+
+.PHONY: nats-server
+nats-server: $(NATSSERVER_BIN) ## build the pinned nats-server into the cache (for deploy/nats and make test-deploy)
+	@echo $(NATSSERVER_BIN)
+
+.PHONY: deploy-secrets
+deploy-secrets: ## nkeys, nkeys.env and TLS certificates for deploy/nats: DIR=... [AGENTS="local/t1 kvm/host1"] [HOSTS=nats.example,10.0.0.5]
+	@if [ -z "$(DIR)" ]; then echo "usage: make deploy-secrets DIR=<new directory> [AGENTS=\"local/t1 ...\"] [HOSTS=host,ip,...]"; exit 2; fi
+	@cd pkg && $(GO) run ./deploykeys/cmd/deploy-secrets -dir "$(abspath $(DIR))" -agents "$(or $(AGENTS),$(DEPLOY_AGENTS))" -hosts "$(or $(HOSTS),$(DEPLOY_HOSTS))"
+
+.PHONY: test-deploy
+test-deploy: $(NATSSERVER_BIN) $(NATSCLI_BIN) ## the shipped deploy/nats and systemd units against a real nats-server over TLS: lifecycle and every refusal
+	cd e2e && PROXYFLEET_NATS_SERVER=$(NATSSERVER_BIN) PROXYFLEET_NATS_CLI=$(NATSCLI_BIN) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+		$(GO) test -tags deploy $(GOTEST_FLAGS) -run 'TestDeploy' ./...
+
+TEST_ALL_TIERS += test-deploy

@@ -91,11 +91,14 @@ func TestDeployShipped(t *testing.T) {
 	creds := map[string]string{"local-agent.nk": "agent-local-t1.nk"}
 	d.startUnit(f, "planner", secrets, vars, creds, "--reconcile-interval", "200ms")
 	d.startUnit(f, "health", secrets, vars, creds, "--echo-addr", "127.0.0.1:0", "--probe-interval", "300ms", "--probe-timeout", "2s")
-	d.startUnit(f, "local-agent", secrets, vars, creds, "--state-dir", stateDir, "--ports", "0", "--capacity", "10")
+	// The proxies may reach health's echo endpoint and the test's origin,
+	// both on loopback, which the egress policy refuses otherwise.
+	org := origin(t)
+	d.startUnit(f, "local-agent", secrets, vars, creds, "--state-dir", stateDir, "--ports", "0", "--capacity", "10",
+		"--egress-allow", f.echoEndpoint(), "--egress-allow", org.Listener.Addr().String())
 	f.waitAgent("local", "t1")
 
 	// A pool lifecycle through the operator identity.
-	org := origin(t)
 	f.mustReq("fleet.api.pool.apply", `{"name":"dep","provider":"local","size":2}`)
 	ready := f.waitPool("dep", 2, "ready", 90*time.Second)
 	for _, p := range ready {

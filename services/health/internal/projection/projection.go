@@ -43,15 +43,9 @@ const ConsumerName = bus.HealthProjection
 const PriorityGroup = bus.HealthProjectionGroup
 
 const (
-	// ackWait is how long an event may stay unacknowledged before it is
-	// redelivered. Retries of a failing batch send InProgress meanwhile.
-	ackWait = bus.HealthProjectionAckWait
-	// pinnedTTL is how long the server keeps the consumer pinned to a
-	// projector that stopped pulling without unpinning: how long a
-	// projector started after a crash waits before it takes over.
-	pinnedTTL = bus.HealthProjectionPinnedTTL
 	// pullExpiry is how long one pull request waits; a pinned projector
-	// renews its pin with every pull, so it is well below pinnedTTL.
+	// renews its pin with every pull, so it is well below
+	// bus.HealthProjectionPinnedTTL.
 	pullExpiry = 5 * time.Second
 	// maxAckPending bounds the events delivered and not yet acknowledged:
 	// the batch being applied and the next one, prefetched meanwhile.

@@ -595,7 +595,7 @@ func createCommand(id string, d events.ProxyRequestedData, attempt int, sec even
 	if d.Username != "" {
 		cmd.Auth = &events.ProxyAuth{Username: d.Username}
 	}
-	if !!sec.Empty() {
+	if sec.Empty() {
 		return cmd, nil
 	}
 	if xkey == "" {

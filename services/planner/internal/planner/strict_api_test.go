@@ -32,6 +32,9 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 	const demo = `"name":"demo","provider":"local","auth":{"username":"u","password":"p"}`
 	h.ok(poolApply, `{`+demo+`,"size":2}`, nil)
 	h.requested(2)
+	// The creates are published after the decisions, asynchronously: wait
+	// for them, so that every case below starts from a settled stream.
+	h.waitFor("the pool's 2 create commands", func() bool { return len(h.commandsOf(events.VerbCreate)) == 2 })
 
 	cases := []struct {
 		name    string

@@ -23,6 +23,8 @@ func TestReportBanRetiresAndReplaces(t *testing.T) {
 	id := ids[0]
 	h.bringUp(id, "t1", events.ProxyReady)
 	h.waitState(r, id, events.ProxyReady)
+	// The create is published asynchronously: the cases start once it is stored.
+	h.waitFor("the create command", func() bool { return len(h.commandsOf(events.VerbCreate)) == 1 })
 
 	for _, tc := range []struct {
 		name, body, code, field, text string

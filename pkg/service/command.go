@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -57,7 +58,8 @@ func (c *Command) Printf(format string, args ...any) {
 // Serve runs the service until SIGINT or SIGTERM: it starts the logger,
 // telemetry and NATS ([Start]), calls run with a context that ends on the
 // signal, and closes them when run returns. The exit status is 0 when run
-// returns nil, 1 when start-up or run fails (the error is logged), and 2
+// returns nil or ends with the cancelled context after the signal, 1 when
+// start-up or run fails (the error is logged), and 2
 // when no NATS server is given (a [Command] never embeds one).
 func (c *Command) Serve(run func(ctx context.Context, base *Base) error) int {
 	if err := c.Common.needServer(c.Name); err != nil {
@@ -71,6 +73,12 @@ func (c *Command) Serve(run func(ctx context.Context, base *Base) error) int {
 	}
 	defer base.Close()
 	if err := run(ctx, base); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// The signal came while run was still starting (an error
+			// wrapping the cancelled context): a clean stop all the same.
+			base.Log.Info("stopped by signal", "during", err.Error())
+			return 0
+		}
 		base.Log.Error("stopped", "err", err)
 		return 1
 	}

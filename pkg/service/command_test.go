@@ -3,8 +3,10 @@ package service_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"proxyfleet/pkg/bus/bustest"
@@ -106,5 +108,38 @@ func TestCommandServeNeedsAServer(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dataDir); len(entries) != 0 {
 		t.Errorf("the data directory holds %d entries; nothing should have started", len(entries))
+	}
+}
+
+// TestCommandServeSignalDuringStart: SIGTERM while run is still starting
+// ends run with an error wrapping the cancelled context; that is a clean
+// stop (0), while the same error without a signal is a failure (1).
+func TestCommandServeSignalDuringStart(t *testing.T) {
+	srv := bustest.Start(t)
+	for _, c := range []struct {
+		name   string
+		signal bool
+		code   int
+	}{{"after SIGTERM", true, 0}, {"without a signal", false, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			var out strings.Builder
+			cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+			if _, ok := cmd.Parse([]string{"--nats-url", srv.ClientURL(), "--data-dir", t.TempDir(), "--log-level", "error"}); !ok {
+				t.Fatalf("Parse: %s", &out)
+			}
+			code := cmd.Serve(func(ctx context.Context, base *service.Base) error {
+				if !c.signal {
+					return fmt.Errorf("open the driver: %w", context.Canceled)
+				}
+				if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+					t.Error(err)
+				}
+				<-ctx.Done()
+				return fmt.Errorf("open the driver: %w", ctx.Err())
+			})
+			if code != c.code {
+				t.Errorf("Serve = %d, want %d; output:\n%s", code, c.code, &out)
+			}
+		})
 	}
 }

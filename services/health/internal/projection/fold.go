@@ -189,8 +189,18 @@ func (b *batch) write(ctx context.Context) error {
 		if err == nil && w == 0 {
 			ws, err = publish(p.js, p.pools, b.pools, w, ws, p.crash)
 		}
-		if werr := await(ctx, ws); err == nil {
+		// The writes sent are awaited even when ctx ends meanwhile (a
+		// projector stopping): one that returned first would unpin the
+		// consumer while they are in flight, and the next projector's
+		// newer writes of the same keys could be overtaken by them.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeDrain)
+		werr := await(actx, ws)
+		cancel()
+		if err == nil {
 			err = werr
+		}
+		if err == nil {
+			err = ctx.Err()
 		}
 		if err != nil {
 			return err

@@ -50,6 +50,9 @@ const (
 	// maxAckPending bounds the events delivered and not yet acknowledged:
 	// the batch being applied and the next one, prefetched meanwhile.
 	maxAckPending = bus.HealthProjectionMaxAckPending
+	// writeDrain bounds how long a stopping projector waits for the view
+	// writes it sent to be acknowledged.
+	writeDrain = 10 * time.Second
 	// batchLimit bounds the events of one batch of [Projector.Run].
 	batchLimit = 2048
 	// replayKeyLimit bounds the keys of one batch of [Replay], which owns

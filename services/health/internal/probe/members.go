@@ -246,11 +246,12 @@ func (p *Prober) beat(ctx context.Context) {
 }
 
 // reassign brings the schedule in line with the members: it schedules the
-// proxies this replica now owns, probed first within a beat (they were due
-// already with their previous owner), and drops the ones it no longer owns.
+// proxies this replica now owns, probed first within half a beat (they were
+// due already with their previous owner), and drops the ones it no longer
+// owns.
 func (p *Prober) reassign() (gained, lost int) {
 	members := p.shard.list()
-	within := min(p.cfg.Interval/4, p.cfg.Beat)
+	within := min(p.cfg.Interval/4, p.cfg.Beat/2)
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -45,6 +46,17 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parse([]string{"stray"}); err == nil {
 		t.Fatal("stray argument: want an error")
+	}
+	if f, err := parse([]string{"--replica-id", "health-2"}); err != nil || f.replicaID != "health-2" {
+		t.Fatalf("--replica-id health-2: got %+v, %v", f, err)
+	}
+	for _, bad := range []string{"", "a b", "a..b", "health/2"} {
+		if _, err := parse([]string{"--replica-id", bad}); err == nil || !strings.Contains(err.Error(), "--replica-id") {
+			t.Fatalf("--replica-id %q: got %v, want an error naming the flag", bad, err)
+		}
+	}
+	if err := probe.CheckReplica(defaultReplicaID()); err != nil {
+		t.Fatalf("default replica id: %v", err)
 	}
 }
 

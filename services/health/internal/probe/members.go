@@ -264,13 +264,68 @@ func (p *Prober) reassign() (gained, lost int) {
 			p.sched.add(id, now.Add(time.Duration(rand.Int64N(int64(within)+1))))
 			gained++
 		case !own && t.owned:
+			// Its egress stays known: the new owner's records keep it
+			// up to date (see watchPeers).
 			t.owned = false
-			p.egress.set(id, "")
 			p.sched.remove(id)
 			lost++
 		}
 	}
 	return gained, lost
+}
+
+// watchPeers follows fleet-probes so that the egress index knows the egress
+// of the proxies other replicas probe: a proxy's sharedEgress counts the
+// proxies sharing its egress IP across the whole fleet, not only among this
+// replica's share. The count is as current as the other replicas' records
+// (one probe interval).
+func (p *Prober) watchPeers(ctx context.Context, kv jetstream.KeyValue) {
+	for ctx.Err() == nil {
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn("watch of the probe records failed; shared egress counts only this replica's proxies until it works", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(p.cfg.Beat):
+				}
+			}
+			continue
+		}
+		p.followPeers(ctx, w)
+		bus.StopWatch(w)
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.cfg.Beat):
+		}
+	}
+}
+
+func (p *Prober) followPeers(ctx context.Context, w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			var r Record
+			if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &r) != nil {
+				continue
+			}
+			p.mu.Lock()
+			// Only proxies this replica tracks and another probes; the
+			// records of its own proxies are its own writes.
+			if t := p.proxies[e.Key()]; t != nil && !t.owned && (r.Address == "" || r.Address == t.view.Address) {
+				p.egress.set(e.Key(), r.EgressIP)
+			}
+			p.mu.Unlock()
+		}
+	}
 }
 
 // owned counts the proxies this replica probes.

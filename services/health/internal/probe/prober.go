@@ -256,10 +256,14 @@ func (p *Prober) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if p.shard != nil {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			p.beat(ctx)
+		}()
+		go func() {
+			defer wg.Done()
+			p.watchPeers(ctx, b.probes)
 		}()
 	}
 	wg.Add(2)

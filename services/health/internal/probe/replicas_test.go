@@ -79,7 +79,8 @@ func probedBy(proxies map[string]*fwdProxy, rs ...*replica) map[string]map[strin
 }
 
 // Two health replicas split the proxies: in steady state each proxy is
-// probed by exactly the replica the assignment names, and when one replica
+// probed by exactly the replica the assignment names, the shared egress
+// counts the proxies of both, and when one replica
 // dies without leaving (its key simply stops being renewed) the survivor
 // probes all its proxies within the membership TTL plus one probe interval.
 func TestReplicasSplitTheProbing(t *testing.T) {
@@ -168,6 +169,16 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	// All proxies egress from 127.0.0.1: each record counts the 15 others,
+	// half of them probed by the other replica.
+	f.eventually("every record counting the whole fleet's shared egress", func() bool {
+		for _, id := range all {
+			if r := f.record(id); r.EgressIP != "127.0.0.1" || r.SharedEgress != n-1 {
+				return false
+			}
+		}
+		return true
+	})
 
 	// b dies: no leave, its key just stops being renewed.
 	b.pr.KeepMembershipOnExit()

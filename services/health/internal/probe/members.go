@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -102,6 +103,11 @@ type membership struct {
 	beat    time.Duration
 	ttl     time.Duration
 	started time.Time
+	log     *slog.Logger
+
+	// Used by renew only, which runs on one goroutine at a time.
+	rev    uint64    // revision of this replica's last write of its key
+	warned time.Time // when a clash of replica ids was last logged
 
 	mu      sync.Mutex
 	members []string  // sorted, self among them; nil while not a member
@@ -115,9 +121,26 @@ func (m *membership) renew(ctx context.Context, proxies int) (bool, error) {
 	defer cancel()
 	at := time.Now()
 	body, _ := json.Marshal(memberValue{Replica: m.self, Started: m.started, Proxies: proxies})
-	if _, err := m.kv.Put(ctx, m.self, body); err != nil {
+	// An update expecting this replica's last write reveals another
+	// process renewing the same key: two replicas with one id.
+	var rev uint64
+	var err error
+	if m.rev != 0 {
+		rev, err = m.kv.Update(ctx, m.self, body, m.rev)
+		if err != nil {
+			if e, gerr := m.kv.Get(ctx, m.self); gerr == nil && e.Revision() != m.rev && time.Since(m.warned) > time.Minute {
+				m.warned = time.Now()
+				m.log.Error("another process renews this replica's key in "+bus.BucketHealth+": both probe the same proxies; give each replica its own --replica-id", "replica", m.self)
+			}
+			rev, err = m.kv.Put(ctx, m.self, body)
+		}
+	} else {
+		rev, err = m.kv.Put(ctx, m.self, body)
+	}
+	if err != nil {
 		return m.lapse(at), fmt.Errorf("renew membership in %s: %w", bus.BucketHealth, err)
 	}
+	m.rev = rev
 	members, err := m.kv.Keys(ctx)
 	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		return m.lapse(at), fmt.Errorf("list %s: %w", bus.BucketHealth, err)

@@ -187,8 +187,8 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 		if 2*cfg.Beat >= bus.HealthMemberTTL {
 			return nil, fmt.Errorf("membership beat %s: want below half the membership TTL (%s)", cfg.Beat, bus.HealthMemberTTL)
 		}
-		shard = &membership{self: cfg.Replica, beat: cfg.Beat, ttl: bus.HealthMemberTTL, started: time.Now().UTC()}
 		log = log.With("replica", cfg.Replica)
+		shard = &membership{self: cfg.Replica, beat: cfg.Beat, ttl: bus.HealthMemberTTL, started: time.Now().UTC(), log: log}
 	}
 	p := &Prober{
 		conn:    c,

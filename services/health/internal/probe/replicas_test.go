@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,4 +202,24 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 			t.Errorf("%s probed through the dead replica's echo after it stopped", id)
 		}
 	}
+}
+
+// Two replicas given one id both own every proxy; each notices the other
+// writing its key and says so.
+func TestReplicasWithOneIDAreReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	startReplica(t, f, "health-x", log)
+	startReplica(t, f, "health-x", log)
+	f.eventually("the clash of replica ids logged", func() bool {
+		return strings.Contains(logs.String(), "give each replica its own --replica-id")
+	})
 }

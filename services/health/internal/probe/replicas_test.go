@@ -223,3 +223,22 @@ func TestReplicasWithOneIDAreReported(t *testing.T) {
 		return strings.Contains(logs.String(), "give each replica its own --replica-id")
 	})
 }
+
+// A replica without the fleet-health bucket (a topology from before it)
+// refuses to start and names the command that creates it.
+func TestReplicaWithoutTheBucketNamesBootstrap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := bustest.Start(t)
+	if err := c.JS.DeleteKeyValue(ctx, bus.BucketHealth); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(c, probe.Config{EchoURL: "http://127.0.0.1:1/", Replica: "health-a"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pr.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), bus.BucketHealth) || !strings.Contains(err.Error(), "planner bootstrap") {
+		t.Fatalf("Run: got %v, want an error naming %s and planner bootstrap", err, bus.BucketHealth)
+	}
+}

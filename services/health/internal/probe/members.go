@@ -285,8 +285,9 @@ func (p *Prober) reassign() (gained, lost int) {
 		own := members != nil && owner(id, members) == p.shard.self
 		switch {
 		case own && !t.owned:
-			// What this replica knew of it is old: the streak restarts.
-			t.owned, t.streak, t.lastOK = true, 0, time.Time{}
+			// Its streak and last success are those of the previous
+			// owner's last record (see watchPeers).
+			t.owned = true
 			p.sched.add(id, now.Add(time.Duration(rand.Int64N(int64(within)+1))))
 			gained++
 		case !own && t.owned:
@@ -300,11 +301,14 @@ func (p *Prober) reassign() (gained, lost int) {
 	return gained, lost
 }
 
-// watchPeers follows fleet-probes so that the egress index knows the egress
-// of the proxies other replicas probe: a proxy's sharedEgress counts the
+// watchPeers follows fleet-probes for the proxies other replicas probe. The
+// egress index learns their egress, so a proxy's sharedEgress counts the
 // proxies sharing its egress IP across the whole fleet, not only among this
-// replica's share. The count is as current as the other replicas' records
-// (one probe interval).
+// replica's share (as current as the other replicas' records: one probe
+// interval). And each such proxy's failure streak and last success are
+// kept, so a replica taking a proxy over continues its streak: a failing
+// proxy turns unhealthy after --unhealthy-after failed probes whichever
+// replicas ran them.
 func (p *Prober) watchPeers(ctx context.Context, kv jetstream.KeyValue) {
 	for ctx.Err() == nil {
 		w, err := kv.WatchAll(ctx)
@@ -348,6 +352,10 @@ func (p *Prober) followPeers(ctx context.Context, w jetstream.KeyWatcher) {
 			// records of its own proxies are its own writes.
 			if t := p.proxies[e.Key()]; t != nil && !t.owned && (r.Address == "" || r.Address == t.view.Address) {
 				p.egress.set(e.Key(), r.EgressIP)
+				t.streak, t.lastOK = r.Streak, time.Time{}
+				if r.LastOKAt != nil {
+					t.lastOK = *r.LastOKAt
+				}
 			}
 			p.mu.Unlock()
 		}

@@ -242,3 +242,54 @@ func TestReplicaWithoutTheBucketNamesBootstrap(t *testing.T) {
 		t.Fatalf("Run: got %v, want an error naming %s and planner bootstrap", err, bus.BucketHealth)
 	}
 }
+
+// A replica taking a failing proxy over continues the failure streak the
+// previous owner recorded, and the proxy's unhealthy event stays the one.
+func TestTakeoverContinuesTheStreak(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	pctx, pstop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
+	t.Cleanup(func() { pstop(); wg.Wait() })
+
+	both := []string{"health-a", "health-b"}
+	// A proxy id health-b owns.
+	id := ""
+	for i := 0; id == ""; i++ {
+		if cand := fmt.Sprintf("demo-%02d", i); probe.Owner(cand, both) == "health-b" {
+			id = cand
+		}
+	}
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy(id, "demo", "", fp.addr)
+	a := startReplica(t, f, "health-a", log)
+	b := startReplica(t, f, "health-b", log)
+	f.eventually("both replicas seeing each other", func() bool {
+		return slices.Equal(a.pr.Members(), both) && slices.Equal(b.pr.Members(), both)
+	})
+	f.waitState(id, events.ProxyReady)
+	fp.stop()
+	f.waitState(id, events.ProxyUnhealthy)
+	f.eventually("a streak past the threshold", func() bool { return f.record(id).Streak > unhealthyAfter })
+
+	b.pr.KeepMembershipOnExit()
+	b.halt(t)
+	last := f.record(id) // b's last record: b wrote it, and writes no more
+	f.eventually("the survivor's first probe of "+id, func() bool { return f.record(id).CheckedAt.After(last.CheckedAt) })
+	if got := f.record(id); got.Streak != last.Streak+1 {
+		t.Fatalf("the survivor's first record has streak %d; want the dead replica's %d continued: %d", got.Streak, last.Streak, last.Streak+1)
+	}
+	if n := len(f.kinds(id)[events.ProxyUnhealthy]); n != 1 {
+		t.Fatalf("unhealthy events: %d, want 1", n)
+	}
+}

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/bus"
@@ -88,6 +92,10 @@ jetstream { store_dir: %q }
 cluster {
   name: proxyfleet-test
   listen: "127.0.0.1:-1"
+  # A peer that stops answering (SIGSTOP) is dropped after 3 unanswered
+  # pings, as docs/scaling.md recommends, not after the default minutes.
+  ping_interval: "2s"
+  ping_max: 3
   routes: [%s]
 }
 `, n.name, n.store, strings.Join(routes, ", "))
@@ -207,7 +215,7 @@ type clusterFleet struct {
 	*fleet
 	nc        *natsCluster
 	stateDirs map[string]string // target → local-agent state directory
-	echoes    []string
+	echo      string            // ip:port of the probes' echo endpoint
 	lostCmds  int
 }
 
@@ -227,7 +235,14 @@ func newClusterFleet(t *testing.T) *clusterFleet {
 	needBinaries(t)
 	nc := startNATSCluster(t, bin)
 	conn := nc.connect()
-	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}}
+	// The echo endpoint answers {"ip": caller}, as health's own does.
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"ip": host})
+	}))
+	t.Cleanup(echo.Close)
+	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}, echo: echo.Listener.Addr().String()}
 	cf.fleet = &fleet{t: t, conn: conn, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
 	t.Cleanup(func() {
 		cf.mu.Lock()
@@ -250,6 +265,17 @@ func newClusterFleet(t *testing.T) *clusterFleet {
 			return
 		}
 		names := []string{"planner-1", "planner-2", "health-1", "health-2", "agent-t1", "agent-t2"}
+		// Keep the whole logs (services and servers) for the post-mortem.
+		if keep, err := os.MkdirTemp("", "proxyfleet-cluster-logs-"); err == nil {
+			for _, n := range names {
+				_ = os.WriteFile(filepath.Join(keep, n+".log"), []byte(cf.log(n)), 0o644)
+			}
+			for _, n := range nc.nodes {
+				b, _ := os.ReadFile(filepath.Join(n.run, "nats-server.log"))
+				_ = os.WriteFile(filepath.Join(keep, n.name+".log"), b, 0o644)
+			}
+			t.Logf("logs kept in %s", keep)
+		}
 		for _, n := range names {
 			l := cf.log(n)
 			if len(l) > 4000 {
@@ -319,8 +345,12 @@ func (cf *clusterFleet) startPlanner(id string) {
 		"--gc-interval", "1s", "--gc-grace", clusterGCGrace.String())
 }
 
+// startHealth starts a health replica probing through the test's echo
+// endpoint (--echo-url), which outlives the replicas' restarts, as an
+// external one would in a multi-host deployment.
 func (cf *clusterFleet) startHealth(id string) {
-	cf.svc("health-"+id, "health", "--echo-addr", "127.0.0.1:0", "--probe-interval", "500ms", "--probe-timeout", "3s")
+	cf.svc("health-"+id, "health", "--echo-addr", "", "--echo-url", "http://"+cf.echo+"/",
+		"--probe-interval", "500ms", "--probe-timeout", "3s")
 }
 
 func (cf *clusterFleet) startAgent(target string) {
@@ -330,30 +360,13 @@ func (cf *clusterFleet) startAgent(target string) {
 		cf.stateDirs[target] = dir
 	}
 	args := []string{"--entry", "local", "--target", target, "--state-dir", dir, "--ports", "0", "--capacity", "40"}
-	for _, e := range cf.echoes {
-		args = append(args, "--egress-allow", e)
-	}
+	args = append(args, "--egress-allow", cf.echo)
 	cf.svc("agent-"+target, "local-agent", args...)
-}
-
-func (cf *clusterFleet) echoOf(name string) string {
-	cf.t.Helper()
-	var addr string
-	waitFor(cf.t, 60*time.Second, name+"'s echo endpoint", func() bool {
-		m := echoServing.FindAllStringSubmatch(cf.log(name), -1)
-		if len(m) == 0 {
-			return false
-		}
-		addr = m[len(m)-1][1]
-		return true
-	})
-	return addr
 }
 
 func (cf *clusterFleet) startAll() {
 	cf.startHealth("1")
 	cf.startHealth("2")
-	cf.echoes = []string{cf.echoOf("health-1"), cf.echoOf("health-2")}
 	cf.startAgent("t1")
 	cf.startAgent("t2")
 	cf.startPlanner("1")
@@ -539,4 +552,292 @@ func TestClusterLifecycle(t *testing.T) {
 	cf.invariants("lifecycle: scaled up", map[string]int{"life": 4})
 	cf.mustReq("fleet.api.pool.delete", `{"name":"life"}`)
 	cf.invariants("lifecycle: deleted", map[string]int{"life": 0})
+}
+
+// sinceFault polls until the planner has appended a proxy decision
+// (requested or retiring) beyond before, and returns the time since t0.
+func (cf *clusterFleet) nextDecision(label string, t0 time.Time, before int) time.Duration {
+	cf.t.Helper()
+	var took time.Duration
+	waitFor(cf.t, 3*time.Minute, label+": the next planner decision", func() bool {
+		if cf.decisions() > before {
+			took = time.Since(t0)
+			return true
+		}
+		return false
+	})
+	cf.t.Logf("cluster: %s: next decision after %s", label, took.Round(time.Millisecond))
+	return took
+}
+
+// dupProbe republishes the most recent proxy events (stored within the
+// last few seconds, well inside the duplicate window) with their own
+// Nats-Msg-Id, as a service retrying a publish whose acknowledgement the
+// fault swallowed would: the stream's new leader must drop every one
+// (PubAck.Duplicate) and the stream must not grow. It returns how many
+// were dropped.
+func (cf *clusterFleet) dupProbe(label string) int {
+	cf.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := cf.conn.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		cf.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		cf.t.Fatal(err)
+	}
+	last := info.State.LastSeq
+	var msgs []*jetstream.RawStreamMsg
+	for seq := last; seq > 0 && seq+200 > last && len(msgs) < 5; seq-- {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		if !strings.HasPrefix(m.Subject, "fleet.evt.proxy.") || m.Header.Get(jetstream.MsgIDHeader) == "" ||
+			time.Since(m.Time) > clusterDupWindow/2 {
+			continue
+		}
+		msgs = append(msgs, m)
+	}
+	if len(msgs) == 0 {
+		cf.t.Fatalf("%s: no recent proxy event to republish", label)
+	}
+	dropped := 0
+	for _, m := range msgs {
+		msg := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, m.Header.Get(jetstream.MsgIDHeader))
+		ack, err := cf.conn.JS.PublishMsg(ctx, msg)
+		if err != nil {
+			cf.t.Fatalf("%s: republish %s: %v", label, m.Subject, err)
+		}
+		if !ack.Duplicate {
+			cf.t.Fatalf("%s: republished %s (Msg-Id %s) was stored again at seq %d: Msg-Id deduplication lost across the fault",
+				label, m.Subject, m.Header.Get(jetstream.MsgIDHeader), ack.Sequence)
+		}
+		dropped++
+	}
+	cf.t.Logf("cluster: %s: duplicate events dropped by Msg-Id: %d of %d republished", label, dropped, len(msgs))
+	return dropped
+}
+
+// caughtUp waits until every replica of stream is current again.
+func (cf *clusterFleet) caughtUp(label, stream string) {
+	cf.t.Helper()
+	waitFor(cf.t, 2*time.Minute, label+": every replica of "+stream+" current", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		s, err := cf.conn.JS.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			return false
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline || r.Lag != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// viewsMatchRebuild stops every writer, rebuilds fleet-proxies and
+// fleet-pools from FLEET_EVENTS (health --rebuild-views) and requires
+// them byte-identical to what the running services projected; then starts
+// the services again.
+func (cf *clusterFleet) viewsMatchRebuild(label string) {
+	cf.t.Helper()
+	names := []string{"planner-1", "planner-2", "health-1", "health-2", "agent-t1", "agent-t2"}
+	for _, n := range names {
+		cf.stop(n)
+	}
+	before := map[string]map[string][]byte{
+		bus.BucketProxies: cf.views(bus.BucketProxies),
+		bus.BucketPools:   cf.views(bus.BucketPools),
+	}
+	// The rebuild drops and recreates the R3 views: right after a fault
+	// the cluster may time out a bucket creation; the rebuild is
+	// idempotent and an operator runs it again.
+	for attempt := 1; ; attempt++ {
+		cmd := exec.Command(filepath.Join(binDir, "health"), "--nats-url", cf.nc.urls(),
+			"--data-dir", filepath.Join(cf.dir, "health-rebuild"), "--rebuild-views")
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			cf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
+		}
+		cf.t.Logf("cluster: %s: health --rebuild-views attempt %d failed, again: %v", label, attempt, err)
+	}
+	for bucket, want := range before {
+		if got := cf.views(bucket); !sameViews(got, want) {
+			cf.t.Fatalf("%s: %s differs after rebuild:\n got %s\nwant %s", label, bucket, dump(got), dump(want))
+		}
+	}
+	cf.t.Logf("cluster: %s: views identical to a rebuild (%d proxies, %d pools)", label,
+		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))
+	cf.startAll()
+}
+
+// churn scales pool a and b in opposite directions and waits until the
+// planner has started acting on it, so that the fault lands mid-scale.
+func (cf *clusterFleet) churn(sizes map[string]int, a, b int) {
+	cf.t.Helper()
+	before := cf.decisions()
+	sizes["a"], sizes["b"] = a, b
+	cf.apply("a", a)
+	cf.apply("b", b)
+	waitFor(cf.t, 60*time.Second, "the planner acting on the new sizes", func() bool { return cf.decisions() > before })
+}
+
+// TestClusterFaults kills, restarts and stops nats-server nodes of the
+// cluster while pools scale up and down, and checks after each fault that
+// no proxy runs twice, none leaks past GC's grace, every pool reaches its
+// size, every decided create command was executed, Msg-Id deduplication
+// still holds and the views equal a rebuild from the log.
+//
+// The safeguards each scenario relies on (docs/scaling.md):
+//   - every fault: commands and events carry a deterministic Nats-Msg-Id
+//     (bus.PublishCommand, EventStore.Append, the fenced decisions), so a
+//     publish retried after a lost acknowledgement is dropped, not doubled;
+//     pkg/bus's TestCommandRepublishDedup fails without it. Agents key
+//     instances by events.InstanceName(proxy id) and adopt what runs.
+//   - FLEET_EVENTS leader killed: R3 file store, acknowledged only once a
+//     quorum has it; the new leader rebuilds its duplicate table from the
+//     stored Msg-Ids (the republish probe below fails without it).
+//   - lease bucket leader and leader planner killed: the lease's TTL and
+//     the term fence (AppendFenced) keep one writer; a second leader's
+//     decisions are refused (pkg/bus TestFencedAppendOnReplicatedStream).
+//   - node restarted with its store: Raft catch-up from the store plus
+//     the leader's log; the node must be current again before the next one.
+//   - node stopped longer than the duplicate window: the window is
+//     shortened to 20s on the streams' own configuration; the stopped
+//     node holds no leadership once stopped, and the agents' instance
+//     names make a create redelivered after the window idempotent.
+func TestClusterFaults(t *testing.T) {
+	cf := newClusterFleet(t)
+	cf.startAll()
+	sizes := map[string]int{"a": 2, "b": 3}
+	cf.apply("a", 2)
+	cf.apply("b", 3)
+	cf.invariants("start", sizes)
+
+	// (a) kill -9 the node leading FLEET_EVENTS while pools scale.
+	{
+		label := "fault a (FLEET_EVENTS leader killed)"
+		leader := leaderOf(t, cf.conn, bus.EventsStream)
+		cf.churn(sizes, 4, 1)
+		at := cf.decisions()
+		t0 := time.Now()
+		i := cf.nc.index(leader)
+		cf.nc.stopNode(i, syscall.SIGKILL)
+		t.Logf("cluster: %s: killed %s", label, leader)
+		sizes["a"], sizes["b"] = 3, 2
+		cf.apply("a", 3)
+		cf.apply("b", 2)
+		cf.nextDecision(label, t0, at)
+		if nl := leaderOf(t, cf.conn, bus.EventsStream); nl == leader {
+			t.Fatalf("%s: %s still leads FLEET_EVENTS after being killed", label, leader)
+		}
+		cf.dupProbe(label)
+		cf.nc.start(i)
+		cf.caughtUp(label, bus.EventsStream)
+		cf.invariants(label, sizes)
+		cf.viewsMatchRebuild(label)
+	}
+
+	// (b) kill -9 the node leading the lease bucket and the leader planner
+	// together: planner failover.
+	{
+		label := "fault b (lease bucket leader and leader planner killed)"
+		kvLeader := leaderOf(t, cf.conn, "KV_"+bus.BucketPlanner)
+		term := cf.currentTerm()
+		cf.churn(sizes, 2, 3)
+		at := cf.decisions()
+		t0 := time.Now()
+		i := cf.nc.index(kvLeader)
+		cf.nc.stopNode(i, syscall.SIGKILL)
+		cf.kill9(term.Leader)
+		t.Logf("cluster: %s: killed node %s and %s (term %d)", label, kvLeader, term.Leader, term.Number)
+		sizes["a"], sizes["b"] = 4, 2
+		cf.apply("a", 4)
+		cf.apply("b", 2)
+		took := cf.nextDecision(label, t0, at)
+		next := cf.currentTerm()
+		if next.Number <= term.Number || next.Leader == term.Leader {
+			t.Fatalf("%s: a decision after the leader's death without a new term: term %d by %s", label, next.Number, next.Leader)
+		}
+		t.Logf("cluster: planner failover: %s from the leader's death to the new leader's first decision (lease TTL %s, term %d by %s)",
+			took.Round(time.Millisecond), bus.LeaseTTL, next.Number, next.Leader)
+		// The target is lease TTL + 1s; two shared cores and a Raft
+		// election of the lease bucket get a generous margin.
+		if limit := bus.LeaseTTL + 30*time.Second; took > limit {
+			t.Fatalf("%s: planner failover took %s, more than %s", label, took, limit)
+		}
+		cf.dupProbe(label)
+		cf.nc.start(i)
+		cf.startPlanner(strings.TrimPrefix(term.Leader, "planner-"))
+		cf.caughtUp(label, "KV_"+bus.BucketPlanner)
+		cf.invariants(label, sizes)
+		cf.viewsMatchRebuild(label)
+	}
+
+	// (c) restart a node with its store intact (the FLEET_CMDS leader).
+	{
+		label := "fault c (node restarted with its store)"
+		leader := leaderOf(t, cf.conn, bus.CommandsStream)
+		cf.churn(sizes, 2, 4)
+		at := cf.decisions()
+		t0 := time.Now()
+		i := cf.nc.index(leader)
+		cf.nc.stopNode(i, syscall.SIGTERM)
+		cf.nc.start(i)
+		t.Logf("cluster: %s: restarted %s", label, leader)
+		sizes["a"], sizes["b"] = 3, 3
+		cf.apply("a", 3)
+		cf.apply("b", 3)
+		cf.nextDecision(label, t0, at)
+		cf.dupProbe(label)
+		cf.caughtUp(label, bus.EventsStream)
+		cf.caughtUp(label, bus.CommandsStream)
+		cf.invariants(label, sizes)
+	}
+
+	// (d) stop a node (SIGSTOP) for longer than the duplicate window while
+	// pools scale, then let it run again.
+	{
+		label := "fault d (node stopped past the duplicate window)"
+		leader := leaderOf(t, cf.conn, bus.EventsStream)
+		cf.churn(sizes, 1, 4)
+		at := cf.decisions()
+		i := cf.nc.index(leader)
+		t0 := time.Now()
+		if err := cf.nc.nodes[i].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("cluster: %s: stopped %s for %s", label, leader, clusterDupWindow+5*time.Second)
+		sizes["a"], sizes["b"] = 3, 2
+		cf.apply("a", 3)
+		cf.apply("b", 2)
+		cf.nextDecision(label, t0, at)
+		cf.dupProbe(label)
+		cf.waitPool("a", 3, "ready", 3*time.Minute)
+		cf.waitPool("b", 2, "ready", 3*time.Minute)
+		// The stop must outlast the window; waiting is the point here.
+		waitFor(t, 2*clusterDupWindow, "the duplicate window to pass", func() bool {
+			return time.Since(t0) > clusterDupWindow+5*time.Second
+		})
+		if err := cf.nc.nodes[i].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		cf.caughtUp(label, bus.EventsStream)
+		cf.caughtUp(label, bus.CommandsStream)
+		cf.invariants(label, sizes)
+		cf.viewsMatchRebuild(label)
+	}
 }

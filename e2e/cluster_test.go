@@ -655,6 +655,10 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 	for _, n := range names {
 		cf.stop(n)
 	}
+	// A view is read by direct get, which any replica answers: wait until
+	// every replica of both views holds what the projection wrote.
+	cf.caughtUp(label, "KV_"+bus.BucketProxies)
+	cf.caughtUp(label, "KV_"+bus.BucketPools)
 	before := map[string]map[string][]byte{
 		bus.BucketProxies: cf.views(bus.BucketProxies),
 		bus.BucketPools:   cf.views(bus.BucketPools),
@@ -672,8 +676,10 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 		if attempt == 3 {
 			cf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
 		}
-		cf.t.Logf("cluster: %s: health --rebuild-views attempt %d failed, again: %v", label, attempt, err)
+		cf.t.Logf("cluster: %s: health --rebuild-views attempt %d failed, again: %v: %s", label, attempt, err, lastLine(out))
 	}
+	cf.caughtUp(label, "KV_"+bus.BucketProxies)
+	cf.caughtUp(label, "KV_"+bus.BucketPools)
 	for bucket, want := range before {
 		if got := cf.views(bucket); !sameViews(got, want) {
 			cf.t.Fatalf("%s: %s differs after rebuild:\n got %s\nwant %s", label, bucket, dump(got), dump(want))
@@ -840,4 +846,10 @@ func TestClusterFaults(t *testing.T) {
 		cf.invariants(label, sizes)
 		cf.viewsMatchRebuild(label)
 	}
+}
+
+// lastLine is the last non-empty line of out.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
 }

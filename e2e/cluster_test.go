@@ -664,8 +664,11 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 		bus.BucketPools:   cf.views(bus.BucketPools),
 	}
 	// The rebuild drops and recreates the R3 views: right after a fault
-	// the cluster may time out a bucket creation; the rebuild is
-	// idempotent and an operator runs it again.
+	// the cluster may time out a bucket creation, or refuse to place its
+	// replicas until the meta leader hears again from a node that was
+	// stopped ("no suitable peers"); the rebuild is idempotent and an
+	// operator runs it again.
+	deadline := time.Now().Add(2 * time.Minute)
 	for attempt := 1; ; attempt++ {
 		cmd := exec.Command(filepath.Join(binDir, "health"), "--nats-url", cf.nc.urls(),
 			"--data-dir", filepath.Join(cf.dir, "health-rebuild"), "--rebuild-views")
@@ -673,10 +676,11 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 		if err == nil {
 			break
 		}
-		if attempt == 3 {
+		if time.Now().After(deadline) {
 			cf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
 		}
 		cf.t.Logf("cluster: %s: health --rebuild-views attempt %d failed, again: %v: %s", label, attempt, err, lastLine(out))
+		time.Sleep(3 * time.Second) // pacing between attempts of an operator's command
 	}
 	cf.caughtUp(label, "KV_"+bus.BucketProxies)
 	cf.caughtUp(label, "KV_"+bus.BucketPools)

@@ -477,25 +477,34 @@ func (cf *clusterFleet) instances() map[string]int {
 // executed by an agent (commands lost).
 func (cf *clusterFleet) invariants(label string, sizes map[string]int) {
 	cf.t.Helper()
-	for pool, n := range sizes {
-		cf.waitPool(pool, n, "ready", 3*time.Minute)
-	}
-	want := map[string]bool{}
-	for pool := range sizes {
-		for _, p := range cf.proxies(pool) {
-			want[events.InstanceName(p.ID)] = true
-		}
-	}
+	// The views are re-read at every poll: one read may be served by a
+	// replica that is still catching up.
 	var got map[string]int
-	deadline := clusterGCGrace + 90*time.Second
-	waitFor(cf.t, deadline, label+": live instances equal to the pools' proxies (GC grace passed)", func() bool {
+	var want map[string]bool
+	var pending string
+	deadline := clusterGCGrace + 3*time.Minute
+	ok := poll(deadline, func() bool {
+		want, pending = map[string]bool{}, ""
+		for pool, n := range sizes {
+			ps := cf.proxies(pool)
+			ready := 0
+			for _, p := range ps {
+				want[events.InstanceName(p.ID)] = true
+				if p.State == "ready" {
+					ready++
+				}
+			}
+			if len(ps) != n || ready != n {
+				pending = fmt.Sprintf("pool %s has %d proxies, %d ready, want %d", pool, len(ps), ready, n)
+			}
+		}
 		got = cf.instances()
 		for name, n := range got {
 			if n > 1 {
 				cf.t.Fatalf("%s: duplicate instance: %s runs %d times across the agents", label, name, n)
 			}
 		}
-		if len(got) != len(want) {
+		if pending != "" || len(got) != len(want) {
 			return false
 		}
 		for name := range want {
@@ -505,6 +514,9 @@ func (cf *clusterFleet) invariants(label string, sizes map[string]int) {
 		}
 		return true
 	})
+	if !ok {
+		cf.t.Fatalf("%s: after %s: %s; live instances %v, the pools' proxies %v", label, deadline, pending, got, want)
+	}
 	lost := 0
 	var lostIDs []string
 	for id, types := range cf.proxyEvents() {
@@ -856,4 +868,16 @@ func TestClusterFaults(t *testing.T) {
 func lastLine(out []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	return lines[len(lines)-1]
+}
+
+// poll calls cond until it holds or within has passed, and reports which.
+func poll(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
 }

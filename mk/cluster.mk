@@ -7,6 +7,6 @@
 .PHONY: test-cluster
 test-cluster: $(NATSSERVER_BIN) ## the system on a 3-node nats-server cluster: R3, two planners and health replicas, nodes killed under churn
 	cd e2e && PROXYFLEET_NATS_SERVER=$(NATSSERVER_BIN) PROXYFLEET_REQUIRE_INTEGRATION=1 \
-		$(GO) test -tags cluster $(GOTEST_FLAGS) -v -timeout 15m -run 'TestCluster' ./...
+		$(GO) test -tags cluster $(GOTEST_FLAGS) -v -timeout 15m -run 'TestCluster' .
 
 TEST_ALL_TIERS += test-cluster

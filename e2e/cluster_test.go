@@ -669,12 +669,25 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 	}
 	// A view is read by direct get, which any replica answers: wait until
 	// every replica of both views holds what the projection wrote.
+	cf.caughtUp(label, bus.EventsStream)
 	cf.caughtUp(label, "KV_"+bus.BucketProxies)
 	cf.caughtUp(label, "KV_"+bus.BucketPools)
-	before := map[string]map[string][]byte{
-		bus.BucketProxies: cf.views(bus.BucketProxies),
-		bus.BucketPools:   cf.views(bus.BucketPools),
+	snapshot := func() map[string]map[string][]byte {
+		return map[string]map[string][]byte{
+			bus.BucketProxies: cf.views(bus.BucketProxies),
+			bus.BucketPools:   cf.views(bus.BucketPools),
+		}
 	}
+	// Nothing writes any more: two reads a moment apart that agree are
+	// what the replicas hold.
+	before := snapshot()
+	waitFor(cf.t, time.Minute, label+": the views to read the same twice", func() bool {
+		time.Sleep(500 * time.Millisecond)
+		again := snapshot()
+		same := sameViews(again[bus.BucketProxies], before[bus.BucketProxies]) && sameViews(again[bus.BucketPools], before[bus.BucketPools])
+		before = again
+		return same
+	})
 	// The rebuild drops and recreates the R3 views: right after a fault
 	// the cluster may time out a bucket creation, or refuse to place its
 	// replicas until the meta leader hears again from a node that was
@@ -696,10 +709,21 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 	}
 	cf.caughtUp(label, "KV_"+bus.BucketProxies)
 	cf.caughtUp(label, "KV_"+bus.BucketPools)
-	for bucket, want := range before {
-		if got := cf.views(bucket); !sameViews(got, want) {
-			cf.t.Fatalf("%s: %s differs after rebuild:\n got %s\nwant %s", label, bucket, dump(got), dump(want))
+	// The rebuilt views are read by direct get too: a replica may serve
+	// an older value for a moment, so they must become identical, and a
+	// rebuild that differs never does.
+	var diff string
+	if !poll(time.Minute, func() bool {
+		diff = ""
+		for bucket, want := range before {
+			if got := cf.views(bucket); !sameViews(got, want) {
+				diff = fmt.Sprintf("%s differs after rebuild:\n got %s\nwant %s", bucket, dump(got), dump(want))
+				return false
+			}
 		}
+		return true
+	}) {
+		cf.t.Fatalf("%s: %s", label, diff)
 	}
 	cf.t.Logf("cluster: %s: views identical to a rebuild (%d proxies, %d pools)", label,
 		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))

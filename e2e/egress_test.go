@@ -6,14 +6,12 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/egress"
-	"proxyfleet/pkg/testgate"
 )
 
 // TestEgressThroughReadyProxy: through a ready proxy of the built-in
@@ -27,14 +25,7 @@ func TestEgressThroughReadyProxy(t *testing.T) {
 // TestEgressThroughReadyProxySquid is the same through real Squid proxies
 // (make test-e2e-squid sets PROXYFLEET_SQUID).
 func TestEgressThroughReadyProxySquid(t *testing.T) {
-	squid := os.Getenv("PROXYFLEET_SQUID")
-	if squid == "" {
-		t.Skip("PROXYFLEET_SQUID is not set; make test-e2e-squid runs this test with Debian's squid")
-	}
-	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
-	f := newFleet(t)
-	f.squid = squid
-	egressThroughReadyProxy(t, f)
+	egressThroughReadyProxy(t, newSquidFleet(t))
 }
 
 func egressThroughReadyProxy(t *testing.T, f *fleet) {

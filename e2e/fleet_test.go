@@ -26,6 +26,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/testgate"
 )
 
 // binDir holds the service binaries built once for the package.
@@ -169,6 +170,21 @@ func (f *fleet) startAgent() {
 		args = append(args, "--ports", "0", "--capacity", "40")
 	}
 	f.start("local-agent", append(args, f.agentArg...)...)
+}
+
+// newSquidFleet is newFleet with every proxy a real Squid process. The
+// Squid tier (make test-e2e-squid) installs Debian's squid and sets
+// PROXYFLEET_SQUID; without it the test is skipped.
+func newSquidFleet(t *testing.T) *fleet {
+	t.Helper()
+	squid := os.Getenv("PROXYFLEET_SQUID")
+	if squid == "" {
+		t.Skip("PROXYFLEET_SQUID is not set; make test-e2e-squid runs this test with Debian's squid")
+	}
+	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
+	f := newFleet(t)
+	f.squid = squid
+	return f
 }
 
 // echoServing finds the address of health's echo endpoint in its log.

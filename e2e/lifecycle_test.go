@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/bus"
-	"proxyfleet/pkg/testgate"
 )
 
 // TestPoolLifecycle is the walking skeleton's acceptance: a pool of 3 on the
@@ -24,14 +22,7 @@ func TestPoolLifecycle(t *testing.T) {
 // process. It runs in the Squid tier (make test-e2e-squid), which installs
 // Debian's squid and sets PROXYFLEET_SQUID.
 func TestPoolLifecycleSquid(t *testing.T) {
-	squid := os.Getenv("PROXYFLEET_SQUID")
-	if squid == "" {
-		t.Skip("PROXYFLEET_SQUID is not set; make test-e2e-squid runs this test with Debian's squid")
-	}
-	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
-	f := newFleet(t)
-	f.squid = squid
-	poolLifecycle(t, f)
+	poolLifecycle(t, newSquidFleet(t))
 }
 
 func poolLifecycle(t *testing.T, f *fleet) {

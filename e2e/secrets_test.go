@@ -43,13 +43,7 @@ func TestSecretsStaySecret(t *testing.T) {
 // TestSecretsStaySecretSquid is the same with every proxy a real Squid
 // (make test-e2e-squid).
 func TestSecretsStaySecretSquid(t *testing.T) {
-	squid := os.Getenv("PROXYFLEET_SQUID")
-	if squid == "" {
-		t.Skip("PROXYFLEET_SQUID is not set; make test-e2e-squid runs this test with Debian's squid")
-	}
-	f := newFleet(t)
-	f.squid = squid
-	secretsLifecycle(t, f)
+	secretsLifecycle(t, newSquidFleet(t))
 }
 
 // leaks are the byte strings whose presence anywhere is a leak: the

@@ -220,7 +220,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
 	}
 	if len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID == "" {
-		if err := p.reset(ctx); err != nil {
+		if _, err := p.reset(ctx); err != nil {
 			return err
 		}
 	}
@@ -229,7 +229,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		pin  string // the pin this projector holds, once it reset the consumer
 		seen string // the pin of the last message pulled
 		// next is the consumer (delivery) sequence the next message
-		// delivered under pin must carry: a reset restarts it at 1.
+		// delivered under pin must carry, from the last reset on.
 		next uint64
 	)
 	defer func() {
@@ -260,11 +260,12 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			// the consumer to its acknowledgement floor, and pull again.
 			seen = cmp.Or(src.stop(), seen)
 			src = nil
-			if err := p.reset(ctx); err != nil {
+			first, err := p.reset(ctx)
+			if err != nil {
 				return err
 			}
 			p.log.Debug("consumer pinned to this projector; delivering from the acknowledgement floor", "pin", got)
-			pin, next = got, 1
+			pin, next = got, first
 			p.proxies.forget()
 			p.pools.forget()
 			continue
@@ -282,10 +283,11 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			p.log.Warn("deliveries to this projector have a gap; delivering again from the acknowledgement floor", "want_delivery", next, "got_delivery", gap)
 			seen = cmp.Or(src.stop(), seen)
 			src = nil
-			if err := p.reset(ctx); err != nil {
+			first, err := p.reset(ctx)
+			if err != nil {
 				return err
 			}
-			next = 1
+			next = first
 			p.proxies.forget()
 			p.pools.forget()
 			continue
@@ -298,12 +300,17 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 }
 
 // reset makes the consumer deliver again, in order, every event from its
-// acknowledgement floor on.
-func (p *Projector) reset(ctx context.Context) error {
-	if _, err := p.conn.JS.ResetConsumer(ctx, bus.EventsStream, ConsumerName); err != nil {
-		return fmt.Errorf("reset consumer %s to its acknowledgement floor (needs nats-server 2.14 or later): %w", ConsumerName, err)
+// acknowledgement floor on. It returns the consumer (delivery) sequence
+// the first of those deliveries carries: the server restarts them at 1.
+func (p *Projector) reset(ctx context.Context) (uint64, error) {
+	r, err := p.conn.JS.ResetConsumer(ctx, bus.EventsStream, ConsumerName)
+	if err != nil {
+		return 0, fmt.Errorf("reset consumer %s to its acknowledgement floor (needs nats-server 2.14 or later): %w", ConsumerName, err)
 	}
-	return nil
+	if r.ConsumerInfo == nil {
+		return 1, nil
+	}
+	return r.Delivered.Consumer + 1, nil
 }
 
 // unpin hands the consumer over at once to the next projector, if this

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -65,6 +66,9 @@ const (
 	replayAhead = 4 * replayChunk
 	// writeTimeout bounds the wait for the acknowledgement of a KV write.
 	writeTimeout = 10 * time.Second
+	// stopWait bounds how long a stopped pull waits for its unsubscribe to
+	// reach the server.
+	stopWait = 5 * time.Second
 )
 
 // pinHeader names the pin of the projector a message was delivered to.
@@ -253,49 +257,42 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		if got := b.pin; got != pin {
+		gap, follows := b.follows(next)
+		switch {
+		case b.pin != pin:
 			// This projector just got the pin: whatever a projector before
-			// it left unacknowledged must come first. Stop pulling (the
-			// messages in flight are dropped with the subscription), reset
-			// the consumer to its acknowledgement floor, and pull again.
-			seen = cmp.Or(src.stop(), seen)
-			src = nil
-			first, err := p.reset(ctx)
-			if err != nil {
-				return err
-			}
-			p.log.Debug("consumer pinned to this projector; delivering from the acknowledgement floor", "pin", got)
-			pin, next = got, first
-			p.proxies.forget()
-			p.pools.forget()
-			continue
-		}
-		if gap, ok := b.follows(next); !ok {
-			// Some of the deliveries since the reset did not reach this
-			// pull: the pull requests of the iterator stopped before the
-			// reset (same pin) stay on the server until its unsubscribe,
-			// sent asynchronously, gets there, so the server may deliver
-			// the first events after the reset to them, where they are
-			// dropped. Applying what follows them would put newer events
-			// of a key before older ones, which then come back after
-			// ackWait and are skipped as redeliveries: lost. (Another
-			// projector's reset shows up the same way.) Reset again.
+			// it left unacknowledged must come first.
+			p.log.Debug("consumer pinned to this projector; delivering from the acknowledgement floor", "pin", b.pin)
+		case !follows:
+			// Some deliveries since the last reset did not reach this
+			// projector: taken by pull requests of a stopped iterator
+			// that the server had not dropped yet, or lost in a
+			// reconnection. Applying what follows them would put newer
+			// events of a key before older ones, which come back after
+			// ackWait and are skipped as already applied: lost. (Another
+			// projector's reset shows up the same way.)
 			p.log.Warn("deliveries to this projector have a gap; delivering again from the acknowledgement floor", "want_delivery", next, "got_delivery", gap)
-			seen = cmp.Or(src.stop(), seen)
-			src = nil
-			first, err := p.reset(ctx)
-			if err != nil {
+		default:
+			next += uint64(b.n)
+			if err := p.applyBatch(ctx, b, true); err != nil {
 				return err
 			}
-			next = first
-			p.proxies.forget()
-			p.pools.forget()
 			continue
 		}
-		next += uint64(b.n)
-		if err := p.applyBatch(ctx, b, true); err != nil {
+		// Stop pulling (the messages in flight are dropped with the
+		// subscription), wait until the server has forgotten the pull
+		// requests, reset the consumer to its acknowledgement floor, and
+		// pull again.
+		seen = cmp.Or(src.stop(), seen)
+		src.forgotten()
+		src = nil
+		first, err := p.reset(ctx)
+		if err != nil {
 			return err
 		}
+		pin, next = b.pin, first
+		p.proxies.forget()
+		p.pools.forget()
 	}
 }
 
@@ -575,6 +572,7 @@ type source struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 	pin  string
+	nc   *nats.Conn
 	held *delivery // the start of the next batch: a message or the error
 	seen string    // the pin of the last message pulled, kept by the puller
 }
@@ -603,7 +601,7 @@ type batchIn struct {
 // while the caller applies the previous batch. A batch holds the messages
 // of one pin: the pin the caller holds, or the first message alone.
 func newSource(p *Projector, it jetstream.MessagesContext, pin string, ahead int) *source {
-	s := &source{it: it, in: make(chan delivery, ahead), done: make(chan struct{}), pin: pin}
+	s := &source{it: it, nc: p.conn.NC, in: make(chan delivery, ahead), done: make(chan struct{}), pin: pin}
 	s.wg.Go(func() {
 		for {
 			m, err := it.Next()
@@ -720,4 +718,19 @@ func (s *source) stop() string {
 	close(s.done)
 	s.wg.Wait()
 	return s.seen
+}
+
+// forgotten returns once the server has dropped the pull requests of the
+// stopped source s (their inbox has no subscriber any more), so that a
+// reset made after it delivers nothing to them.
+func (s *source) forgotten() {
+	if it, ok := s.it.(interface{ Closed() <-chan struct{} }); ok {
+		select {
+		case <-it.Closed():
+		case <-time.After(stopWait):
+		}
+	}
+	// The unsubscribe is sent before the PING, so the server has
+	// processed it when the PONG comes back.
+	_ = s.nc.FlushTimeout(stopWait)
 }

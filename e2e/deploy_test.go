@@ -106,6 +106,15 @@ func TestDeployShipped(t *testing.T) {
 			t.Fatalf("GET through %s (%s): %d %q %v", p.ID, p.Address, code, body, err)
 		}
 	}
+	// Health, under its permissions, keeps its replica key in fleet-health
+	// (what splits the probing between replicas); the operator lists it.
+	members, err := operator.JS.KeyValue(ctx, bus.BucketHealth)
+	if err != nil {
+		t.Fatalf("operator opens %s: %v", bus.BucketHealth, err)
+	}
+	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 {
+		t.Fatalf("health replicas in %s: %v (%v), want the one running", bus.BucketHealth, keys, err)
+	}
 	f.mustReq("fleet.api.pool.delete", `{"name":"dep"}`)
 	waitFor(t, 60*time.Second, "pool dep to be empty", func() bool {
 		return len(f.proxies("dep")) == 0 && len(f.proxyProcs()) == 0

@@ -9,6 +9,7 @@
 #   rebuild-views   BenchmarkRebuildViews rebuild-events/s    its bare-events/s
 #   replay          BenchmarkReplay/replay events/s           BenchmarkReplay/baseline events/s
 #   probes          BenchmarkProbes/scheduled probes/s        BenchmarkProbes/baseline probes/s (bare probe loop)
+#   probe-replicas  BenchmarkProbeReplicas/two probes/s        BenchmarkProbeReplicas/baseline probes/s (one replica)
 #   probe-p99-late  BenchmarkProbes/fleet-15s p99-late-ms     1000 ms (goal)
 #   view-lag        BenchmarkLiveLag lag-ms                   1000 ms (goal)
 #   rss-<service>   BenchmarkIdleRSS/<service> rss-MB         25 MB (goal)
@@ -32,6 +33,7 @@ END {
 	row("rebuild-views", v["BenchmarkRebuildViews" SUBSEP "rebuild-events/s"], v["BenchmarkRebuildViews" SUBSEP "bare-events/s"], "events/s", "events/s", "(goal >= 0.25)")
 	row("replay", v["BenchmarkReplay/replay" SUBSEP "events/s"], v["BenchmarkReplay/baseline" SUBSEP "events/s"], "events/s", "events/s", "(goal >= 0.25)")
 	row("probes", v["BenchmarkProbes/scheduled" SUBSEP "probes/s"], v["BenchmarkProbes/baseline" SUBSEP "probes/s"], "probes/s", "probes/s", "(goal >= 5000/s)")
+	row("probe-replicas", v["BenchmarkProbeReplicas/two" SUBSEP "probes/s"], v["BenchmarkProbeReplicas/baseline" SUBSEP "probes/s"], "probes/s", "probes/s", "(two health replicas against one, same cores)")
 	row("probe-p99-late", v["BenchmarkProbes/fleet-15s" SUBSEP "p99-late-ms"], 1000, "ms", "ms", "(goal < 1; 10k proxies every 15 s)")
 	row("view-lag", v["BenchmarkLiveLag" SUBSEP "lag-ms"], 1000, "ms", "ms", "(goal < 1; 10k-proxy burst)")
 	for (i = 1; i <= nrss; i++)

@@ -170,6 +170,13 @@ func (c *Conn) ClientURL() string {
 	return c.NC.ConnectedUrl()
 }
 
+// PingInterval and MaxPingsOut bound how long a connection stays with a
+// server that no longer answers: about PingInterval × (MaxPingsOut+1).
+const (
+	PingInterval = 5 * time.Second
+	MaxPingsOut  = 3
+)
+
 // Connect embeds or dials NATS according to cfg and waits until JetStream
 // answers.
 func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
@@ -180,6 +187,13 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A server that stops answering without closing the connection
+		// (a frozen or partitioned node of a cluster) is given up after
+		// MaxPingsOut unanswered pings, and the client moves to another
+		// node; nats.go's defaults (2 minutes, 2 pings) would leave a
+		// service frozen with it for up to four minutes.
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "err", err)

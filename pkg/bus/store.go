@@ -209,6 +209,14 @@ func (s *EventStore) Follow(ctx context.Context, from uint64, fn func(Event) err
 // next ones are on their way while fn handles the current one.
 const readAhead = 1024
 
+// readResetAttempts bounds how often an ordered consumer is recreated under
+// the same name before the read fails. A consumer recreated at the instant a
+// cluster node dies may be placed on that node, and every later attempt
+// under its name waits for the dead node; failing the read lets the caller
+// resume from its last event with a new consumer, placed on a live node
+// (the planner's follow does, within seconds).
+const readResetAttempts = 2
+
 // read delivers the events on filter from sequence from through one
 // ordered consumer. Its end (or, following, the caught-up point) is the last
 // sequence on filter when the read began: that message is never removed
@@ -236,9 +244,10 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 		return err
 	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
+		FilterSubjects:   []string{filter},
+		DeliverPolicy:    jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:      from,
+		MaxResetAttempts: readResetAttempts,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ const (
 	// health service's curve key (see events.ProbeCredential).
 	BucketProbeCreds = "fleet-probe-creds"
 	BucketVMIDs      = "fleet-vmids"
+	// BucketHealth holds one key per live health replica, refreshed while
+	// it runs: the members the replicas split the probing between.
+	BucketHealth = "fleet-health"
 
 	// ObjectSnapshots is the object store of state checkpoints: a cache
 	// of FLEET_EVENTS (a snapshot names the sequence it covers), never a
@@ -46,6 +49,10 @@ const (
 	// CommandTTL is the default per-message TTL of a command: a command
 	// nobody consumed in this time is stale and expires.
 	CommandTTL = 30 * time.Minute
+	// HealthMemberTTL is how long a health replica stays a member of
+	// fleet-health without renewing its key: a replica that dies without
+	// leaving hands its proxies over to the others after at most this long.
+	HealthMemberTTL = 3 * time.Second
 )
 
 // EnsureTopology creates or updates every stream and bucket. It is safe to
@@ -96,6 +103,7 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketSecrets, Description: "pool secrets (user-data, proxy passwords), never in the event log", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},
 	}
 	for _, cfg := range buckets {
 		if _, err := c.JS.CreateOrUpdateKeyValue(ctx, cfg); err != nil {

@@ -57,6 +57,7 @@ type flags struct {
 	checkTimeout   time.Duration
 	rebuild        bool
 	probeKeyFile   string
+	replicaID      string
 }
 
 func parse(args []string) (*flags, error) {
@@ -76,6 +77,7 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.checkInterval, "check-interval", 30*time.Second, "time between two rounds of agent checks")
 	fs.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Second, "how long one agent may take to answer its check")
 	fs.StringVar(&f.probeKeyFile, "probe-key-file", "", "file holding health's curve (xkey) seed, created 0600 on first start; the planner seals each pool's probe password to its key; give every replica the same file (default <data-dir>/probe.xk)")
+	fs.StringVar(&f.replicaID, "replica-id", defaultReplicaID(), "name of this health replica among those splitting the probing (its key in fleet-health): letters, digits, '-', '_', '=', inner dots; unique per replica")
 	fs.BoolVar(&f.rebuild, "rebuild-views", false, "drop fleet-proxies, fleet-pools and the projection consumer, replay FLEET_EVENTS into them, and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -86,10 +88,33 @@ func parse(args []string) (*flags, error) {
 	if f.probeConc < 0 {
 		return nil, fmt.Errorf("--probe-concurrency %d: want 0 (sized for the fleet) or more", f.probeConc)
 	}
+	if err := probe.CheckReplica(f.replicaID); err != nil {
+		return nil, fmt.Errorf("--replica-id: %w", err)
+	}
 	if f.echoAddr == "" && f.echoURL == "" {
 		return nil, errors.New("--echo-url is required when --echo-addr is empty")
 	}
 	return &f, nil
+}
+
+// defaultReplicaID is "<hostname>-<pid>", with what a replica id may not
+// hold replaced by '-': unique among replicas that run at the same time.
+func defaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "health"
+	}
+	b := []byte(host)
+	for i, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '='
+		if !ok && !(c == '.' && i > 0 && i < len(b)-1 && b[i-1] != '.') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 100 {
+		b = b[:100]
+	}
+	return fmt.Sprintf("%s-%d", b, os.Getpid())
 }
 
 func main() {
@@ -152,6 +177,7 @@ func run(f *flags) error {
 	prober, err := probe.New(base.Conn, probe.Config{
 		EchoURL: echoURL, Interval: f.probeInterval, Timeout: f.probeTimeout,
 		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter, Key: key,
+		Replica: f.replicaID,
 	}, log, base.Tel)
 	if err != nil {
 		return err
@@ -175,7 +201,7 @@ func run(f *flags) error {
 			}
 		}()
 	}
-	log.Info("health started", "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
+	log.Info("health started", "replica", f.replicaID, "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	<-rctx.Done()
 	log.Info("health stopping")
 	wg.Wait()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -45,6 +47,17 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parse([]string{"stray"}); err == nil {
 		t.Fatal("stray argument: want an error")
+	}
+	if f, err := parse([]string{"--replica-id", "health-2"}); err != nil || f.replicaID != "health-2" {
+		t.Fatalf("--replica-id health-2: got %+v, %v", f, err)
+	}
+	for _, bad := range []string{"", "a b", "a..b", "health/2"} {
+		if _, err := parse([]string{"--replica-id", bad}); err == nil || !strings.Contains(err.Error(), "--replica-id") {
+			t.Fatalf("--replica-id %q: got %v, want an error naming the flag", bad, err)
+		}
+	}
+	if err := probe.CheckReplica(defaultReplicaID()); err != nil {
+		t.Fatalf("default replica id: %v", err)
 	}
 }
 
@@ -204,4 +217,109 @@ func dump(t *testing.T, ctx context.Context, c *bus.Conn) map[string][]byte {
 		}
 	}
 	return out
+}
+
+// TestTwoReplicasSplitTheFleet runs two health binaries with their own
+// --replica-id: both join fleet-health and split the proxies between them;
+// one stopped with SIGTERM leaves at once and the other takes its proxies.
+func TestTwoReplicasSplitTheFleet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "health")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	c := bustest.Start(t)
+	const n = 12
+	refusing := testnet.Refusing(t).String()
+	for i := range n {
+		id := fmt.Sprintf("demo-%02d", i)
+		for _, ev := range []struct {
+			kind string
+			data any
+		}{
+			{events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}},
+			{events.ProxyRunning, events.ProxyRunningData{Address: refusing, Attempt: 1}},
+		} {
+			if _, err := bus.NewEventStore(c, bustest.Source(events.AggregateProxy, ev.kind), nil).Append(ctx, events.AggregateProxy, id, ev.kind, id+"."+ev.kind, ev.data, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	type proc struct {
+		cmd    *exec.Cmd
+		out    *syncBuf
+		exited chan struct{}
+		err    error
+	}
+	start := func(replica string) *proc {
+		p := &proc{out: &syncBuf{}, exited: make(chan struct{})}
+		p.cmd = exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(), "--replica-id", replica,
+			"--echo-addr", "127.0.0.1:0", "--probe-interval", "100ms", "--probe-timeout", "500ms", "--check-interval", "1s")
+		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+		t.Cleanup(func() {
+			select {
+			case <-p.exited:
+			default:
+				_ = p.cmd.Process.Kill()
+				<-p.exited
+			}
+		})
+		return p
+	}
+	one, two := start("health-1"), start("health-2")
+	members, err := c.JS.KeyValue(ctx, bus.BucketHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// probing reads each live replica's count of the proxies it probes.
+	probing := func() map[string]int {
+		out := map[string]int{}
+		keys, _ := members.Keys(ctx)
+		for _, k := range keys {
+			if e, err := members.Get(ctx, k); err == nil {
+				var v struct {
+					Proxies int `json:"proxies"`
+				}
+				_ = json.Unmarshal(e.Value(), &v)
+				out[k] = v.Proxies
+			}
+		}
+		return out
+	}
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("timed out waiting for %s; members %v\nhealth-1:\n%s\nhealth-2:\n%s", what, probing(), one.out, two.out)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	eventually("both replicas probing a share each", func() bool {
+		p := probing()
+		return len(p) == 2 && p["health-1"] > 0 && p["health-2"] > 0 && p["health-1"]+p["health-2"] == n
+	})
+
+	if err := two.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-two.exited:
+		if two.err != nil {
+			t.Fatalf("health-2 exited with %v\n%s", two.err, two.out)
+		}
+	case <-ctx.Done():
+		t.Fatalf("health-2 did not stop on SIGTERM\n%s", two.out)
+	}
+	// It deleted its key before exiting: no waiting for the TTL.
+	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 || keys[0] != "health-1" {
+		t.Fatalf("members after health-2 stopped: %v (%v), want health-1 alone", keys, err)
+	}
+	eventually("health-1 probing every proxy", func() bool { return probing()["health-1"] == n })
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -81,6 +82,40 @@ func BenchmarkProbes(b *testing.B) {
 		b.ReportMetric(m.rate, "probes/s")
 		b.ReportMetric(m.p99, "p99-late-ms")
 		b.ReportMetric(m.max, "max-late-ms")
+	})
+}
+
+// BenchmarkProbeReplicas splits the 10,000 proxies between health replicas
+// (in one process, so on the same two cores), each probing its share with
+// 32 probes in flight and every proxy always due, as in
+// BenchmarkProbes/scheduled:
+//
+//   - baseline: one replica, a member of fleet-health alone.
+//   - two: two replicas, measured once both see each other. x-one-replica
+//     is its probes/s as a multiple of the baseline's; min-share is the
+//     share of the probes the less busy replica ran (0.5 is an even split).
+//
+// On one host the two replicas share the CPU the probes need, so
+// x-one-replica says what the split costs (about 1 is nothing); on two hosts
+// each replica brings its own cores.
+func BenchmarkProbeReplicas(b *testing.B) {
+	env := newBenchEnv(b)
+	cfg := func(id string) probe.Config {
+		return probe.Config{Interval: time.Nanosecond, Concurrency: benchConcurrency, Replica: id}
+	}
+	var one float64
+	b.Run("baseline", func(b *testing.B) {
+		m := env.runProbers(b, []probe.Config{cfg("bench-1")}, benchFleet/4, 0)
+		one = m.rate
+		b.ReportMetric(m.rate, "probes/s")
+	})
+	b.Run("two", func(b *testing.B) {
+		m := env.runProbers(b, []probe.Config{cfg("bench-1"), cfg("bench-2")}, benchFleet/4, 0)
+		b.ReportMetric(m.rate, "probes/s")
+		b.ReportMetric(m.minShare, "min-share")
+		if one > 0 {
+			b.ReportMetric(m.rate/one, "x-one-replica")
+		}
 	})
 }
 
@@ -199,43 +234,83 @@ func (env *benchEnv) bareLoop(b *testing.B) float64 {
 
 type proberFigures struct {
 	rate     float64 // probes per second
-	p99, max float64 // lateness, ms
+	p99, max float64 // lateness of the first prober, ms
+	minShare float64 // the share of the probes of the least busy prober
 }
 
 // runProber runs a prober over the fleet, waits for warmUp probes, then
 // measures until it has probed max(b.N, atLeast) times more, and reads its
 // metrics.
 func (env *benchEnv) runProber(b *testing.B, cfg probe.Config, warmUp, atLeast int) proberFigures {
+	return env.runProbers(b, []probe.Config{cfg}, warmUp, atLeast)
+}
+
+// runProbers is runProber for several probers side by side (health
+// replicas), counting the probes of all: it starts measuring once each
+// replica sees them all.
+func (env *benchEnv) runProbers(b *testing.B, cfgs []probe.Config, warmUp, atLeast int) proberFigures {
 	b.StopTimer()
-	reader := metric.NewManualReader()
-	mp := metric.NewMeterProvider(metric.WithReader(reader), metric.WithView(metric.NewView(
-		metric.Instrument{Name: "proxyfleet.health.probe.lateness"},
-		metric.Stream{Aggregation: metric.AggregationBase2ExponentialHistogram{MaxSize: 320, MaxScale: 20}},
-	)))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
-	tel := &telemetry.Telemetry{Tracer: tracenoop.NewTracerProvider().Tracer(""), Meter: mp.Meter("bench")}
-	cfg.EchoURL = env.echoURL.String()
-	pr, err := probe.New(env.conn, cfg, nil, tel)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go pprof.Do(ctx, pprof.Labels("role", "prober"), func(ctx context.Context) { done <- pr.Run(ctx) })
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("prober: %v", err)
+	readers := make([]*metric.ManualReader, len(cfgs))
+	probers := make([]*probe.Prober, len(cfgs))
+	for i, cfg := range cfgs {
+		readers[i] = metric.NewManualReader()
+		mp := metric.NewMeterProvider(metric.WithReader(readers[i]), metric.WithView(metric.NewView(
+			metric.Instrument{Name: "proxyfleet.health.probe.lateness"},
+			metric.Stream{Aggregation: metric.AggregationBase2ExponentialHistogram{MaxSize: 320, MaxScale: 20}},
+		)))
+		defer func() { _ = mp.Shutdown(context.Background()) }()
+		tel := &telemetry.Telemetry{Tracer: tracenoop.NewTracerProvider().Tracer(""), Meter: mp.Meter("bench")}
+		cfg.EchoURL = env.echoURL.String()
+		pr, err := probe.New(env.conn, cfg, nil, tel)
+		if err != nil {
+			b.Fatal(err)
 		}
-	}()
+		probers[i] = pr
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go pprof.Do(ctx, pprof.Labels("role", "prober"), func(ctx context.Context) { done <- pr.Run(ctx) })
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				b.Errorf("prober: %v", err)
+			}
+		}()
+	}
+	if len(probers) > 1 {
+		deadline := time.Now().Add(time.Minute)
+		for _, pr := range probers {
+			for len(pr.Members()) != len(probers) {
+				if time.Now().After(deadline) {
+					b.Fatalf("replicas see members %v after a minute, want %d", pr.Members(), len(probers))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	collectAll := func() (metricsNow, []int) {
+		var sum metricsNow
+		each := make([]int, len(readers))
+		for i, r := range readers {
+			m := collect(b, r)
+			each[i] = m.probes
+			sum.probes += m.probes
+			sum.failed += m.failed
+			if i == 0 {
+				sum.lateness = m.lateness
+			}
+		}
+		return sum, each
+	}
 
 	want := max(b.N, atLeast)
+	var each []int
 	wait := func(n int) metricsNow {
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		deadline := time.After(5 * time.Minute)
 		for {
-			m := collect(b, reader)
+			var m metricsNow
+			m, each = collectAll()
 			if m.probes >= n {
 				return m
 			}
@@ -247,6 +322,7 @@ func (env *benchEnv) runProber(b *testing.B, cfg probe.Config, warmUp, atLeast i
 		}
 	}
 	start := wait(warmUp)
+	first := slices.Clone(each)
 	var mem0, mem1 runtime.MemStats
 	runtime.ReadMemStats(&mem0)
 	begin, cpu := time.Now(), cpuTime(b)
@@ -266,7 +342,11 @@ func (env *benchEnv) runProber(b *testing.B, cfg probe.Config, warmUp, atLeast i
 	b.ReportMetric(float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(n), "B/op")
 	b.ReportMetric(float64(mem1.Mallocs-mem0.Mallocs)/float64(n), "allocs/op")
 	mx, _ := end.lateness.Max.Value()
-	return proberFigures{rate: float64(n) / elapsed.Seconds(), p99: end.lateness.quantile(0.99), max: mx}
+	share := 1.0
+	for i := range each {
+		share = min(share, float64(each[i]-first[i])/float64(n))
+	}
+	return proberFigures{rate: float64(n) / elapsed.Seconds(), p99: end.lateness.quantile(0.99), max: mx, minShare: share}
 }
 
 // cpuTime is the CPU time the process has used: the prober, the proxies,

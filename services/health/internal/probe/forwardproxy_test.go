@@ -28,6 +28,7 @@ type fwdProxy struct {
 	wg       sync.WaitGroup
 	served   atomic.Int64
 	rejected atomic.Int64
+	hosts    map[string]int // requests by the host they asked for; guarded by mu
 }
 
 func newFwdProxy(t *testing.T, source, user, pass string) *fwdProxy {
@@ -105,7 +106,21 @@ func (p *fwdProxy) authorized(r *http.Request) bool {
 	return strings.HasPrefix(h, "Basic ") && err == nil && string(raw) == want
 }
 
+// requestsFor counts the requests for host (a CONNECT's target, or the host
+// of a plain request's URL) the proxy received.
+func (p *fwdProxy) requestsFor(host string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hosts[host]
+}
+
 func (p *fwdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	if p.hosts == nil {
+		p.hosts = map[string]int{}
+	}
+	p.hosts[r.Host]++
+	p.mu.Unlock()
 	if !p.authorized(r) {
 		p.rejected.Add(1)
 		w.Header().Set("Proxy-Authenticate", `Basic realm="test"`)

@@ -9,6 +9,10 @@
 //
 // Each proxy has its own due time; a [scheduler] starts the probe due
 // earliest as soon as it is due and a slot is free.
+//
+// Health replicas split the proxies between them: a prober with a replica
+// id probes only the proxies it owns among the live members of the
+// fleet-health bucket (see members.go).
 package probe
 
 import (
@@ -58,6 +62,15 @@ type Config struct {
 	// to it. Replicas share one key. Nil makes a key that lives as long
 	// as the process (tests).
 	Key nkeys.KeyPair
+	// Replica names this prober among the health replicas, which split
+	// the proxies between them through the fleet-health bucket; see
+	// [CheckReplica] for the form. Empty: the prober probes every proxy
+	// and is no member.
+	Replica string
+	// Beat is how often a replica renews its membership and reads the
+	// members (default [DefaultBeat]). It must stay below half of
+	// bus.HealthMemberTTL.
+	Beat time.Duration
 }
 
 func (c *Config) defaults() {
@@ -72,6 +85,9 @@ func (c *Config) defaults() {
 	}
 	if c.UnhealthyAfter <= 0 {
 		c.UnhealthyAfter = 3
+	}
+	if c.Beat <= 0 {
+		c.Beat = DefaultBeat
 	}
 }
 
@@ -117,6 +133,11 @@ type Prober struct {
 
 	sched *scheduler
 
+	// shard is the replica's membership; nil when it probes every proxy.
+	shard *membership
+	// stay keeps the membership key when Run ends (a test's crash).
+	stay bool
+
 	// mu guards proxies and egress. Lock order: mu, then the scheduler's.
 	mu      sync.Mutex
 	proxies map[string]*tracked // probeable proxies
@@ -129,6 +150,8 @@ type tracked struct {
 	streak  int
 	lastOK  time.Time
 	emitted string // "<kind>@<seq>" of the last transition appended
+	// owned: this replica probes the proxy (always, without a shard).
+	owned bool
 }
 
 // New returns a prober appending its observations through c. log and tel
@@ -156,6 +179,17 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 	if err := seal.CheckPublic(seal.Public(cfg.Key)); err != nil {
 		return nil, fmt.Errorf("probe key: %w", err)
 	}
+	var shard *membership
+	if cfg.Replica != "" {
+		if err := CheckReplica(cfg.Replica); err != nil {
+			return nil, err
+		}
+		if 2*cfg.Beat >= bus.HealthMemberTTL {
+			return nil, fmt.Errorf("membership beat %s: want below half the membership TTL (%s)", cfg.Beat, bus.HealthMemberTTL)
+		}
+		log = log.With("replica", cfg.Replica)
+		shard = &membership{self: cfg.Replica, beat: cfg.Beat, ttl: bus.HealthMemberTTL, started: time.Now().UTC(), log: log}
+	}
 	p := &Prober{
 		conn:    c,
 		store:   bus.NewEventStore(c, events.SourceHealth, log),
@@ -166,6 +200,7 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 		sched:   newScheduler(cfg.Interval, cfg.Concurrency),
 		proxies: map[string]*tracked{},
 		egress:  newEgressIndex(),
+		shard:   shard,
 	}
 	p.probes, _ = meter.Int64Counter("proxyfleet.health.probes",
 		metric.WithDescription("probes through proxies, by result (ok, fail)"))
@@ -204,8 +239,33 @@ func (p *Prober) Run(ctx context.Context) error {
 		return err
 	}
 	b.creds = newCredCache(b.pools, b.probeCreds, p.cfg.Key, p.log)
+	if p.shard != nil {
+		if err := p.join(ctx); err != nil {
+			return err
+		}
+		// Deferred first, so it runs last: once no probe is in flight.
+		defer func() {
+			if p.stay {
+				return
+			}
+			if err := p.shard.leave(); err != nil {
+				p.log.Warn("membership not deleted; the others take this replica's proxies when it expires", "err", err, "ttl", bus.HealthMemberTTL.String())
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	if p.shard != nil {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			p.beat(ctx)
+		}()
+		go func() {
+			defer wg.Done()
+			p.watchPeers(ctx, b.probes)
+		}()
+	}
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -288,9 +348,12 @@ func (p *Prober) observe(e jetstream.KeyValueEntry, records *recordWriter, known
 		return
 	}
 	if t == nil {
-		first := time.Duration(rand.Int64N(int64(within) + 1))
-		p.proxies[id] = &tracked{view: v}
-		p.sched.add(id, time.Now().Add(first))
+		t = &tracked{view: v, owned: p.ownsLocked(id)}
+		p.proxies[id] = t
+		if t.owned {
+			first := time.Duration(rand.Int64N(int64(within) + 1))
+			p.sched.add(id, time.Now().Add(first))
+		}
 		return
 	}
 	if t.view.Address != v.Address {
@@ -350,8 +413,9 @@ func (p *Prober) start(ctx context.Context, b buckets, t ticket, wg *sync.WaitGr
 		view = tr.view
 	}
 	p.mu.Unlock()
-	if tr == nil {
-		// Forgotten between the scheduler's pop and now.
+	if tr == nil || !tr.owned {
+		// Forgotten, or handed to another replica, between the
+		// scheduler's pop and now.
 		p.sched.done(t, begin.Add(jitter(p.cfg.Interval)), 0)
 		return
 	}
@@ -388,8 +452,10 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 
 	p.mu.Lock()
 	t := p.proxies[id]
-	if t == nil || t.view.Address != view.Address {
-		// Gone, retired or replaced while we probed.
+	if t == nil || t.view.Address != view.Address || !t.owned || (p.shard != nil && !p.shard.current()) {
+		// Gone, retired or replaced while we probed; or handed to
+		// another replica, or this replica's membership is too old to
+		// be sure it still owns the proxy: the owner records it.
 		p.mu.Unlock()
 		return
 	}

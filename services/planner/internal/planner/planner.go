@@ -547,7 +547,11 @@ func (p *Planner) knownEntriesLocked() []string {
 // the lease back so that the replicas elect a leader with a fresh term. On
 // shutdown it releases the lease so another replica takes over at once.
 func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
-	t := time.NewTicker(p.cfg.LeaseTTL / 3)
+	// The leader renews every third of the TTL; a follower tries to take
+	// the lease every tenth of it, so that it takes over within a tenth of
+	// the TTL of the lease's expiry (bucket TTLs leave no marker to watch).
+	renewEvery, tryEvery := p.cfg.LeaseTTL/3, p.cfg.LeaseTTL/10
+	t := time.NewTimer(renewEvery)
 	defer t.Stop()
 	var rev uint64
 	var cur *leadership
@@ -606,6 +610,11 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 				rev = 0
 				stepDown()
 			}
+		}
+		if rev == 0 {
+			t.Reset(tryEvery)
+		} else {
+			t.Reset(renewEvery)
 		}
 		select {
 		case <-t.C:

@@ -1,0 +1,295 @@
+package probe_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
+	"proxyfleet/services/health/internal/echo"
+	"proxyfleet/services/health/internal/probe"
+	"proxyfleet/services/health/internal/projection"
+)
+
+// replica is one health prober of a test, with its own echo endpoint: a
+// forward proxy tells which replica probed it by the host it was asked for.
+type replica struct {
+	id   string
+	host string // its echo endpoint's host:port
+	pr   *probe.Prober
+	stop context.CancelFunc
+	done chan error
+}
+
+const (
+	replicaInterval = time.Second
+	replicaBeat     = 100 * time.Millisecond
+)
+
+func startReplica(t *testing.T, f *fleet, id string, log *slog.Logger) *replica {
+	t.Helper()
+	echoSrv := httptest.NewServer(echo.Handler())
+	t.Cleanup(echoSrv.Close)
+	u, _ := url.Parse(echoSrv.URL)
+	pr, err := probe.New(f.conn, probe.Config{
+		EchoURL: echoSrv.URL + "/", Interval: replicaInterval, Timeout: 2 * time.Second,
+		Concurrency: 4, UnhealthyAfter: unhealthyAfter, Key: f.key, Replica: id, Beat: replicaBeat,
+	}, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(f.ctx)
+	r := &replica{id: id, host: u.Host, pr: pr, stop: cancel, done: make(chan error, 1)}
+	go func() { r.done <- pr.Run(ctx) }()
+	t.Cleanup(func() { r.halt(t) })
+	return r
+}
+
+// halt stops the replica and waits for its Run to end.
+func (r *replica) halt(t *testing.T) {
+	r.stop()
+	if r.done == nil {
+		return
+	}
+	if err := <-r.done; err != nil {
+		t.Errorf("replica %s: %v", r.id, err)
+	}
+	r.done = nil
+}
+
+// probedBy counts, per proxy, the requests each replica sent through it.
+func probedBy(proxies map[string]*fwdProxy, rs ...*replica) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for id, fp := range proxies {
+		out[id] = map[string]int{}
+		for _, r := range rs {
+			out[id][r.id] = fp.requestsFor(r.host)
+		}
+	}
+	return out
+}
+
+// Two health replicas split the proxies: in steady state each proxy is
+// probed by exactly the replica the assignment names, the shared egress
+// counts the proxies of both, and when one replica
+// dies without leaving (its key simply stops being renewed) the survivor
+// probes all its proxies within the membership TTL plus one probe interval.
+func TestReplicasSplitTheProbing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	pctx, pstop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
+	t.Cleanup(func() { pstop(); wg.Wait() })
+
+	const n = 16
+	proxies := map[string]*fwdProxy{}
+	for i := range n {
+		id := fmt.Sprintf("demo-%02d", i)
+		proxies[id] = newFwdProxy(t, "127.0.0.1", "", "")
+		f.runningProxy(id, "demo", "", proxies[id].addr)
+	}
+
+	a := startReplica(t, f, "health-a", log)
+	for id := range proxies {
+		f.waitState(id, events.ProxyReady)
+	}
+	b := startReplica(t, f, "health-b", log)
+	both := []string{"health-a", "health-b"}
+	f.eventually("both replicas seeing each other", func() bool {
+		return slices.Equal(a.pr.Members(), both) && slices.Equal(b.pr.Members(), both)
+	})
+
+	// morePerProxy waits until every proxy in ids was asked for k more
+	// requests by the replicas rs than in from.
+	morePerProxy := func(ids []string, from map[string]map[string]int, k int, rs ...*replica) {
+		t.Helper()
+		f.eventually(fmt.Sprintf("%d more probes of each proxy", k), func() bool {
+			now := probedBy(proxies, rs...)
+			for _, id := range ids {
+				more := 0
+				for _, r := range rs {
+					more += now[id][r.id] - from[id][r.id]
+				}
+				if more < k {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	all := slices.Sorted(func(yield func(string) bool) {
+		for id := range proxies {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	// Let probes started before the handover end, then watch a steady
+	// state of several probes of every proxy.
+	morePerProxy(all, probedBy(proxies, a, b), 2, a, b)
+	before := probedBy(proxies, a, b)
+	morePerProxy(all, before, 6, a, b) // a probe is two requests
+	after := probedBy(proxies, a, b)
+	owned := map[string][]string{}
+	for _, id := range all {
+		want := probe.Owner(id, both)
+		owned[want] = append(owned[want], id)
+		for _, r := range []*replica{a, b} {
+			more := after[id][r.id] - before[id][r.id]
+			if r.id == want && more == 0 {
+				t.Errorf("%s: its owner %s did not probe it", id, want)
+			}
+			if r.id != want && more != 0 {
+				t.Errorf("%s: %s probed it (%d requests) though %s owns it", id, r.id, more, want)
+			}
+		}
+	}
+	if len(owned["health-a"]) == 0 || len(owned["health-b"]) == 0 {
+		t.Fatalf("the assignment gave one replica nothing: %v", owned)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	// All proxies egress from 127.0.0.1: each record counts the 15 others,
+	// half of them probed by the other replica.
+	f.eventually("every record counting the whole fleet's shared egress", func() bool {
+		for _, id := range all {
+			if r := f.record(id); r.EgressIP != "127.0.0.1" || r.SharedEgress != n-1 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// b dies: no leave, its key just stops being renewed.
+	b.pr.KeepMembershipOnExit()
+	b.halt(t)
+	died := time.Now()
+	fromB := probedBy(proxies, a, b)
+	morePerProxy(owned["health-b"], fromB, 2, a)
+	took := time.Since(died)
+	bound := bus.HealthMemberTTL + replicaInterval
+	t.Logf("%d proxies of the dead replica probed by the survivor %s after it died (bound %s)", len(owned["health-b"]), took.Round(time.Millisecond), bound)
+	if took > bound {
+		t.Errorf("the survivor took %s to probe the dead replica's proxies; want within the membership TTL + a probe interval = %s", took, bound)
+	}
+	if got := a.pr.Members(); !slices.Equal(got, []string{"health-a"}) {
+		t.Errorf("survivor's members: %v, want only itself", got)
+	}
+	now := probedBy(proxies, a, b)
+	for _, id := range all {
+		if now[id]["health-b"] != fromB[id]["health-b"] {
+			t.Errorf("%s probed through the dead replica's echo after it stopped", id)
+		}
+	}
+}
+
+// Two replicas given one id both own every proxy; each notices the other
+// writing its key and says so.
+func TestReplicasWithOneIDAreReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	startReplica(t, f, "health-x", log)
+	startReplica(t, f, "health-x", log)
+	f.eventually("the clash of replica ids logged", func() bool {
+		return strings.Contains(logs.String(), "give each replica its own --replica-id")
+	})
+}
+
+// A replica without the fleet-health bucket (a topology from before it)
+// refuses to start and names the command that creates it.
+func TestReplicaWithoutTheBucketNamesBootstrap(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := bustest.Start(t)
+	if err := c.JS.DeleteKeyValue(ctx, bus.BucketHealth); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(c, probe.Config{EchoURL: "http://127.0.0.1:1/", Replica: "health-a"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pr.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), bus.BucketHealth) || !strings.Contains(err.Error(), "planner bootstrap") {
+		t.Fatalf("Run: got %v, want an error naming %s and planner bootstrap", err, bus.BucketHealth)
+	}
+}
+
+// A replica taking a failing proxy over continues the failure streak the
+// previous owner recorded, and the proxy's unhealthy event stays the one.
+func TestTakeoverContinuesTheStreak(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	pctx, pstop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
+	t.Cleanup(func() { pstop(); wg.Wait() })
+
+	both := []string{"health-a", "health-b"}
+	// A proxy id health-b owns.
+	id := ""
+	for i := 0; id == ""; i++ {
+		if cand := fmt.Sprintf("demo-%02d", i); probe.Owner(cand, both) == "health-b" {
+			id = cand
+		}
+	}
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy(id, "demo", "", fp.addr)
+	a := startReplica(t, f, "health-a", log)
+	b := startReplica(t, f, "health-b", log)
+	f.eventually("both replicas seeing each other", func() bool {
+		return slices.Equal(a.pr.Members(), both) && slices.Equal(b.pr.Members(), both)
+	})
+	f.waitState(id, events.ProxyReady)
+	fp.stop()
+	f.waitState(id, events.ProxyUnhealthy)
+	f.eventually("a streak past the threshold", func() bool { return f.record(id).Streak > unhealthyAfter })
+
+	b.pr.KeepMembershipOnExit()
+	b.halt(t)
+	last := f.record(id) // b's last record: b wrote it, and writes no more
+	f.eventually("the survivor's first probe of "+id, func() bool { return f.record(id).CheckedAt.After(last.CheckedAt) })
+	if got := f.record(id); got.Streak != last.Streak+1 {
+		t.Fatalf("the survivor's first record has streak %d; want the dead replica's %d continued: %d", got.Streak, last.Streak, last.Streak+1)
+	}
+	if n := len(f.kinds(id)[events.ProxyUnhealthy]); n != 1 {
+		t.Fatalf("unhealthy events: %d, want 1", n)
+	}
+}

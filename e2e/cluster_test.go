@@ -265,6 +265,30 @@ func newClusterFleet(t *testing.T) *clusterFleet {
 			return
 		}
 		names := []string{"planner-1", "planner-2", "health-1", "health-2", "agent-t1", "agent-t2"}
+		// Every service still running prints its goroutines (SIGQUIT)
+		// into its log: where a stuck one waits.
+		cf.mu.Lock()
+		var quit []*exec.Cmd
+		for _, n := range names {
+			if c := cf.procs[n]; c != nil {
+				quit = append(quit, c)
+				delete(cf.procs, n)
+			}
+		}
+		cf.mu.Unlock()
+		for _, c := range quit {
+			_ = c.Process.Signal(syscall.SIGQUIT)
+		}
+		for _, c := range quit {
+			done := make(chan struct{})
+			go func() { _ = c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				_ = c.Process.Kill()
+				<-done
+			}
+		}
 		// Keep the whole logs (services and servers) for the post-mortem.
 		if keep, err := os.MkdirTemp("", "proxyfleet-cluster-logs-"); err == nil {
 			for _, n := range names {

@@ -205,3 +205,22 @@ func (h *gapCounter) Handle(_ context.Context, r slog.Record) error {
 
 func (h *gapCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *gapCounter) WithGroup(string) slog.Handler      { return h }
+
+// TestStoppedPullIsForgottenAtOnce: before a reset, a projector stops
+// pulling and waits until the server has dropped its pull requests. That
+// wait must end as soon as its unsubscribe has reached the server, not at
+// its bound: the projection stands still meanwhile, after every gap.
+func TestStoppedPullIsForgottenAtOnce(t *testing.T) {
+	e := open(t)
+	p := projection.New(e.conn, nil, nil)
+	bound := projection.StopWait / 2
+	for i := range 30 {
+		began := time.Now()
+		if err := p.PullAndForget(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(began); took >= bound {
+			t.Fatalf("pull %d: stopping and waiting for the server to drop the pull requests took %v; want well under %v", i, took, projection.StopWait)
+		}
+	}
+}

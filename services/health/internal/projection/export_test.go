@@ -3,6 +3,8 @@ package projection
 import (
 	"context"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"proxyfleet/pkg/bus"
 )
 
@@ -48,3 +50,25 @@ func ReplayWith(ctx context.Context, p *Projector) error {
 	}
 	return p.replayAll(ctx, st, info.State.LastSeq)
 }
+
+// PullAndForget starts pulling from the projection's consumer as
+// [Projector.Run] does, stops, and returns once the server has forgotten
+// the pull requests, as Run does before a reset.
+func (p *Projector) PullAndForget(ctx context.Context) error {
+	cons, err := EnsureConsumer(ctx, p.conn)
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullPriorityGroup(PriorityGroup),
+		jetstream.PullMaxMessages(maxAckPending), jetstream.PullExpiry(pullExpiry))
+	if err != nil {
+		return err
+	}
+	src := newSource(p, it, "", maxAckPending)
+	src.stop()
+	src.forgotten()
+	return nil
+}
+
+// StopWait is how long a stopped pull waits at most for its unsubscribe.
+const StopWait = stopWait

@@ -69,6 +69,8 @@ const (
 	// stopWait bounds how long a stopped pull waits for its unsubscribe to
 	// reach the server.
 	stopWait = 5 * time.Second
+	// stopPoll is how often a stopped pull checks that it unsubscribed.
+	stopPoll = 5 * time.Millisecond
 )
 
 // pinHeader names the pin of the projector a message was delivered to.
@@ -725,9 +727,23 @@ func (s *source) stop() string {
 // reset made after it delivers nothing to them.
 func (s *source) forgotten() {
 	if it, ok := s.it.(interface{ Closed() <-chan struct{} }); ok {
-		select {
-		case <-it.Closed():
-		case <-time.After(stopWait):
+		// The channel Closed returns for a Messages iterator is closed
+		// only if the iterator has unsubscribed by the time Closed is
+		// called (its unsubscribe, after Stop, is asynchronous): ask
+		// again until it has.
+		deadline := time.NewTimer(stopWait)
+		defer deadline.Stop()
+		poll := time.NewTicker(stopPoll)
+		defer poll.Stop()
+	wait:
+		for {
+			select {
+			case <-it.Closed():
+				break wait
+			case <-deadline.C:
+				break wait
+			case <-poll.C:
+			}
 		}
 	}
 	// The unsubscribe is sent before the PING, so the server has

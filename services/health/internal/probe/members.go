@@ -217,7 +217,7 @@ func (p *Prober) ownsLocked(id string) bool {
 func (p *Prober) join(ctx context.Context) error {
 	kv, err := p.conn.JS.KeyValue(ctx, bus.BucketHealth)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return fmt.Errorf("bucket %s, where health replicas split the probing, does not exist: %s", bus.BucketHealth, bus.BootstrapHint)
+		return fmt.Errorf("bucket %s, where health replicas split the probing, does not exist (%w): %s", bus.BucketHealth, err, bus.BootstrapHint)
 	}
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketHealth, err)

@@ -221,8 +221,31 @@ type buckets struct {
 	creds                              *credCache
 }
 
-// Run probes until ctx ends, then waits for the probes in flight.
-func (p *Prober) Run(ctx context.Context) error {
+// setUp binds the buckets, announces the probe key and joins the other
+// replicas. A NATS error on the way (a cluster electing leaders, a node
+// lost) is retried until ctx ends; a missing bucket is not: the topology
+// was never created.
+func (p *Prober) setUp(ctx context.Context) (buckets, error) {
+	delay := 100 * time.Millisecond
+	for {
+		b, err := p.tryStart(ctx)
+		if err == nil || ctx.Err() != nil {
+			return b, nil
+		}
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return b, err
+		}
+		p.log.Warn("prober start failed; retrying", "err", err, "in", delay.String())
+		select {
+		case <-ctx.Done():
+			return b, nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func (p *Prober) tryStart(ctx context.Context) (buckets, error) {
 	var b buckets
 	for _, x := range []struct {
 		h    *jetstream.KeyValue
@@ -230,19 +253,35 @@ func (p *Prober) Run(ctx context.Context) error {
 	}{{&b.proxies, bus.BucketProxies}, {&b.probes, bus.BucketProbes}, {&b.pools, bus.BucketPools}, {&b.probeCreds, bus.BucketProbeCreds}} {
 		kv, err := p.conn.JS.KeyValue(ctx, x.name)
 		if err != nil {
-			return fmt.Errorf("bucket %s: %w", x.name, err)
+			return b, fmt.Errorf("bucket %s: %w", x.name, err)
 		}
 		*x.h = kv
 	}
 	b.records = newRecordWriter(p.conn.JS, b.probes, p.log)
 	if err := p.announceKey(ctx, b.probeCreds); err != nil {
-		return err
+		return b, err
 	}
 	b.creds = newCredCache(b.pools, b.probeCreds, p.cfg.Key, p.log)
 	if p.shard != nil {
 		if err := p.join(ctx); err != nil {
-			return err
+			return b, err
 		}
+	}
+	return b, nil
+}
+
+// Run probes until ctx ends, then waits for the probes in flight.
+func (p *Prober) Run(ctx context.Context) error {
+	b, err := p.setUp(ctx)
+	if err != nil || ctx.Err() != nil {
+		if p.shard != nil && p.shard.rev != 0 && !p.stay {
+			// Stopped while joining: the others need not wait for the
+			// key to expire.
+			_ = p.shard.leave()
+		}
+		return err
+	}
+	if p.shard != nil {
 		// Deferred first, so it runs last: once no probe is in flight.
 		defer func() {
 			if p.stay {

@@ -293,3 +293,58 @@ func TestTakeoverContinuesTheStreak(t *testing.T) {
 		t.Fatalf("unhealthy events: %d, want 1", n)
 	}
 }
+
+// A replica whose joining fails for a while (here the fleet-health bucket
+// refuses every write, as a cluster electing leaders would fail them)
+// keeps trying, and once the writes go through it joins and probes: a
+// start-up during a node's loss must not end the replica.
+func TestReplicaJoinsOnceTheBucketTakesWrites(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	pctx, pstop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
+	t.Cleanup(func() { pstop(); wg.Wait() })
+
+	// Every write to the bucket is refused: a member value is far larger
+	// than 8 bytes.
+	st, err := c.JS.Stream(ctx, "KV_"+bus.BucketHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	limited := cfg
+	limited.MaxMsgSize = 8
+	if _, err := c.JS.UpdateStream(ctx, limited); err != nil {
+		t.Fatal(err)
+	}
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy("demo-1", "demo", "", fp.addr)
+	r := startReplica(t, f, "health-a", log)
+	f.eventually("the failed join logged", func() bool {
+		select {
+		case err := <-r.done:
+			r.done = nil
+			t.Fatalf("the replica ended while it could not join: %v", err)
+		default:
+		}
+		return strings.Contains(logs.String(), "prober start failed; retrying")
+	})
+	if _, err := c.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the replica a member", func() bool { return slices.Equal(r.pr.Members(), []string{"health-a"}) })
+	f.waitState("demo-1", events.ProxyReady)
+	if n := fp.requestsFor(r.host); n == 0 {
+		t.Fatal("the proxy turned ready without a probe through it by the replica")
+	}
+}

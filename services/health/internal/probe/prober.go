@@ -294,6 +294,9 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// Whatever ends the watch below ends the goroutines it waits for.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if p.shard != nil {
 		wg.Add(2)
 		go func() {
@@ -314,21 +317,27 @@ func (p *Prober) Run(ctx context.Context) error {
 		defer wg.Done()
 		p.sched.run(ctx, func(t ticket) { p.start(ctx, b, t, &wg) })
 	}()
+	delay := 100 * time.Millisecond
 	for {
 		w, err := b.proxies.WatchAll(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("watch %s: %w", bus.BucketProxies, err)
+		if err == nil {
+			delay = 100 * time.Millisecond
+			known := map[string]bool{}
+			err = p.loop(ctx, w, b, known)
+			bus.StopWatch(w)
 		}
-		known := map[string]bool{}
-		err = p.loop(ctx, w, b, known)
-		bus.StopWatch(w)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		p.log.Warn("watch of the proxies view ended; restarting it", "err", err)
+		// A cluster electing leaders (a node lost) fails the watch for
+		// a while: the replica keeps its membership and watches again.
+		p.log.Warn("watch of the proxies view failed; watching again", "err", err, "in", delay.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
 	}
 }
 

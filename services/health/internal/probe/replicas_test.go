@@ -348,3 +348,50 @@ func TestReplicaJoinsOnceTheBucketTakesWrites(t *testing.T) {
 		t.Fatal("the proxy turned ready without a probe through it by the replica")
 	}
 }
+
+// A replica whose watch of the proxies view fails (its bucket gone for a
+// while, as a cluster electing leaders fails it) watches again, and
+// probes what the view holds once it is back: it does not sit on its
+// membership without probing.
+func TestReplicaWatchesAgainAfterTheViewFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	pctx, pstop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
+	t.Cleanup(func() { pstop(); wg.Wait() })
+
+	r := startReplica(t, f, "health-a", log)
+	f.eventually("the replica a member", func() bool { return slices.Equal(r.pr.Members(), []string{"health-a"}) })
+	if err := c.JS.DeleteKeyValue(ctx, bus.BucketProxies); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the failed watch logged", func() bool {
+		select {
+		case err := <-r.done:
+			r.done = nil
+			t.Fatalf("the replica ended when its watch failed: %v", err)
+		default:
+		}
+		return strings.Contains(logs.String(), "watch of the proxies view failed; watching again")
+	})
+	// The view back, as a rebuild makes it: the replica probes its proxy.
+	if err := bus.EnsureTopology(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy("demo-1", "demo", "", fp.addr)
+	f.waitState("demo-1", events.ProxyReady)
+	if n := fp.requestsFor(r.host); n == 0 {
+		t.Fatal("the proxy turned ready without a probe through it by the replica")
+	}
+}

@@ -332,17 +332,35 @@ type proxyView struct {
 	Address string `json:"address"`
 }
 
+// views reads every key of bucket. A read that fails is tried again for
+// up to 30 s: on a cluster, a node's loss leaves JetStream unavailable
+// while its groups elect leaders.
 func (f *fleet) views(bucket string) map[string][]byte {
 	f.t.Helper()
-	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := f.readViews(bucket)
+		if err == nil {
+			return out
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("read %s: %v", bucket, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (f *fleet) readViews(bucket string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	kv, err := f.conn.JS.KeyValue(ctx, bucket)
 	if err != nil {
-		f.t.Fatal(err)
+		return nil, err
 	}
 	out := map[string][]byte{}
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
-		f.t.Fatal(err)
+		return nil, err
 	}
 	for k := range keys.Keys() {
 		e, err := kv.Get(ctx, k)
@@ -350,7 +368,7 @@ func (f *fleet) views(bucket string) map[string][]byte {
 			out[k] = e.Value()
 		}
 	}
-	return out
+	return out, nil
 }
 
 func (f *fleet) proxies(pool string) []proxyView {

@@ -616,13 +616,21 @@ func (cf *clusterFleet) dupProbe(label string) int {
 	cf.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := cf.conn.JS.Stream(ctx, bus.EventsStream)
-	if err != nil {
-		cf.t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		cf.t.Fatal(err)
+	// Right after a fault JetStream may answer "temporarily unavailable"
+	// while groups elect leaders: asked again until the context ends.
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	for {
+		var err error
+		if s, err = cf.conn.JS.Stream(ctx, bus.EventsStream); err == nil {
+			if info, err = s.Info(ctx); err == nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			cf.t.Fatalf("%s: stream info: %v", label, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	last := info.State.LastSeq
 	var msgs []*jetstream.RawStreamMsg
@@ -645,6 +653,11 @@ func (cf *clusterFleet) dupProbe(label string) int {
 		msg := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, m.Header.Get(jetstream.MsgIDHeader))
 		ack, err := cf.conn.JS.PublishMsg(ctx, msg)
+		for err != nil && ctx.Err() == nil {
+			// Another try is one more duplicate: it changes nothing.
+			time.Sleep(200 * time.Millisecond)
+			ack, err = cf.conn.JS.PublishMsg(ctx, msg)
+		}
 		if err != nil {
 			cf.t.Fatalf("%s: republish %s: %v", label, m.Subject, err)
 		}

@@ -55,6 +55,30 @@ func startReplica(t *testing.T, f *fleet, id string, log *slog.Logger) *replica 
 	return r
 }
 
+// replicaFleet starts an embedded NATS server and a fleet on it whose
+// logs, at level, go to the returned buffer; with project, a projector
+// keeps the views as health does. The fleet's context ends after timeout.
+func replicaFleet(t *testing.T, timeout time.Duration, level slog.Level, project bool) (*fleet, *slog.Logger, *syncBuf) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	c := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
+	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
+	if project {
+		pctx, pstop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = projection.New(c, log, nil).Run(pctx) })
+		t.Cleanup(func() { pstop(); wg.Wait() })
+	}
+	return f, log, logs
+}
+
 // halt stops the replica and waits for its Run to end.
 func (r *replica) halt(t *testing.T) {
 	r.stop()
@@ -85,21 +109,7 @@ func probedBy(proxies map[string]*fwdProxy, rs ...*replica) map[string]map[strin
 // dies without leaving (its key simply stops being renewed) the survivor
 // probes all its proxies within the membership TTL plus one probe interval.
 func TestReplicasSplitTheProbing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	logs := &syncBuf{}
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	key, err := seal.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
-	pctx, pstop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
-	t.Cleanup(func() { pstop(); wg.Wait() })
+	f, log, _ := replicaFleet(t, 90*time.Second, slog.LevelDebug, true)
 
 	const n = 16
 	proxies := map[string]*fwdProxy{}
@@ -207,16 +217,7 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 // Two replicas given one id both own every proxy; each notices the other
 // writing its key and says so.
 func TestReplicasWithOneIDAreReported(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	key, err := seal.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuf{}
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
-	log := slog.New(slog.NewJSONHandler(logs, nil))
+	f, log, logs := replicaFleet(t, 60*time.Second, slog.LevelInfo, false)
 	startReplica(t, f, "health-x", log)
 	startReplica(t, f, "health-x", log)
 	f.eventually("the clash of replica ids logged", func() bool {
@@ -246,21 +247,7 @@ func TestReplicaWithoutTheBucketNamesBootstrap(t *testing.T) {
 // A replica taking a failing proxy over continues the failure streak the
 // previous owner recorded, and the proxy's unhealthy event stays the one.
 func TestTakeoverContinuesTheStreak(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	logs := &syncBuf{}
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	key, err := seal.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
-	pctx, pstop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
-	t.Cleanup(func() { pstop(); wg.Wait() })
+	f, log, _ := replicaFleet(t, 90*time.Second, slog.LevelDebug, true)
 
 	both := []string{"health-a", "health-b"}
 	// A proxy id health-b owns.
@@ -299,21 +286,8 @@ func TestTakeoverContinuesTheStreak(t *testing.T) {
 // keeps trying, and once the writes go through it joins and probes: a
 // start-up during a node's loss must not end the replica.
 func TestReplicaJoinsOnceTheBucketTakesWrites(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	key, err := seal.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuf{}
-	log := slog.New(slog.NewJSONHandler(logs, nil))
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
-	pctx, pstop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
-	t.Cleanup(func() { pstop(); wg.Wait() })
+	f, log, logs := replicaFleet(t, 60*time.Second, slog.LevelInfo, true)
+	ctx, c := f.ctx, f.conn
 
 	// Every write to the bucket is refused: a member value is far larger
 	// than 8 bytes.
@@ -354,21 +328,8 @@ func TestReplicaJoinsOnceTheBucketTakesWrites(t *testing.T) {
 // probes what the view holds once it is back: it does not sit on its
 // membership without probing.
 func TestReplicaWatchesAgainAfterTheViewFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	c := bustest.Start(t)
-	key, err := seal.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuf{}
-	log := slog.New(slog.NewJSONHandler(logs, nil))
-	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
-	pctx, pstop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(pctx) }()
-	t.Cleanup(func() { pstop(); wg.Wait() })
+	f, log, logs := replicaFleet(t, 90*time.Second, slog.LevelInfo, true)
+	ctx, c := f.ctx, f.conn
 
 	r := startReplica(t, f, "health-a", log)
 	f.eventually("the replica a member", func() bool { return slices.Equal(r.pr.Members(), []string{"health-a"}) })

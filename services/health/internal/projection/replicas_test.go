@@ -16,8 +16,12 @@ import (
 // TestTwoReplicasNeverBothApply runs the projectors of two health replicas,
 // each on its own connection as two processes would, while the log grows in
 // rounds: the consumer is pinned to one of them, so every event is applied
-// once, all by that one, and the other applies nothing. Without the pin
-// both would take deliveries and apply events, each writing the views.
+// by that one, and the other applies nothing. Without the pin both would
+// take deliveries and apply events, each writing the views. An event may
+// be read twice by the pinned one: each reset (when it gets the pin, or
+// after a gap in its deliveries) delivers again from the acknowledgement
+// floor, and what was applied already changes nothing (each key's seq);
+// the views equal a replay at the end.
 func TestTwoReplicasNeverBothApply(t *testing.T) {
 	e := open(t)
 	conns := []*bus.Conn{e.conn, bustest.Dial(t, e.conn)}
@@ -46,8 +50,8 @@ func TestTwoReplicasNeverBothApply(t *testing.T) {
 		if a != 0 && b != 0 {
 			t.Fatalf("round %d: both replicas applied events (%d and %d)", r, a, b)
 		}
-		if want := int64((r + 1) * per); a+b != want {
-			t.Fatalf("round %d: %d events applied, want each of the %d appended once", r, a+b, want)
+		if want := int64((r + 1) * per); a+b < want {
+			t.Fatalf("round %d: %d events applied, want each of the %d appended at least once", r, a+b, want)
 		}
 	}
 	live := e.dump()

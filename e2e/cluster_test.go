@@ -345,23 +345,7 @@ func (cf *clusterFleet) svc(name, bin string, args ...string) {
 	cf.t.Helper()
 	common := []string{"--nats-url", cf.nc.urls(), "--data-dir", filepath.Join(cf.dir, name),
 		"--ensure-topology=false", "--log-level", "debug"}
-	cf.startBinaryArgs(name, filepath.Join(binDir, bin), append(common, args...))
-}
-
-func (cf *clusterFleet) startBinaryArgs(name, bin string, args []string) {
-	cf.t.Helper()
-	cmd := exec.Command(bin, args...)
-	logf, err := os.OpenFile(filepath.Join(cf.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		cf.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		cf.t.Fatalf("start %s: %v", name, err)
-	}
-	cf.mu.Lock()
-	cf.procs[name] = cmd
-	cf.mu.Unlock()
+	cf.startBinaryArgs(name, filepath.Join(binDir, bin), nil, append(common, args...))
 }
 
 func (cf *clusterFleet) startPlanner(id string) {

@@ -388,24 +388,7 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 	if filepath.Base(execLine[0]) != service {
 		t.Fatalf("%s.service starts %s", service, execLine[0])
 	}
-	f.startBinaryArgs(service, filepath.Join(binDir, service), append(args, extra...))
-}
-
-// startBinaryArgs starts bin with exactly args, logging to <name>.log.
-func (f *fleet) startBinaryArgs(name, bin string, args []string) {
-	f.t.Helper()
-	cmd := exec.Command(bin, append(args, "--log-level", "debug")...)
-	logf, err := os.OpenFile(filepath.Join(f.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		f.t.Fatalf("start %s: %v", name, err)
-	}
-	f.mu.Lock()
-	f.procs[name] = cmd
-	f.mu.Unlock()
+	f.startBinaryArgs(service, filepath.Join(binDir, service), nil, append(append(args, extra...), "--log-level", "debug"))
 }
 
 // refused runs do, which must fail, and checks that the server logged a

@@ -134,7 +134,14 @@ func (f *fleet) start(name string, args ...string) {
 func (f *fleet) startBinary(name, bin string, env []string, args ...string) *exec.Cmd {
 	f.t.Helper()
 	common := []string{"--nats-url", f.conn.ClientURL(), "--data-dir", filepath.Join(f.dir, name), "--log-level", "debug"}
-	cmd := exec.Command(bin, append(common, args...)...)
+	return f.startBinaryArgs(name, bin, env, append(common, args...))
+}
+
+// startBinaryArgs starts bin with exactly args and, unless nil, the extra
+// environment env, logging to <name>.log; the fleet's cleanup stops it.
+func (f *fleet) startBinaryArgs(name, bin string, env, args []string) *exec.Cmd {
+	f.t.Helper()
+	cmd := exec.Command(bin, args...)
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}

@@ -80,7 +80,39 @@ func BuildISO(s Seed) ([]byte, error) {
 	if err := w.WriteTo(&buf, VolumeID); err != nil {
 		return nil, fmt.Errorf("cloudinit: write iso: %w", err)
 	}
-	return buf.Bytes(), nil
+	img := buf.Bytes()
+	if err := clearVolumeDates(img); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// The primary volume descriptor sits in sector 16; its creation,
+// modification, expiration and effective dates are four 17-byte fields
+// from byte 813 (ECMA-119 8.4.26-8.4.29).
+const (
+	pvdOffset    = 16 * 2048
+	pvdDatesFrom = 813
+	pvdDatesTo   = 813 + 4*17
+)
+
+// unspecifiedDate is ECMA-119's "date and time not specified": sixteen
+// '0' digits and a zero time-zone offset.
+var unspecifiedDate = append(bytes.Repeat([]byte{'0'}, 16), 0)
+
+// clearVolumeDates sets the volume descriptor's dates to "not specified".
+// The writer stamps them with the current time, the only part of the
+// image that is not a function of the seed, so without this the same
+// seed gave different bytes on every render and no backend could prove it
+// uploads the seed that booted. File records already carry no date.
+func clearVolumeDates(img []byte) error {
+	if len(img) < pvdOffset+pvdDatesTo || img[pvdOffset] != 1 || string(img[pvdOffset+1:pvdOffset+6]) != "CD001" {
+		return fmt.Errorf("cloudinit: write iso: no primary volume descriptor in sector 16")
+	}
+	for off := pvdOffset + pvdDatesFrom; off < pvdOffset+pvdDatesTo; off += len(unspecifiedDate) {
+		copy(img[off:], unspecifiedDate)
+	}
+	return nil
 }
 
 // MetaData returns the NoCloud meta-data document. Both values are quoted,

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kdomanski/iso9660"
 	yaml "go.yaml.in/yaml/v3"
@@ -266,5 +267,31 @@ func TestDefaultSquidUserData(t *testing.T) {
 				t.Errorf("open proxy lacks http_access allow all:\n%s", conf)
 			}
 		})
+	}
+}
+
+// TestBuildISOIsAFunctionOfTheSeed renders one seed twice, 20 ms apart
+// (the volume dates have hundredths of a second), and wants the same bytes
+// and volume dates that say "not specified".
+func TestBuildISOIsAFunctionOfTheSeed(t *testing.T) {
+	s := Seed{InstanceID: "px-abc", Hostname: "px-abc", UserData: []byte("#cloud-config\n"), InstallGuestAgent: true}
+	a, err := BuildISO(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	b, err := BuildISO(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("two renders of one seed differ")
+	}
+	dates := a[pvdOffset+pvdDatesFrom : pvdOffset+pvdDatesTo]
+	if want := bytes.Repeat(unspecifiedDate, 4); !bytes.Equal(dates, want) {
+		t.Fatalf("volume dates %q, want %q", dates, want)
+	}
+	if label, _ := readISO(t, a); label != VolumeID {
+		t.Fatalf("label %q after clearing the dates", label)
 	}
 }

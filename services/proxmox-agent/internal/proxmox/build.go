@@ -119,8 +119,12 @@ func (d *Driver) configure(ctx context.Context, vm *vmRef, spec agent.Spec, prof
 			return agent.Wrapf(agent.ErrPermanent, "pool %s: %w", spec.Pool, err)
 		}
 	}
+	// The instance id is the instance name, as on kvm: every clone is a
+	// fresh disk, so cloud-init runs on first boot anyway, and the same
+	// proxy gets the same seed bytes on every backend that boots cloud
+	// images (TestSeedIsTheOneThatBootedOnKVM).
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
-		InstanceID:        spec.Name + "-" + strconv.Itoa(vm.vmid),
+		InstanceID:        spec.Name,
 		Hostname:          spec.Name,
 		UserData:          userData,
 		InstallGuestAgent: d.cfg.GuestAgent(),

@@ -72,6 +72,7 @@ type Server struct {
 	mu       sync.Mutex
 	vms      map[int]*vm
 	volumes  map[string]map[string]int64 // node/storage → volid → size
+	uploads  map[string][]byte           // node/volid → the bytes an upload stored
 	tasks    map[string]*task
 	offline  map[string]bool
 	seq      int
@@ -143,6 +144,7 @@ func Start(t testing.TB, opts Options) *Server {
 		opts:    opts,
 		vms:     map[int]*vm{},
 		volumes: map[string]map[string]int64{},
+		uploads: map[string][]byte{},
 		tasks:   map[string]*task{},
 		offline: map[string]bool{},
 	}
@@ -267,6 +269,15 @@ func (s *Server) Volumes(node, storage string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Upload returns the bytes an upload stored as volid (e.g.
+// "local:iso/seed.iso") on node, and whether that volume exists.
+func (s *Server) Upload(node, volid string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.uploads[node+"/"+volid]
+	return b, ok
 }
 
 // Clones returns how many clone requests were accepted.

@@ -436,6 +436,7 @@ func (s *Server) upload(p pathArgs, q url.Values) (any, *apiError) {
 	node := p["node"]
 	return s.startTask(node, "imgcopy", "", func() (string, []string) {
 		s.volumes[node+"/"+st.Name][volid] = int64(len(data))
+		s.uploads[node+"/"+volid] = []byte(data)
 		return "OK", []string{fmt.Sprintf("target file: /mnt/pve/%s/template/iso/%s", st.Name, name)}
 	}), nil
 }
@@ -462,6 +463,7 @@ func (s *Server) deleteVolume(p pathArgs, _ url.Values) (any, *apiError) {
 	node := p["node"]
 	return s.startTask(node, "imgdel", volid, func() (string, []string) {
 		delete(s.volumes[node+"/"+st.Name], volid)
+		delete(s.uploads, node+"/"+volid)
 		return "OK", nil
 	}), nil
 }

@@ -71,7 +71,7 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.probeInterval, "probe-interval", 5*time.Second, "time from the end of one probe of a proxy to the start of the next (jittered by ±20%)")
 	fs.DurationVar(&f.probeTimeout, "probe-timeout", 3*time.Second, "bound of each check of a probe (plain HTTP, CONNECT)")
 	fs.IntVar(&f.probeConc, "probe-concurrency", 0, "probes in flight at most; 0 sizes it for the fleet: 2 × proxies × mean probe time ÷ (interval + mean probe time), within 32…1024")
-	fs.IntVar(&f.unhealthyAfter, "unhealthy-after", 3, "consecutive failed probes that make a proxy unhealthy")
+	fs.IntVar(&f.unhealthyAfter, "unhealthy-after", 3, "consecutive failed probes that make a ready proxy unhealthy (one never ready stays running; the planner's --ready-timeout replaces it)")
 	fs.StringVar(&f.echoAddr, "echo-addr", "127.0.0.1:8480", "serve the egress echo endpoint (GET / → {\"ip\":…}) here; empty disables it")
 	fs.StringVar(&f.echoURL, "echo-url", "", "echo URL the probes fetch through each proxy; answers JSON with \"ip\" or a plain-text IP (default: http://<echo-addr>/)")
 	fs.DurationVar(&f.checkInterval, "check-interval", 30*time.Second, "time between two rounds of agent checks")

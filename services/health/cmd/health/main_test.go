@@ -102,8 +102,11 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 		appendEv(events.AggregateProxy, id, events.ProxyRequested, events.ProxyRequestedData{
 			Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128})
 	}
-	// Nothing listens here: the proxy is probed and found unhealthy.
-	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: testnet.Refusing(t).String(), Attempt: 1})
+	// Nothing listens here any more: the proxy, ready once, is probed and
+	// found unhealthy.
+	addr := testnet.Refusing(t).String()
+	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: addr, Attempt: 1})
+	appendEv(events.AggregateProxy, "demo-a", events.ProxyReady, events.ProxyReadyData{Address: addr})
 
 	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
 		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s")

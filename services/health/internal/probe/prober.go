@@ -4,8 +4,10 @@
 // an echo endpoint via the proxy, on a jittered schedule with bounded
 // concurrency. Counters (latency, failure streak, last error, egress IP,
 // how many other proxies share that egress IP) go to the fleet-probes
-// bucket; only transitions (running|unhealthy → ready, running|ready →
-// unhealthy) are appended to the event log.
+// bucket; only transitions (running|unhealthy → ready, ready → unhealthy)
+// are appended to the event log. A running proxy that fails its probes
+// stays running (it may still be booting); the planner's ready timeout
+// deals with one that never gets ready.
 //
 // Each proxy has its own due time; a [scheduler] starts the probe due
 // earliest as soon as it is due and a slot is free.
@@ -521,7 +523,11 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 	case res.OK() && (cur.State == events.ProxyRunning || cur.State == events.ProxyUnhealthy):
 		kind = events.ProxyReady
 		data = events.ProxyReadyData{Address: cur.Address, LatencyMS: res.HTTPLatency.Milliseconds(), EgressIP: res.EgressIP}
-	case !res.OK() && t.streak >= p.cfg.UnhealthyAfter && (cur.State == events.ProxyRunning || cur.State == events.ProxyReady):
+	case !res.OK() && t.streak >= p.cfg.UnhealthyAfter && cur.State == events.ProxyReady:
+		// Only a proxy that was ready turns unhealthy. One still running
+		// has not served yet (a cloud image installing and starting
+		// Squid): its failures stay in fleet-probes, and the planner fails
+		// it when it is not ready after its --ready-timeout.
 		kind = events.ProxyUnhealthy
 		data = events.ProxyUnhealthyData{Reason: res.Err().Error(), Streak: t.streak}
 	}

@@ -328,10 +328,15 @@ func TestProbesWithPoolPassword(t *testing.T) {
 	f.runningProxy("otherkey-a", "otherkey", "crawler", otherKey.addr)
 
 	f.waitState("authed-a", events.ProxyReady)
+	// Never ready, they stay running (the planner's ready timeout deals
+	// with them); their failures are in fleet-probes.
 	for _, id := range []string{"nosecret-a", "plainsecret-a", "otherkey-a"} {
-		f.waitState(id, events.ProxyUnhealthy)
+		f.eventually(id+" failing past the unhealthy threshold", func() bool { return f.record(id).Streak >= unhealthyAfter+1 })
 		if rec := f.record(id); !strings.Contains(rec.LastError, "407") {
 			t.Fatalf("%s, without a password it can open: last error %q, want a 407", id, rec.LastError)
+		}
+		if st, n := f.state(id), len(f.kinds(id)[events.ProxyUnhealthy]); st != events.ProxyRunning || n != 0 {
+			t.Fatalf("%s, never ready: state %q with %d unhealthy events, want running and none", id, st, n)
 		}
 	}
 	if !strings.Contains(f.logs.String(), "same --probe-key-file") {

@@ -59,7 +59,9 @@ unhealthy for longer than their pool's unhealthyAfter (replacement first;
 the unhealthy one is retired when it is ready, or after unhealthyAfter
 more), rotates proxies older than their pool's maxAge (plus a
 per-proxy jitter of up to 10%; the replacement is created and ready before
-the aged proxy is retired), re-issues stuck commands (a create issued
+the aged proxy is retired), fails and replaces proxies provisioning
+longer than --provision-timeout or running longer than --ready-timeout
+without one probe through them passing, re-issues stuck commands (a create issued
 --max-create-attempts times without starting fails with class stuck and
 goes to another target), and records each pool's conditions (Ready, Placed,
 Progressing) when they change. Every
@@ -113,6 +115,8 @@ func run() int {
 		"a target that answered quota, or on which a create got stuck, takes no new proxy for this long")
 	fs.DurationVar(&cfg.ProvisionTimeout, "provision-timeout", 15*time.Minute,
 		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
+	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 15*time.Minute,
+		"a proxy running this long (it has an address) without one probe through it passing is recorded as failed (timeout) and replaced")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute,
 		"period of garbage-collection rounds (inventory requests to every live agent)")
 	fs.DurationVar(&cfg.GCGrace, "gc-grace", 10*time.Minute,

@@ -448,3 +448,46 @@ func TestReportBanRequestsItsReplacement(t *testing.T) {
 		t.Errorf("create commands: got %d, want 3 (two originals, one replacement)", n)
 	}
 }
+
+// TestProxyNeverReadyIsReplaced: a proxy running past the ready timeout
+// without one probe through it passing (health does not call it
+// unhealthy: it may still be booting) fails with class timeout and is
+// replaced; a proxy that got ready in time is kept, however long after.
+func TestProxyNeverReadyIsReplaced(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	const readyTimeout = 500 * time.Millisecond
+	r := h.startPlannerWith(Config{ID: "boot", ReadyTimeout: readyTimeout}, nil)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"boot","provider":"local","size":2}`, nil)
+	ids, _ := h.requested(2)
+	stuck, fine := ids[0], ids[1]
+	for _, id := range ids {
+		h.observe(id, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1})
+		h.observe(id, events.ProxyRunning, 1, events.ProxyRunningData{Address: "127.0.0.1:4000", Attempt: 1})
+	}
+	h.observe(fine, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4000"})
+
+	var failed events.ProxyFailedData
+	h.waitFor("the never-ready proxy to fail", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyFailed) {
+			if e.ID == stuck && e.DecodeData(&failed) == nil {
+				return true
+			}
+		}
+		return false
+	})
+	if failed.Class != events.ClassTimeout || !strings.HasPrefix(failed.Reason, "not ready after 500ms running") {
+		t.Fatalf("failed: got %+v, want class timeout, reason not ready after 500ms running", failed)
+	}
+	h.waitFor("its replacement", func() bool { return len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)) == 3 })
+	h.settle(r, 5)
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyFailed) {
+		if e.ID == fine {
+			t.Fatalf("the proxy that got ready failed: %s", e.Data)
+		}
+	}
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 3 {
+		t.Fatalf("requested: got %d, want 2 and one replacement", n)
+	}
+}

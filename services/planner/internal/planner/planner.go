@@ -61,6 +61,13 @@ type Config struct {
 	// ProvisionTimeout is how long a proxy may stay provisioning before it is
 	// recorded as failed with class timeout (default 15m).
 	ProvisionTimeout time.Duration
+	// ReadyTimeout is how long a proxy may stay running (it has an
+	// address, no probe through it has passed yet) before it is recorded
+	// as failed with class timeout and replaced (default 15m). Health does
+	// not call a proxy that was never ready unhealthy: a cloud image may
+	// take minutes to install and start Squid after the guest reports
+	// its address.
+	ReadyTimeout time.Duration
 	// RetireTimeout is how long a proxy may stay retiring before its delete
 	// is re-issued with the next attempt (default 3m).
 	RetireTimeout time.Duration
@@ -109,6 +116,7 @@ func (c *Config) defaults() {
 	def(&c.ReconcileInterval, 2*time.Second)
 	def(&c.CreateTimeout, 3*time.Minute)
 	def(&c.ProvisionTimeout, 15*time.Minute)
+	def(&c.ReadyTimeout, 15*time.Minute)
 	def(&c.RetireTimeout, 3*time.Minute)
 	def(&c.QuotaAvoid, 5*time.Minute)
 	def(&c.LeaseTTL, bus.LeaseTTL)

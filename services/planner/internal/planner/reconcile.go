@@ -347,6 +347,14 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 				}
 				p.decide(pctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 			}
+		case events.ProxyRunning:
+			active = append(active, x)
+			if age >= p.cfg.ReadyTimeout {
+				fd := events.ProxyFailedData{
+					Class: events.ClassTimeout, Reason: fmt.Sprintf("not ready after %s running (no probe through it passed)", p.cfg.ReadyTimeout), Attempt: x.Attempt,
+				}
+				p.decide(pctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+			}
 		default:
 			if isActive(x.State) {
 				active = append(active, x)
@@ -421,7 +429,7 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 
 // timerOf says when a round must look at pool again although no event
 // touches it: at once while something it needs could not be placed; at the
-// first create, provision or retire timeout of its members; when an
+// first create, provision, ready or retire timeout of its members; when an
 // unhealthy member turns sick (unhealthyAfter) or is retired regardless
 // (twice that), and when a member reaches maxAge (plus its jitter). What
 // waits on an event (a replacement getting ready, a rotation's turn) is
@@ -448,6 +456,8 @@ func (p *Planner) timerOf(pool Pool, members []Proxy, pr *poolRound) poolTimer {
 			earliest(&t.due, x.UpdatedAt.Add(p.cfg.CreateTimeout))
 		case events.ProxyProvisioning:
 			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ProvisionTimeout))
+		case events.ProxyRunning:
+			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ReadyTimeout))
 		case events.ProxyRetiring:
 			if !x.SkipCleanup {
 				earliest(&t.due, x.UpdatedAt.Add(p.cfg.RetireTimeout))

@@ -342,18 +342,12 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 		case events.ProxyProvisioning:
 			active = append(active, x)
 			if age >= p.cfg.ProvisionTimeout {
-				fd := events.ProxyFailedData{
-					Class: events.ClassTimeout, Reason: fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout), Attempt: x.Attempt,
-				}
-				p.decide(pctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+				p.timedOut(pctx, f, x, fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout))
 			}
 		case events.ProxyRunning:
 			active = append(active, x)
 			if age >= p.cfg.ReadyTimeout {
-				fd := events.ProxyFailedData{
-					Class: events.ClassTimeout, Reason: fmt.Sprintf("not ready after %s running (no probe through it passed)", p.cfg.ReadyTimeout), Attempt: x.Attempt,
-				}
-				p.decide(pctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+				p.timedOut(pctx, f, x, fmt.Sprintf("not ready after %s running (no probe through it passed)", p.cfg.ReadyTimeout))
 			}
 		default:
 			if isActive(x.State) {
@@ -425,6 +419,13 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 	}
 	p.rotate(pctx, r, f, pool, pr, want)
 	return t
+}
+
+// timedOut records that x failed with class timeout for reason; the next
+// round retires it and places its replacement.
+func (p *Planner) timedOut(ctx context.Context, f *flight, x Proxy, reason string) {
+	fd := events.ProxyFailedData{Class: events.ClassTimeout, Reason: reason, Attempt: x.Attempt}
+	p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 }
 
 // timerOf says when a round must look at pool again although no event

@@ -8,7 +8,7 @@ MODULES  := pkg $(wildcard services/*) e2e
 SERVICES := $(notdir $(wildcard services/*))
 NATSCLI_VERSION := v0.5.0
 STATICCHECK_VERSION := v0.8.2
-GOTEST_FLAGS ?= -race -count=1 -timeout 20m
+GOTEST_FLAGS ?= -race -count=1 -timeout 35m
 
 # Tiers added by mk/*.mk files; each appends its target to TEST_ALL_TIERS.
 TEST_ALL_TIERS :=

@@ -54,18 +54,23 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, 6*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() bool {
+	// The pool converges at the machine's pace: minutes on a quiet
+	// machine, many more on a shared, loaded one (make bench
+	// measures the rate). The test fails when the ready count stops
+	// growing for two minutes, or after 25 minutes in all, inside the
+	// 35 minutes make test gives a package.
+	waitProgress(t, 25*time.Minute, 2*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() (int, bool) {
 		var pv struct {
 			States map[string]int `json:"states"`
 		}
 		r := f.req("fleet.api.pool.get", `{"name":"big"}`, nil)
 		if r.Code != "" {
-			return false
+			return ready, false
 		}
 		parseJSON(t, r.Data, &pv)
 		states = pv.States
 		ready = pv.States[events.ProxyReady]
-		return ready == size
+		return ready, ready == size
 	})
 	t.Logf("%d proxies ready %s after the apply", size, time.Since(start).Round(time.Millisecond))
 	if n := drv.Len(); n != size {
@@ -76,6 +81,31 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	}
 	if n := f.eventCount("fleet.evt.proxy.*." + events.ProxyUnhealthy); n != 0 {
 		t.Errorf("%d unhealthy verdicts while converging, want none", n)
+	}
+}
+
+// waitProgress waits until cond reports done. It fails when the count cond
+// reports has not grown for stall, or after within in all.
+func waitProgress(t *testing.T, within, stall time.Duration, what string, cond func() (count int, done bool)) {
+	t.Helper()
+	start := time.Now()
+	best, grew := -1, start
+	for {
+		n, done := cond()
+		if done {
+			return
+		}
+		now := time.Now()
+		if n > best {
+			best, grew = n, now
+		}
+		switch {
+		case now.Sub(grew) > stall:
+			t.Fatalf("waiting for %s: stuck at %d for %s (%s in all)", what, best, stall, now.Sub(start).Round(time.Second))
+		case now.Sub(start) > within:
+			t.Fatalf("timed out after %s waiting for %s: at %d, still growing", within, what, best)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -8,7 +8,8 @@
 #                  of tools/pause, the Pods' sandbox
 #
 # Both are OCI image-layout tars (tools/ociimage) that `ctr -n k8s.io images
-# import` loads without a registry; DIR/images.env names them. MIRROR
+# import` loads without a registry; DIR/<hash>/images.env names them, and
+# is the last line the script prints. MIRROR
 # (http://deb.debian.org/debian) and SECURITY_MIRROR pick the archive.
 set -euo pipefail
 
@@ -25,6 +26,7 @@ hash=$(cat "$0" "$here"/tools/ociimage/*.go "$here"/tools/pause/*.go <(echo "$mi
 dir=$out/$hash
 if [ -s "$dir/images.env" ]; then
 	echo "kube-node images $hash: cached in $dir"
+	echo "$dir/images.env"
 	exit 0
 fi
 mkdir -p "$out"
@@ -65,3 +67,4 @@ IMAGES_DIR=$dir
 ENV
 rm -rf "$dir" && mv "$dir.new" "$dir"
 echo "kube-node images $hash: $squid_ref and $pause_ref in $dir"
+echo "$dir/images.env"

@@ -88,10 +88,8 @@ ip -n "$netns" route add default via "$host_ip"
 ip netns exec "$netns" sysctl -qw net.ipv4.ip_forward=1
 ip route add "$pod_cidr" via "$node_ip" dev "$host_if"
 
-for c in /sys/fs/cgroup/*/; do
-	case $c in */unified/ | */systemd/) continue ;; esac
-	mkdir -p "$c$cgroup_root"
-done
+# The kubelet's cgroup root must exist in every hierarchy it sees.
+for c in /sys/fs/cgroup/*/; do mkdir -p "$c$cgroup_root"; done
 
 mkdir -p "$dir/cni/net.d" "$dir/cni/ipam"
 cat >"$dir/cni/net.d/10-pfkube.conflist" <<JSON

@@ -177,7 +177,9 @@ func startNode(t *testing.T, e *kubeEnv, n nodeTier, dir string) {
 	must(t, os.WriteFile(kcfg, []byte(kubeletConfig(n)), 0o600))
 	kubeletLog := startProc(t, dir, "kubelet", "nsenter", "--net="+n.netns, n.kubelet,
 		"--config="+kcfg, "--kubeconfig="+kubeconfig(t, filepath.Join(dir, "kubelet.kubeconfig"), "https://"+ln.Addr().String(), cfg),
-		"--root-dir="+filepath.Join(dir, "kubelet"), "--hostname-override="+nodeName, "--node-ip="+n.nodeIP, "--v=1")
+		// The kubelet makes its root a shared mount: keep it in the tier's
+		// directory, which the tier script unmounts and removes.
+		"--root-dir="+filepath.Join(os.Getenv("PFKUBE_DIR"), "kubelet"), "--hostname-override="+nodeName, "--node-ip="+n.nodeIP, "--v=1")
 	start := time.Now()
 	err = poll(180*time.Second, func() error {
 		node, err := e.admin.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})

@@ -116,6 +116,9 @@ state = "$dir/containerd/state"
   sandbox_image = "$PAUSE_IMAGE"
   # The test machine may forbid lowering a process's oom_score_adj.
   restrict_oom_score_adj = true
+  # Pod network namespaces under the state directory (not /run/netns), so
+  # the clean-up below unmounts any a stopped sandbox left.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/cni/net.d"

@@ -39,6 +39,9 @@ func squidConf(port int, auth *events.ProxyAuth, authHelper string, pol egress.P
 	b.WriteString("pid_filename none\n")
 	// The ICMP pinger needs a raw socket; the container has no capabilities.
 	b.WriteString("pinger_enable off\n")
+	// A deleted Pod's Squid would otherwise wait 30 s for its clients
+	// before exiting; the proxy is being removed, so they are cut sooner.
+	b.WriteString("shutdown_lifetime 3 seconds\n")
 	b.WriteString("cache_log /dev/stderr\n")
 	b.WriteString("access_log stdio:/dev/stdout squid\n")
 	b.WriteString("cache deny all\nvia off\nforwarded_for delete\n")

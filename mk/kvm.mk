@@ -44,6 +44,6 @@ cloud-image: $(CLOUD_IMAGE) ## build the Debian 12 cloud image (cloud-init, Squi
 .PHONY: e2e-kvm-cloud
 e2e-kvm-cloud: cloud-image ## proxies from the Debian cloud image through planner, health and the kvm-agent under TCG: default cloud-config with auth, operator cloud-config, shell user-data (root)
 	@KVM_TEST_CLOUD_IMAGE=$(CLOUD_IMAGE) KVM_TEST_GATEWAY=192.168.150.1 \
-		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 25m -run "TestCloudImageProxies" -v ./integration/'
+		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 25m -parallel 3 -run "TestCloudImageProxies" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm-cloud

@@ -117,6 +117,9 @@ profiles:
 	startHealthEcho(t, conn.ClientURL(), echo)
 	startPlanner(t, conn.ClientURL())
 	store := bus.NewEventStore(conn, "e2e", nil)
+	// The decisions of the cases without a pool are recorded as the
+	// planner's.
+	decisions := bus.NewEventStore(conn, events.SourcePlanner, nil)
 	serialLog := func(name string) string {
 		b, _ := os.ReadFile(filepath.Join(logDir, name+".log"))
 		return string(b)
@@ -135,7 +138,7 @@ profiles:
 		t.Helper()
 		name := events.InstanceName(proxy)
 		requested := events.ProxyRequestedData{Pool: pool, Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}
-		if _, err := store.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
+		if _, err := decisions.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
 			events.ProxyEventID(proxy, events.ProxyRequested, 1), requested, &bus.Expect{Seq: 0}); err != nil {
 			t.Fatal(err)
 		}
@@ -166,6 +169,8 @@ profiles:
 		})
 		name := events.InstanceName(proxy)
 		cleanupEntry(t, g.pool, entry, name)
+		// Deleted before its domain is removed, so the planner replaces nothing.
+		t.Cleanup(func() { apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": pool}) })
 		running, ready := waitReady(t, ctx, store, proxy)
 		logFigures(t, ctx, "default cloud-config, basic auth (planner)", store, proxy, running)
 

@@ -117,4 +117,4 @@ NETXML
 "${VIRSH[@]}" net-start "$NET" >/dev/null
 
 export KVM_TEST_SOCKET=$SOCK KVM_TEST_POOL=$POOL KVM_TEST_NETWORK=$NET KVM_TEST_NETNS=$NS
-"$@"
+"$@" 9>&-

@@ -168,9 +168,15 @@ profiles:
 			return proxy != ""
 		})
 		name := events.InstanceName(proxy)
-		cleanupEntry(t, g.pool, entry, name)
-		// Deleted before its domain is removed, so the planner replaces nothing.
-		t.Cleanup(func() { apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": pool}) })
+		// The pool is deleted (the planner has the agent delete its proxy)
+		// while the other cases still run; the entry's base image stays.
+		t.Cleanup(func() {
+			apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": pool})
+			eventually(t, "the pool's proxy deleted", 2*time.Minute, func() bool {
+				last, err := store.Last(ctx, events.AggregateProxy, proxy)
+				return err == nil && last != nil && last.Kind == events.ProxyDeleted
+			})
+		})
 		running, ready := waitReady(t, ctx, store, proxy)
 		logFigures(t, ctx, "default cloud-config, basic auth (planner)", store, proxy, running)
 

@@ -66,9 +66,7 @@ func TestCloudImageProxies(t *testing.T) {
 	imgPath := os.Getenv("KVM_TEST_CLOUD_IMAGE")
 	sum := fileSHA256(t, imgPath)
 
-	// The site the test fetches through the proxies, and health's echo
-	// endpoint on 443: Debian's stock squid.conf (which the operator and
-	// script cases keep) refuses CONNECT to any other port.
+	// The site the test fetches through the proxies.
 	const greeting = "hello through squid"
 	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
 	sl, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
@@ -77,12 +75,17 @@ func TestCloudImageProxies(t *testing.T) {
 	}
 	go func() { _ = site.Serve(sl) }()
 	t.Cleanup(func() { _ = site.Close() })
-	echo := net.JoinHostPort(g.gateway, "443")
-	endpoints := []netip.AddrPort{netip.MustParseAddrPort(echo), netip.MustParseAddrPort(sl.Addr().String())}
-
-	entry := randomEntry(t)
 	logDir := t.TempDir()
-	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	// fleet runs a kvm-agent for a new entry, the health service with its
+	// echo endpoint on echo and, with planner, the planner, on a NATS server
+	// of their own: the planner retires proxies of pools it does not know,
+	// so the cases without a pool get a fleet without one.
+	fleet := func(echo string, planner bool) (entry string, conn *bus.Conn) {
+		entry = randomEntry(t)
+		endpoints := []netip.AddrPort{netip.MustParseAddrPort(echo), netip.MustParseAddrPort(sl.Addr().String())}
+		cfg, err := config.Parse([]byte(fmt.Sprintf(`
 entry: %s
 target: ci
 libvirt: {socket: %s}
@@ -95,27 +98,41 @@ images:
 profiles:
   small: {vcpus: 1, memoryMiB: 768, diskGiB: 3}
 `, entry, g.socket, g.pool, g.network, logDir, g.imageAddr, sum)))
-	if err != nil {
-		t.Fatal(err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn = bustest.Start(t)
+		stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
+		t.Cleanup(stack.Close)
+		rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 10 * time.Minute,
+			WatchInterval: time.Second, EgressEndpoints: endpoints}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = rt.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		startHealthEcho(t, conn.ClientURL(), echo)
+		if planner {
+			startPlanner(t, conn.ClientURL())
+		}
+		return entry, conn
 	}
 	operatorName := seedtest.OperatorInstance
 	scriptName := events.InstanceName("cloud-script")
+	// Health's echo endpoint for the pool-less cases is on 443: Debian's
+	// stock squid.conf, which they keep, refuses CONNECT to other ports.
+	entry, conn := fleet(net.JoinHostPort(g.gateway, "443"), false)
 	cleanupEntry(t, g.pool, entry, operatorName, scriptName)
-
-	conn := bustest.Start(t)
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-	t.Cleanup(stack.Close)
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 10 * time.Minute,
-		WatchInterval: time.Second, EgressEndpoints: endpoints}, nil, nil)
+	el, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	startHealthEcho(t, conn.ClientURL(), echo)
-	startPlanner(t, conn.ClientURL())
+	echoA := el.Addr().String()
+	el.Close()
+	entryA, connA := fleet(echoA, true)
+	cleanupEntry(t, g.pool, entryA)
+	storeA := bus.NewEventStore(connA, "e2e", nil)
 	store := bus.NewEventStore(conn, "e2e", nil)
 	// The decisions of the cases without a pool are recorded as the
 	// planner's.
@@ -153,7 +170,7 @@ profiles:
 		t.Parallel()
 		const pool = "cloudauth"
 		creds := url.UserPassword("crawler", "s3cret-through-squid")
-		apply(t, conn, "fleet.api.pool.apply", map[string]any{"name": pool, "provider": entry, "size": 1, "image": "debian12",
+		apply(t, connA, "fleet.api.pool.apply", map[string]any{"name": pool, "provider": entryA, "size": 1, "image": "debian12",
 			"profile": "small", "port": 3128, "auth": map[string]string{"username": "crawler", "password": "s3cret-through-squid"},
 			// Health counts failed probes while cloud-init still runs
 			// under TCG; the default (2m) would replace the booting proxy.
@@ -161,7 +178,7 @@ profiles:
 		var proxy string
 		eventually(t, "the planner's proxy", time.Minute, func() bool {
 			for _, kind := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy} {
-				if ids := proxiesIn(t, store, pool, kind); len(ids) == 1 {
+				if ids := proxiesIn(t, storeA, pool, kind); len(ids) == 1 {
 					proxy = ids[0]
 				}
 			}
@@ -171,14 +188,14 @@ profiles:
 		// The pool is deleted (the planner has the agent delete its proxy)
 		// while the other cases still run; the entry's base image stays.
 		t.Cleanup(func() {
-			apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": pool})
+			apply(t, connA, "fleet.api.pool.delete", map[string]any{"name": pool})
 			eventually(t, "the pool's proxy deleted", 2*time.Minute, func() bool {
-				last, err := store.Last(ctx, events.AggregateProxy, proxy)
+				last, err := storeA.Last(ctx, events.AggregateProxy, proxy)
 				return err == nil && last != nil && last.Kind == events.ProxyDeleted
 			})
 		})
-		running, ready := waitReady(t, ctx, store, proxy)
-		logFigures(t, ctx, "default cloud-config, basic auth (planner)", store, proxy, running)
+		running, ready := waitReady(t, ctx, storeA, proxy)
+		logFigures(t, ctx, "default cloud-config, basic auth (planner)", storeA, proxy, running)
 
 		target := "http://" + sl.Addr().String() + "/"
 		get := func(u *url.URL) (int, string) {

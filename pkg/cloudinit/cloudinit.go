@@ -148,6 +148,8 @@ fi
 if command -v systemctl >/dev/null 2>&1; then
   systemctl enable --now qemu-guest-agent || systemctl start qemu-guest-agent || true
 fi
+# A mark on the console (the serial log shows the script ran); harmless without one.
+{ echo "proxyfleet: guest-agent bootstrap done" >/dev/console; } 2>/dev/null || true
 `
 
 // mimeBoundary is fixed so the same inputs give the same bytes.

@@ -17,7 +17,9 @@ const OwnAddressesFile = "/etc/squid/proxyfleet-own-addresses"
 // DefaultSquidUserData returns a #cloud-config document that turns a stock
 // Debian cloud image into a Squid forward proxy listening on port, demanding
 // basic auth when auth is set and enforcing the egress policy pol (the
-// guest's own addresses are listed at boot). It is used when a pool gives no
+// guest's own addresses are listed at boot). It asks for the squid package
+// (a no-op on an image that has it) without refreshing the package lists,
+// so a golden image boots without reaching a mirror. It is used when a pool gives no
 // user-data. The document carries the password only as a salted bcrypt hash
 // (pkg/htpasswd), never in the clear; it is still treated as a secret like
 // any user-data.
@@ -31,6 +33,9 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) (
 	}
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "http_port %d\n", port)
+	// Squid refuses to start on a host name it cannot resolve; the guest's
+	// may not be in any DNS.
+	conf.WriteString("visible_hostname proxyfleet\n")
 	conf.WriteString(pol.SquidRules(OwnAddressesFile))
 	if auth != nil {
 		conf.WriteString("auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.htpasswd\n")
@@ -62,7 +67,6 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) (
 	var b bytes.Buffer
 	b.WriteString("#cloud-config\n")
 	b.WriteString("# proxyfleet default: a Squid forward proxy.\n")
-	b.WriteString("package_update: true\n")
 	b.WriteString("packages:\n  - squid\n")
 	b.WriteString("write_files:\n")
 	writeFile(&b, "/etc/proxyfleet/squid.conf", "0644", conf.String())

@@ -137,17 +137,24 @@ func TestGuestBootsAndProxies(t *testing.T) {
 // gateway, where guests reach its echo endpoint through their proxies.
 func startHealth(t *testing.T, natsURL, gateway string) {
 	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "health")
-	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/health/cmd/health").CombinedOutput(); err != nil {
-		t.Fatalf("build health: %v\n%s", err, out)
-	}
 	l, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	echoAddr := l.Addr().String()
 	l.Close()
+	startHealthEcho(t, natsURL, echoAddr)
+}
+
+// startHealthEcho builds and runs the health service with its echo
+// endpoint on echoAddr.
+func startHealthEcho(t *testing.T, natsURL, echoAddr string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "health")
+	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/health/cmd/health").CombinedOutput(); err != nil {
+		t.Fatalf("build health: %v\n%s", err, out)
+	}
 	logf, err := os.Create(filepath.Join(dir, "health.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -180,12 +187,19 @@ type guestTier struct {
 
 func needGuestTier(t *testing.T) guestTier {
 	t.Helper()
+	return needImageTier(t, "KVM_TEST_GUEST_IMAGE", "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
+}
+
+// needImageTier is the tier with the disk image named by the environment
+// variable imageEnv served over HTTP from loopback.
+func needImageTier(t *testing.T, imageEnv, hint string) guestTier {
+	t.Helper()
 	var g guestTier
 	g.socket, g.pool, g.network = needLibvirt(t)
-	img := os.Getenv("KVM_TEST_GUEST_IMAGE")
-	testgate.NeedFile(t, img, "build it with services/kvm-agent/scripts/build-guest.sh (make e2e-kvm does)")
+	img := os.Getenv(imageEnv)
+	testgate.NeedFile(t, img, hint)
 	g.gateway = os.Getenv("KVM_TEST_GATEWAY")
-	testgate.Need(t, g.gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by make e2e-kvm")
+	testgate.Need(t, g.gateway != "", "KVM_TEST_GATEWAY (the host's address on the guest network) is set by the make target")
 	imgSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })}
 	il, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Builds the boot test's guest disk from Debian packages: Debian's kernel, a
-# busybox initramfs whose /init loads the virtio, SATA CD-ROM and ISO9660
-# modules, mounts the NoCloud seed (label cidata), gets an address with
+# busybox initramfs whose /init loads the virtio, virtio-SCSI CD-ROM and
+# ISO9660 modules (the kvm-agent attaches the seed on virtio-scsi), mounts the NoCloud seed (label cidata), gets an address with
 # udhcpc, starts qemu-guest-agent (Debian's, with the libraries it links)
 # and runs the seed's user-data when it is a script; a statically built
 # forward proxy rides along. The disk boots under BIOS with syslinux
 # (installed with mtools, no loop mounts) and is written as qcow2.
 #
-# Usage: build-guest.sh OUTDIR   (writes OUTDIR/guest.qcow2; reuses it when present)
+# Usage: build-guest.sh OUTDIR   (writes OUTDIR/guest.qcow2; reuses it when
+# it was built by this version of the script)
 set -euo pipefail
 
 OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR}")
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-if [ -s "$OUT/guest.qcow2" ]; then
-	echo "guest image: $OUT/guest.qcow2 (cached)"
+RECIPE=$(sha256sum "$0" "$HERE/testdata/guest/fwdproxy"/*.go | sha256sum | cut -c1-16)
+if [ -s "$OUT/guest.qcow2" ] && [ "$(cat "$OUT/guest.recipe" 2>/dev/null)" = "$RECIPE" ]; then
+	echo "guest image: $OUT/guest.qcow2 (cached, recipe $RECIPE)"
 	exit 0
 fi
 need=()
@@ -73,7 +75,7 @@ add() {
 	done
 	order+=("${line%%:*}")
 }
-for m in virtio_pci virtio_net ahci sr_mod isofs virtio_console; do add "$m"; done
+for m in virtio_pci virtio_net virtio_scsi sr_mod cdrom isofs virtio_console; do add "$m"; done
 {
 	for p in "${order[@]}"; do
 		cp "k/lib/modules/$KVER/$p" "$R/lib/modules/"
@@ -153,4 +155,5 @@ mcopy -i disk.raw@@1M syslinux.cfg ::syslinux.cfg
 mkdir -p "$OUT"
 qemu-img convert -q -O qcow2 disk.raw "$OUT/guest.qcow2.tmp"
 mv "$OUT/guest.qcow2.tmp" "$OUT/guest.qcow2"
+echo "$RECIPE" >"$OUT/guest.recipe"
 echo "guest image: $OUT/guest.qcow2 ($(stat -c %s "$OUT/guest.qcow2") bytes, kernel $KVER)"

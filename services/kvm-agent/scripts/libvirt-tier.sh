@@ -3,7 +3,8 @@
 # QEMU and OVMF when missing, creates a network namespace, starts virtlogd
 # and libvirtd inside it (no systemd needed), defines a directory storage
 # pool and a NAT network that exist only there, runs the command, then
-# stops the daemons by PID and removes everything it made.
+# stops the daemons by PID and removes everything it made. Runs on one
+# machine take turns (an flock on /run/proxyfleet-kvm-tier.lock).
 #
 # Usage: libvirt-tier.sh COMMAND [ARGS...]
 # The command sees KVM_TEST_SOCKET, KVM_TEST_POOL, KVM_TEST_NETWORK.
@@ -39,6 +40,14 @@ fi
 if [ "$(id -u)" != 0 ]; then
 	echo "kvm tier: must run as root (it starts libvirtd)" >&2
 	exit 1
+fi
+# One tier at a time on this machine: they share the system libvirtd
+# socket and the network namespace.
+LOCK=${KVM_TIER_LOCK:-/run/proxyfleet-kvm-tier.lock}
+exec 9>"$LOCK"
+if ! flock -n 9; then
+	echo "kvm tier: another run holds $LOCK; waiting for it"
+	flock 9
 fi
 if [ -S "$SOCK" ] && "${VIRSH[@]}" version >/dev/null 2>&1; then
 	echo "kvm tier: a libvirtd is already answering on $SOCK; stop it first" >&2
@@ -79,9 +88,9 @@ trap cleanup EXIT
 ip netns del "$NS" 2>/dev/null || true
 ip netns add "$NS"
 ip -n "$NS" link set lo up
-ip netns exec "$NS" /usr/sbin/virtlogd >"$STATE/virtlogd.log" 2>&1 &
+ip netns exec "$NS" /usr/sbin/virtlogd >"$STATE/virtlogd.log" 2>&1 9>&- &
 pids+=($!)
-ip netns exec "$NS" /usr/sbin/libvirtd >"$STATE/libvirtd.log" 2>&1 &
+ip netns exec "$NS" /usr/sbin/libvirtd >"$STATE/libvirtd.log" 2>&1 9>&- &
 pids+=($!)
 for _ in $(seq 1 300); do
 	[ -S "$SOCK" ] && break
@@ -108,4 +117,4 @@ NETXML
 "${VIRSH[@]}" net-start "$NET" >/dev/null
 
 export KVM_TEST_SOCKET=$SOCK KVM_TEST_POOL=$POOL KVM_TEST_NETWORK=$NET KVM_TEST_NETNS=$NS
-"$@"
+"$@" 9>&-

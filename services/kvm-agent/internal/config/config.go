@@ -43,6 +43,10 @@ type Config struct {
 	VendorData string `yaml:"vendorData"`
 	// Capacity is the most proxies this host holds; 0 means unlimited.
 	Capacity int `yaml:"capacity"`
+	// SerialLogDir, when set, makes libvirt (virtlogd) log each domain's
+	// serial console to <serialLogDir>/<instance>.log on the libvirt host,
+	// truncated at every start. An absolute path.
+	SerialLogDir string `yaml:"serialLogDir"`
 }
 
 // Libvirt says how to reach libvirtd: the local socket, or SSH.
@@ -199,6 +203,9 @@ func (c *Config) Check(e *agentconfig.Error) {
 	}
 	if c.VLAN < 0 || c.VLAN > 4094 {
 		e.Add("vlan", "must be between 1 and 4094 (0 or absent: untagged), got %d", c.VLAN)
+	}
+	if c.SerialLogDir != "" && !strings.HasPrefix(c.SerialLogDir, "/") {
+		e.Add("serialLogDir", "must be an absolute path on the libvirt host, got %q", c.SerialLogDir)
 	}
 	if c.DomainType != "kvm" && c.DomainType != "qemu" {
 		e.Add("domainType", "must be kvm or qemu, got %q", c.DomainType)

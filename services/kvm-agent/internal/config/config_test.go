@@ -66,6 +66,7 @@ network: default
 bridge: br0
 vlan: 5000
 domainType: xen
+serialLogDir: logs/serial
 images:
   Debian:
     url: ftp://x/y
@@ -74,7 +75,7 @@ images:
     firmware: coreboot
 profiles:
   small: {vcpus: 0, memoryMiB: 16, diskGiB: 0}
-`, []string{"entry: must be", "bridge: set either network or bridge", "vlan: must be between", "domainType: must be kvm or qemu", "images.Debian: must be 1-63 lowercase",
+`, []string{"entry: must be", "bridge: set either network or bridge", "vlan: must be between", "domainType: must be kvm or qemu", "serialLogDir: must be an absolute path", "images.Debian: must be 1-63 lowercase",
 			"images.Debian.url: must be an http", "images.Debian.sha256: must be 64", "images.Debian.format: must be qcow2 or raw", "images.Debian.firmware: must be uefi or bios",
 			"profiles.small.vcpus:", "profiles.small.memoryMiB:", "profiles.small.diskGiB:"}},
 		{"ssh without known_hosts", `

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,7 +127,7 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 	xml := domainXML(domainParams{
 		Name: spec.Name, Type: d.cfg.DomainType, Marker: spec.Marker(), Image: imgKey, Port: spec.Port,
 		VCPUs: prof.VCPUs, MemoryMiB: prof.MemoryMiB, UEFI: img.Firmware == "uefi",
-		DiskPath: diskPath, DiskFormat: "qcow2", SeedPath: seedPath,
+		DiskPath: diskPath, DiskFormat: "qcow2", SeedPath: seedPath, SerialLog: d.serialLog(spec.Name),
 		Network: d.cfg.Network, Bridge: d.cfg.Bridge, VLAN: d.cfg.VLAN, MAC: macFor(spec.Name),
 	})
 	dom, err = d.rpc.DomainDefineXML(ctx, xml)
@@ -137,6 +138,15 @@ func (d *Driver) Create(ctx context.Context, spec agent.Spec) (agent.Instance, e
 		return agent.Instance{}, err
 	}
 	return inst, nil
+}
+
+// serialLog is the file the domain's serial console is logged to, or ""
+// when serialLogDir is not configured.
+func (d *Driver) serialLog(name string) string {
+	if d.cfg.SerialLogDir == "" {
+		return ""
+	}
+	return path.Join(d.cfg.SerialLogDir, name+".log")
 }
 
 // writeSeed rebuilds the seed ISO volume. It is rebuilt on every create: a

@@ -58,6 +58,7 @@ func TestDomainXMLGolden(t *testing.T) {
 	bios.Network = ""
 	bios.Bridge = "br0"
 	bios.VLAN = 42
+	bios.SerialLog = "/var/log/proxyfleet/px-abcdefghijklmnop.log"
 	golden(t, "domain-bios-bridge-vlan.xml", domainXML(bios))
 }
 
@@ -69,7 +70,7 @@ func TestDomainXMLUsesFileDisksOnly(t *testing.T) {
 			t.Errorf("domain XML references a pool volume (%q)", bad)
 		}
 	}
-	for _, want := range []string{"machine='q35'", "<source file='/var/lib/libvirt/images/px-abcdefghijklmnop.qcow2'/>", "name='org.qemu.guest_agent.0'", "name='secure-boot'", "firmware='efi'"} {
+	for _, want := range []string{"machine='q35'", "model='virtio-scsi'", "<target dev='sda' bus='scsi'/>", "<serial type='pty'/>", "<console type='pty'/>", "<source file='/var/lib/libvirt/images/px-abcdefghijklmnop.qcow2'/>", "name='org.qemu.guest_agent.0'", "name='secure-boot'", "firmware='efi'"} {
 		if !strings.Contains(x, want) {
 			t.Errorf("domain XML lacks %q", want)
 		}

@@ -58,6 +58,7 @@ type domainParams struct {
 	DiskPath   string // overlay, from StorageVolGetPath
 	DiskFormat string
 	SeedPath   string // seed ISO, from StorageVolGetPath
+	SerialLog  string // file the serial console is logged to, or ""
 	Network    string
 	Bridge     string
 	VLAN       int
@@ -72,7 +73,9 @@ func esc(s string) string {
 
 // domainXML renders the domain definition: q35, file disks with the paths
 // libvirt reported (AppArmor grants access to paths only, not to pool
-// volumes), the guest-agent channel and the namespaced marker.
+// volumes), the seed CD-ROM on virtio-scsi, the guest-agent channel, the
+// serial console (logged to a file when SerialLog is set) and the
+// namespaced marker.
 func domainXML(p domainParams) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -115,10 +118,13 @@ func domainXML(p domainParams) string {
 	w("      <source file='%s'/>\n", esc(p.DiskPath))
 	w("      <target dev='vda' bus='virtio'/>\n")
 	w("    </disk>\n")
+	// The seed CD-ROM hangs off virtio-scsi: cloud kernels (Debian's
+	// linux-image-cloud-amd64) carry virtio drivers but no AHCI/SATA one.
+	w("    <controller type='scsi' index='0' model='virtio-scsi'/>\n")
 	w("    <disk type='file' device='cdrom'>\n")
 	w("      <driver name='qemu' type='raw'/>\n")
 	w("      <source file='%s'/>\n", esc(p.SeedPath))
-	w("      <target dev='sda' bus='sata'/>\n")
+	w("      <target dev='sda' bus='scsi'/>\n")
 	w("      <readonly/>\n")
 	w("    </disk>\n")
 	if p.Bridge != "" {
@@ -137,7 +143,16 @@ func domainXML(p domainParams) string {
 	w("    <channel type='unix'>\n")
 	w("      <target type='virtio' name='org.qemu.guest_agent.0'/>\n")
 	w("    </channel>\n")
-	w("    <serial type='pty'/>\n")
+	if p.SerialLog != "" {
+		// virtlogd writes what the guest prints on its first serial port
+		// (its console) to the file, truncated at each start; the console
+		// device still reaches it through the pty.
+		w("    <serial type='pty'>\n")
+		w("      <log file='%s' append='off'/>\n", esc(p.SerialLog))
+		w("    </serial>\n")
+	} else {
+		w("    <serial type='pty'/>\n")
+	}
 	w("    <console type='pty'/>\n")
 	w("    <rng model='virtio'>\n      <backend model='random'>/dev/urandom</backend>\n    </rng>\n")
 	w("  </devices>\n")

@@ -1,0 +1,299 @@
+//go:build e2e
+
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/cloudinit/seedtest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/kvm-agent/internal/config"
+	"proxyfleet/services/kvm-agent/internal/kvm"
+)
+
+// The marks the guests print on their serial console.
+const (
+	markBootstrap   = "proxyfleet: guest-agent bootstrap done"
+	markOperatorRun = "proxyfleet-operator-runcmd-done"
+	markScriptRun   = "proxyfleet-script-user-data-done"
+)
+
+// scriptUserData is a user-data that is not a cloud-config: a shell script
+// that opens the image's Squid to the guest network.
+const scriptUserData = `#!/bin/sh
+cat >/etc/squid/conf.d/script.conf <<'EOF'
+visible_hostname script-proxy
+http_access allow all
+cache deny all
+EOF
+systemctl restart squid
+echo ` + markScriptRun + ` >/dev/console
+`
+
+// TestCloudImageProxies boots the Debian cloud image built by
+// scripts/build-cloud-image.sh (make cloud-image) through the product's
+// path: the image served over HTTP with its sha256, the kvm-agent's cache
+// upload, overlay, seed and domain under TCG, cloud-init in the guest, the
+// guest agent reporting the address, and the health service probing
+// through Squid. Three user-data kinds boot in parallel:
+//
+//   - the default Squid cloud-config with basic auth, for a pool applied to
+//     the planner: a request without credentials gets 407, with them 200;
+//   - the operator's cloud-config (own packages and runcmd, the vendor-data
+//     merge trap), whose seed read back from libvirt is the golden one;
+//   - a shell script: vendor-data still bootstraps the guest agent.
+//
+// The vendor-data script's console mark in each domain's serial log proves
+// it ran (the image's qemu-guest-agent would start without it).
+func TestCloudImageProxies(t *testing.T) {
+	g := needImageTier(t, "KVM_TEST_CLOUD_IMAGE", "build it with make cloud-image (make e2e-kvm-cloud does)")
+	imgPath := os.Getenv("KVM_TEST_CLOUD_IMAGE")
+	sum := fileSHA256(t, imgPath)
+
+	// The site the test fetches through the proxies.
+	const greeting = "hello through squid"
+	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
+	sl, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
+	if err != nil {
+		t.Fatalf("listen on the guest network's gateway: %v", err)
+	}
+	go func() { _ = site.Serve(sl) }()
+	t.Cleanup(func() { _ = site.Close() })
+	logDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	// fleet runs a kvm-agent for a new entry, the health service with its
+	// echo endpoint on echo and, with planner, the planner, on a NATS server
+	// of their own: the planner retires proxies of pools it does not know,
+	// so the cases without a pool get a fleet without one.
+	fleet := func(echo string, planner bool) (entry string, conn *bus.Conn) {
+		entry = randomEntry(t)
+		endpoints := []netip.AddrPort{netip.MustParseAddrPort(echo), netip.MustParseAddrPort(sl.Addr().String())}
+		cfg, err := config.Parse([]byte(fmt.Sprintf(`
+entry: %s
+target: ci
+libvirt: {socket: %s}
+pool: %s
+network: %s
+domainType: qemu
+serialLogDir: %s
+images:
+  debian12: {url: "http://%s/debian-12-cloud.qcow2", sha256: %s, format: qcow2, firmware: uefi}
+profiles:
+  small: {vcpus: 1, memoryMiB: 768, diskGiB: 3}
+`, entry, g.socket, g.pool, g.network, logDir, g.imageAddr, sum)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn = bustest.Start(t)
+		stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
+		t.Cleanup(stack.Close)
+		rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 10 * time.Minute,
+			WatchInterval: time.Second, EgressEndpoints: endpoints}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = rt.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		startHealthEcho(t, conn.ClientURL(), echo)
+		if planner {
+			startPlanner(t, conn.ClientURL())
+		}
+		return entry, conn
+	}
+	operatorName := seedtest.OperatorInstance
+	scriptName := events.InstanceName("cloud-script")
+	// Health's echo endpoint for the pool-less cases is on 443: Debian's
+	// stock squid.conf, which they keep, refuses CONNECT to other ports.
+	entry, conn := fleet(net.JoinHostPort(g.gateway, "443"), false)
+	cleanupEntry(t, g.pool, entry, operatorName, scriptName)
+	el, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoA := el.Addr().String()
+	el.Close()
+	entryA, connA := fleet(echoA, true)
+	cleanupEntry(t, g.pool, entryA)
+	storeA := bus.NewEventStore(connA, "e2e", nil)
+	store := bus.NewEventStore(conn, "e2e", nil)
+	// The decisions of the cases without a pool are recorded as the
+	// planner's.
+	decisions := bus.NewEventStore(conn, events.SourcePlanner, nil)
+	serialLog := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(logDir, name+".log"))
+		return string(b)
+	}
+	wantMarks := func(t *testing.T, name string, marks ...string) {
+		t.Helper()
+		for _, m := range marks {
+			eventually(t, fmt.Sprintf("%q on %s's serial console", m, name), 3*time.Minute, func() bool {
+				return strings.Contains(serialLog(name), m)
+			})
+		}
+	}
+	// create records the decision as the planner would (so health probes
+	// the proxy) and sends the create command.
+	create := func(t *testing.T, proxy, pool string, userData []byte) {
+		t.Helper()
+		name := events.InstanceName(proxy)
+		requested := events.ProxyRequestedData{Pool: pool, Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}
+		if _, err := decisions.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
+			events.ProxyEventID(proxy, events.ProxyRequested, 1), requested, &bus.Expect{Seq: 0}); err != nil {
+			t.Fatal(err)
+		}
+		cmd := events.CreateCommand{ProxyID: proxy, Pool: pool, Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128,
+			Image: "debian12", Profile: "small", UserData: userData}
+		if _, err := bus.PublishCreate(ctx, conn, "e2e", cmd, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("default-cloud-config-auth", func(t *testing.T) {
+		t.Parallel()
+		const pool = "cloudauth"
+		creds := url.UserPassword("crawler", "s3cret-through-squid")
+		apply(t, connA, "fleet.api.pool.apply", map[string]any{"name": pool, "provider": entryA, "size": 1, "image": "debian12",
+			"profile": "small", "port": 3128, "auth": map[string]string{"username": "crawler", "password": "s3cret-through-squid"},
+			// Health counts failed probes while cloud-init still runs
+			// under TCG; the default (2m) would replace the booting proxy.
+			"unhealthyAfter": "20m"})
+		var proxy string
+		eventually(t, "the planner's proxy", time.Minute, func() bool {
+			for _, kind := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy} {
+				if ids := proxiesIn(t, storeA, pool, kind); len(ids) == 1 {
+					proxy = ids[0]
+				}
+			}
+			return proxy != ""
+		})
+		name := events.InstanceName(proxy)
+		// The pool is deleted (the planner has the agent delete its proxy)
+		// while the other cases still run; the entry's base image stays.
+		t.Cleanup(func() {
+			apply(t, connA, "fleet.api.pool.delete", map[string]any{"name": pool})
+			eventually(t, "the pool's proxy deleted", 2*time.Minute, func() bool {
+				last, err := storeA.Last(ctx, events.AggregateProxy, proxy)
+				return err == nil && last != nil && last.Kind == events.ProxyDeleted
+			})
+		})
+		running, ready := waitReady(t, ctx, storeA, proxy)
+		logFigures(t, ctx, "default cloud-config, basic auth (planner)", storeA, proxy, running)
+
+		target := "http://" + sl.Addr().String() + "/"
+		get := func(u *url.URL) (int, string) {
+			c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(u)}, Timeout: 15 * time.Second}
+			resp, err := c.Get(target)
+			if err != nil {
+				t.Fatalf("GET %s through %s: %v", target, running.Address, err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		if code, _ := get(&url.URL{Scheme: "http", Host: running.Address}); code != http.StatusProxyAuthRequired {
+			t.Errorf("without credentials: %d; want 407", code)
+		}
+		code, body := get(&url.URL{Scheme: "http", Host: running.Address, User: creds})
+		if code != http.StatusOK || body != greeting {
+			t.Errorf("with credentials: %d %q; want 200 %q", code, body, greeting)
+		}
+		t.Logf("default cloud-config: without credentials 407, with credentials 200 (egress %s)", ready.EgressIP)
+		wantMarks(t, name, markBootstrap)
+	})
+
+	t.Run("operator-cloud-config", func(t *testing.T) {
+		t.Parallel()
+		_, iso := seedtest.OperatorSeed(t)
+		create(t, seedtest.OperatorProxyID, "operator", seedtest.OperatorUserData(t))
+		running, _ := waitReady(t, ctx, store, seedtest.OperatorProxyID)
+		logFigures(t, ctx, "operator cloud-config", store, seedtest.OperatorProxyID, running)
+		wantMarks(t, operatorName, markBootstrap, markOperatorRun)
+
+		// The seed that booted, read back from libvirt, is the golden one
+		// the Proxmox and GCE tests compare their uploads with.
+		f := filepath.Join(t.TempDir(), "seed.iso")
+		if out, err := virsh(t, "vol-download", "--pool", g.pool, kvm.SeedName(operatorName), f); err != nil {
+			t.Fatalf("vol-download: %v: %s", err, out)
+		}
+		if got, want := fileSHA256(t, f), seedtest.SHA256(iso); got != want {
+			t.Fatalf("booted seed sha256 %s, want the golden %s", got, want)
+		}
+		t.Logf("operator cloud-config: booted seed sha256 %s is the golden operator seed", seedtest.SHA256(iso))
+	})
+
+	t.Run("shell-script-user-data", func(t *testing.T) {
+		t.Parallel()
+		create(t, "cloud-script", "script", []byte(scriptUserData))
+		running, _ := waitReady(t, ctx, store, "cloud-script")
+		logFigures(t, ctx, "shell-script user-data", store, "cloud-script", running)
+		wantMarks(t, scriptName, markBootstrap, markScriptRun)
+	})
+}
+
+// waitReady waits for the proxy's running event with an address (failing
+// on a failed event) and then for health's ready event.
+func waitReady(t *testing.T, ctx context.Context, store *bus.EventStore, proxy string) (events.ProxyRunningData, events.ProxyReadyData) {
+	t.Helper()
+	var running events.ProxyRunningData
+	eventually(t, proxy+"'s running event", 12*time.Minute, func() bool {
+		if f, _ := store.LastOf(ctx, events.AggregateProxy, proxy, events.ProxyFailed); f != nil {
+			t.Fatalf("%s failed: %s", proxy, f.Data)
+		}
+		e, err := store.LastOf(ctx, events.AggregateProxy, proxy, events.ProxyRunning)
+		return err == nil && e != nil && e.DecodeData(&running) == nil && running.Address != ""
+	})
+	var ready events.ProxyReadyData
+	eventually(t, proxy+"'s ready event (health through its Squid)", 12*time.Minute, func() bool {
+		e, err := store.LastOf(ctx, events.AggregateProxy, proxy, events.ProxyReady)
+		return err == nil && e != nil && e.DecodeData(&ready) == nil
+	})
+	return running, ready
+}
+
+// logFigures logs command → running and command → ready from the event
+// times: the create command follows the requested event.
+func logFigures(t *testing.T, ctx context.Context, what string, store *bus.EventStore, proxy string, running events.ProxyRunningData) {
+	t.Helper()
+	at := func(kind string) time.Time {
+		e, err := store.LastOf(ctx, events.AggregateProxy, proxy, kind)
+		if err != nil || e == nil {
+			t.Fatalf("%s has no %s event: %v", proxy, kind, err)
+		}
+		return e.Time
+	}
+	req := at(events.ProxyRequested)
+	t.Logf("%s: command → running %s (address %s), command → ready %s", what,
+		at(events.ProxyRunning).Sub(req).Round(time.Second), running.Address, at(events.ProxyReady).Sub(req).Round(time.Second))
+}
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

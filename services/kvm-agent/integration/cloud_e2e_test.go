@@ -171,10 +171,7 @@ profiles:
 		const pool = "cloudauth"
 		creds := url.UserPassword("crawler", "s3cret-through-squid")
 		apply(t, connA, "fleet.api.pool.apply", map[string]any{"name": pool, "provider": entryA, "size": 1, "image": "debian12",
-			"profile": "small", "port": 3128, "auth": map[string]string{"username": "crawler", "password": "s3cret-through-squid"},
-			// Health counts failed probes while cloud-init still runs
-			// under TCG; the default (2m) would replace the booting proxy.
-			"unhealthyAfter": "20m"})
+			"profile": "small", "port": 3128, "auth": map[string]string{"username": "crawler", "password": "s3cret-through-squid"}})
 		var proxy string
 		eventually(t, "the planner's proxy", time.Minute, func() bool {
 			for _, kind := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy} {
@@ -196,6 +193,15 @@ profiles:
 		})
 		running, ready := waitReady(t, ctx, storeA, proxy)
 		logFigures(t, ctx, "default cloud-config, basic auth (planner)", storeA, proxy, running)
+		// Health probed it, failing, for minutes while cloud-init ran;
+		// with the pool's default unhealthyAfter (2 min) nothing may have
+		// called it unhealthy or replaced it: it was never ready.
+		if e, _ := storeA.LastOf(ctx, events.AggregateProxy, proxy, events.ProxyUnhealthy); e != nil {
+			t.Errorf("the booting proxy was called unhealthy: %s", e.Data)
+		}
+		if n := poolMembers(t, storeA, pool); n != 1 {
+			t.Errorf("pool %s had %d proxies requested while its one proxy booted, want 1", pool, n)
+		}
 
 		target := "http://" + sl.Addr().String() + "/"
 		get := func(u *url.URL) (int, string) {
@@ -208,14 +214,15 @@ profiles:
 			b, _ := io.ReadAll(resp.Body)
 			return resp.StatusCode, string(b)
 		}
-		if code, _ := get(&url.URL{Scheme: "http", Host: running.Address}); code != http.StatusProxyAuthRequired {
-			t.Errorf("without credentials: %d; want 407", code)
+		without, _ := get(&url.URL{Scheme: "http", Host: running.Address})
+		if without != http.StatusProxyAuthRequired {
+			t.Errorf("without credentials: %d; want 407", without)
 		}
-		code, body := get(&url.URL{Scheme: "http", Host: running.Address, User: creds})
-		if code != http.StatusOK || body != greeting {
-			t.Errorf("with credentials: %d %q; want 200 %q", code, body, greeting)
+		with, body := get(&url.URL{Scheme: "http", Host: running.Address, User: creds})
+		if with != http.StatusOK || body != greeting {
+			t.Errorf("with credentials: %d %q; want 200 %q", with, body, greeting)
 		}
-		t.Logf("default cloud-config: without credentials 407, with credentials 200 (egress %s)", ready.EgressIP)
+		t.Logf("default cloud-config: without credentials %d, with credentials %d (egress %s)", without, with, ready.EgressIP)
 		wantMarks(t, name, markBootstrap)
 	})
 
@@ -296,4 +303,21 @@ func fileSHA256(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// poolMembers counts the proxies ever requested for pool.
+func poolMembers(t *testing.T, store *bus.EventStore, pool string) int {
+	t.Helper()
+	n := 0
+	err := store.Replay(context.Background(), 0, func(e bus.Event) error {
+		var r events.ProxyRequestedData
+		if e.Aggregate == events.AggregateProxy && e.Kind == events.ProxyRequested && e.DecodeData(&r) == nil && r.Pool == pool {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -59,6 +59,13 @@ $(NATSCLI_BIN):
 		GOBIN="$$tmp" $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \
 		mv -f "$$tmp/nats" $@
 
+# The pinned nats-server (the version pkg/go.mod embeds), built once per
+# machine into the cache by mk/deploy.mk for the deploy and cluster tiers.
+# Defined here, before the mk/*.mk files: a prerequisite is expanded when
+# its rule is read, and cluster.mk is read before deploy.mk.
+NATSSERVER_VERSION := $(shell awk '$$1=="github.com/nats-io/nats-server/v2"{print $$2; exit}' pkg/go.mod)
+NATSSERVER_BIN     := $(CACHE_DIR)/nats-server-$(NATSSERVER_VERSION)
+
 $(BIN)/nats: $(NATSCLI_BIN)
 	@mkdir -p $(BIN)
 	@ln -sfn $(NATSCLI_BIN) $@

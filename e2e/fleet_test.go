@@ -438,6 +438,14 @@ func (f *fleet) intentEvents() uint64 {
 
 func (f *fleet) eventCount(filter string) uint64 {
 	f.t.Helper()
+	_, n := f.subjectCount(filter)
+	return n
+}
+
+// subjectCount returns how many subjects of FLEET_EVENTS match filter and
+// how many messages they hold.
+func (f *fleet) subjectCount(filter string) (int, uint64) {
+	f.t.Helper()
 	s, err := f.conn.JS.Stream(context.Background(), bus.EventsStream)
 	if err != nil {
 		f.t.Fatal(err)
@@ -450,7 +458,7 @@ func (f *fleet) eventCount(filter string) uint64 {
 	for _, c := range info.State.Subjects {
 		n += c
 	}
-	return n
+	return len(info.State.Subjects), n
 }
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {

@@ -76,9 +76,17 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	if n := drv.Len(); n != size {
 		t.Errorf("the backend holds %d instances, want %d", n, size)
 	}
-	if n := f.eventCount("fleet.evt.proxy.*." + events.ProxyRequested); n != size {
-		t.Errorf("%d proxies requested, want exactly %d", n, size)
+	// One proxy requested per slot: no replacement, no duplicate. A
+	// create the agent's backed-up queue did not start within
+	// --create-timeout (3 min) is re-issued for the same proxy (its
+	// requested event again, next attempt): seen on a loaded machine,
+	// where the agent's queue held thousands of creates; it is counted,
+	// not failed.
+	proxies, requests := f.subjectCount("fleet.evt.proxy.*." + events.ProxyRequested)
+	if proxies != size {
+		t.Errorf("%d proxies requested, want exactly %d", proxies, size)
 	}
+	t.Logf("%d creates re-issued after the create timeout", requests-uint64(proxies))
 	if n := f.eventCount("fleet.evt.proxy.*." + events.ProxyUnhealthy); n != 0 {
 		t.Errorf("%d unhealthy verdicts while converging, want none", n)
 	}

@@ -10,8 +10,8 @@
 # shipped deploy/nats and deploy/systemd files against that real server
 # over TLS.
 
-NATSSERVER_VERSION := $(shell awk '$$1=="github.com/nats-io/nats-server/v2"{print $$2; exit}' pkg/go.mod)
-NATSSERVER_BIN     := $(CACHE_DIR)/nats-server-$(NATSSERVER_VERSION)
+# NATSSERVER_BIN is defined in the Makefile, before the mk/*.mk files that
+# name it as a prerequisite (cluster.mk is read before this file).
 
 DEPLOY_AGENTS ?= local/t1
 DEPLOY_HOSTS  ?= localhost,127.0.0.1,::1

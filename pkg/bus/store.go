@@ -102,6 +102,10 @@ func (s *EventStore) Append(ctx context.Context, aggregate, id, typ, msgID strin
 }
 
 // Last returns the last event of one aggregate, or nil when it has none.
+// It is a direct get: on a replicated stream any replica may answer, and
+// one that lags behind may not hold an append acknowledged a moment ago.
+// Decisions made on it are safe all the same, since each carries the
+// sequence it expects and the stream refuses a stale one.
 func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, error) {
 	return s.lastOn(ctx, events.AggregateFilter(aggregate, id))
 }

@@ -28,6 +28,13 @@ const (
 	// health service's curve key (see events.ProbeCredential).
 	BucketProbeCreds = "fleet-probe-creds"
 	BucketVMIDs      = "fleet-vmids"
+	// BucketGatewayCreds holds each pool's proxy password sealed to the
+	// gateway's curve key, as BucketProbeCreds does for health.
+	BucketGatewayCreds = "fleet-gateway-creds"
+	// BucketDemand holds the demand each gateway sees per pool
+	// (events.GatewayDemand under events.DemandKey), read by the planner
+	// to size autoscaled pools.
+	BucketDemand = "fleet-demand"
 	// BucketHealth holds one key per live health replica, refreshed while
 	// it runs: the members the replicas split the probing between.
 	BucketHealth = "fleet-health"
@@ -53,6 +60,9 @@ const (
 	// fleet-health without renewing its key: a replica that dies without
 	// leaving hands its proxies over to the others after at most this long.
 	HealthMemberTTL = 3 * time.Second
+	// DemandTTL is how long a gateway's demand report stays in
+	// fleet-demand: a gateway that stopped no longer counts after it.
+	DemandTTL = 15 * time.Second
 )
 
 // EnsureTopology creates or updates every stream and bucket. It is safe to
@@ -102,6 +112,8 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketPlanner, Description: "planner leader lease", History: 1, TTL: LeaseTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketSecrets, Description: "pool secrets (user-data, proxy passwords), never in the event log", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketGatewayCreds, Description: "pool proxy passwords sealed to the gateway's curve key; the gateway's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketDemand, Description: "per-pool demand each gateway sees, read by the planner to autoscale pools", History: 1, TTL: DemandTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},
 	}

@@ -1,0 +1,271 @@
+package events
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// The gateway (services/gateway) is the crawler's one endpoint in front of
+// the fleet. These are the parts of its contract other services share: the
+// pool fields that steer it ([GatewaySpec]) and the planner's autoscaling
+// ([Autoscale]), the demand it reports ([GatewayDemand] in the
+// fleet-demand bucket) and the suspect reports it sends health
+// ([SuspectSubject]).
+
+// Gateway routing strategies ([GatewaySpec.Strategy]).
+const (
+	StrategyRoundRobin       = "round-robin"
+	StrategyLeastConnections = "least-connections"
+	StrategyRandom           = "random"
+)
+
+// Gateway defaults and limits.
+const (
+	DefaultSessionTTL     = 10 * time.Minute
+	DefaultGatewayRetries = 2
+	MaxGatewayRetries     = 10
+	MaxBanRules           = 32
+	// DefaultBanThreshold and DefaultBanWindow: a rule that matches this
+	// many responses of one proxy within the window reports it banned.
+	DefaultBanThreshold = 5
+	DefaultBanWindow    = time.Minute
+	// BanBodyLimit is how much of a plain HTTP response body a ban rule's
+	// body pattern sees.
+	BanBodyLimit = 64 << 10
+	// DefaultScaleDownAfter is how long demand must stay low before an
+	// autoscaled pool shrinks.
+	DefaultScaleDownAfter = 5 * time.Minute
+	// MinScaleDownAfter is the shortest scaleDownAfter a pool may ask for.
+	MinScaleDownAfter = 10 * time.Second
+)
+
+// GatewaySpec is how the gateway routes a pool's traffic (pool field
+// "gateway"); nil means every default.
+type GatewaySpec struct {
+	// Strategy picks the proxy of each new connection: round-robin
+	// (default), least-connections or random.
+	Strategy string `json:"strategy,omitempty"`
+	// SessionTTL is how long a session (username "<pool>.session-<id>")
+	// stays pinned to its proxy without use (default 10m).
+	SessionTTL Duration `json:"sessionTTL,omitempty"`
+	// Retries bounds the other proxies a failed request is tried on
+	// (default 2; 0 disables failover).
+	Retries *int `json:"retries,omitempty"`
+	// BanRules recognise a banned proxy by its responses.
+	BanRules []BanRule `json:"banRules,omitempty"`
+}
+
+// BanRule matches responses that show the proxy's address is banned. A
+// response matches when it meets every condition the rule sets (at least
+// one): its status is one of Status, its header Header matches
+// HeaderMatch, its body (the first [BanBodyLimit] bytes) matches Body.
+// Threshold matches of one proxy within Window report it banned with
+// reason "banned: <name>".
+type BanRule struct {
+	Name        string   `json:"name"`
+	Status      []int    `json:"status,omitempty"`
+	Header      string   `json:"header,omitempty"`
+	HeaderMatch string   `json:"headerMatch,omitempty"`
+	Body        string   `json:"body,omitempty"`
+	Threshold   int      `json:"threshold,omitempty"`
+	Window      Duration `json:"window,omitempty"`
+}
+
+// ThresholdOrDefault is the rule's threshold or [DefaultBanThreshold].
+func (r BanRule) ThresholdOrDefault() int {
+	if r.Threshold <= 0 {
+		return DefaultBanThreshold
+	}
+	return r.Threshold
+}
+
+// WindowOrDefault is the rule's window or [DefaultBanWindow].
+func (r BanRule) WindowOrDefault() time.Duration {
+	if r.Window <= 0 {
+		return DefaultBanWindow
+	}
+	return time.Duration(r.Window)
+}
+
+// StrategyOrDefault is the spec's strategy or round-robin (g may be nil).
+func (g *GatewaySpec) StrategyOrDefault() string {
+	if g == nil || g.Strategy == "" {
+		return StrategyRoundRobin
+	}
+	return g.Strategy
+}
+
+// SessionTTLOrDefault is the spec's session TTL or [DefaultSessionTTL].
+func (g *GatewaySpec) SessionTTLOrDefault() time.Duration {
+	if g == nil || g.SessionTTL <= 0 {
+		return DefaultSessionTTL
+	}
+	return time.Duration(g.SessionTTL)
+}
+
+// RetriesOrDefault is the spec's retries or [DefaultGatewayRetries].
+func (g *GatewaySpec) RetriesOrDefault() int {
+	if g == nil || g.Retries == nil {
+		return DefaultGatewayRetries
+	}
+	return *g.Retries
+}
+
+func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
+	switch g.Strategy {
+	case "", StrategyRoundRobin, StrategyLeastConnections, StrategyRandom:
+	default:
+		v.Add(prefix+".strategy", "must be round-robin, least-connections or random", g.Strategy)
+	}
+	if g.SessionTTL < 0 {
+		v.Add(prefix+".sessionTTL", "must not be negative", time.Duration(g.SessionTTL).String())
+	} else if g.SessionTTL > 0 && time.Duration(g.SessionTTL) < time.Second {
+		v.Add(prefix+".sessionTTL", "must be at least 1s", time.Duration(g.SessionTTL).String())
+	}
+	if g.Retries != nil && (*g.Retries < 0 || *g.Retries > MaxGatewayRetries) {
+		v.Add(prefix+".retries", fmt.Sprintf("must be between 0 and %d", MaxGatewayRetries), fmt.Sprint(*g.Retries))
+	}
+	if len(g.BanRules) > MaxBanRules {
+		v.Add(prefix+".banRules", fmt.Sprintf("may hold at most %d rules", MaxBanRules), fmt.Sprint(len(g.BanRules)))
+	}
+	names := map[string]bool{}
+	for i, r := range g.BanRules {
+		f := fmt.Sprintf("%s.banRules[%d]", prefix, i)
+		v.AddField(CheckIdentifier(f+".name", r.Name))
+		if names[r.Name] {
+			v.Add(f+".name", "is used by another rule", r.Name)
+		}
+		names[r.Name] = true
+		if len(r.Status) == 0 && r.Header == "" && r.Body == "" {
+			v.Add(f, "must set status, header or body", "")
+		}
+		for j, s := range r.Status {
+			if s < 100 || s > 599 {
+				v.Add(fmt.Sprintf("%s.status[%d]", f, j), "must be an HTTP status (100-599)", fmt.Sprint(s))
+			}
+		}
+		if r.Header != "" && (strings.ContainsAny(r.Header, ": \t\r\n") || http.CanonicalHeaderKey(r.Header) == "") {
+			v.Add(f+".header", "must be a header name", r.Header)
+		}
+		if (r.Header == "") != (r.HeaderMatch == "") {
+			v.Add(f+".headerMatch", "header and headerMatch go together", r.HeaderMatch)
+		}
+		if r.HeaderMatch != "" {
+			if _, err := regexp.Compile(r.HeaderMatch); err != nil {
+				v.Add(f+".headerMatch", "must be a regular expression: "+err.Error(), r.HeaderMatch)
+			}
+		}
+		if r.Body != "" {
+			if _, err := regexp.Compile(r.Body); err != nil {
+				v.Add(f+".body", "must be a regular expression: "+err.Error(), r.Body)
+			}
+		}
+		if r.Threshold < 0 {
+			v.Add(f+".threshold", "must not be negative", fmt.Sprint(r.Threshold))
+		}
+		if r.Window < 0 {
+			v.Add(f+".window", "must not be negative", time.Duration(r.Window).String())
+		} else if r.Window > 0 && time.Duration(r.Window) < time.Second {
+			v.Add(f+".window", "must be at least 1s", time.Duration(r.Window).String())
+		}
+	}
+}
+
+// Clone returns a deep copy of g (nil for nil).
+func (g *GatewaySpec) Clone() *GatewaySpec {
+	if g == nil {
+		return nil
+	}
+	out := *g
+	if g.Retries != nil {
+		n := *g.Retries
+		out.Retries = &n
+	}
+	out.BanRules = make([]BanRule, len(g.BanRules))
+	for i, r := range g.BanRules {
+		r.Status = append([]int(nil), r.Status...)
+		out.BanRules[i] = r
+	}
+	if g.BanRules == nil {
+		out.BanRules = nil
+	}
+	return &out
+}
+
+// Autoscale lets the planner size a pool by the demand gateways report
+// (pool field "autoscale"): between Min and Max proxies, one per
+// TargetConnections open connections, shrinking only after demand stayed
+// low for ScaleDownAfter. A pool with autoscale leaves "size" out.
+type Autoscale struct {
+	Min               int      `json:"min"`
+	Max               int      `json:"max"`
+	TargetConnections int      `json:"targetConnections"`
+	ScaleDownAfter    Duration `json:"scaleDownAfter,omitempty"`
+}
+
+// ScaleDownAfterOrDefault is the autoscale's scaleDownAfter or
+// [DefaultScaleDownAfter].
+func (a Autoscale) ScaleDownAfterOrDefault() time.Duration {
+	if a.ScaleDownAfter <= 0 {
+		return DefaultScaleDownAfter
+	}
+	return time.Duration(a.ScaleDownAfter)
+}
+
+func (a *Autoscale) validate(v *ValidationError, prefix string) {
+	if a.Min < 1 {
+		v.Add(prefix+".min", "must be 1 or more", fmt.Sprint(a.Min))
+	}
+	if a.Max < a.Min {
+		v.Add(prefix+".max", "must be at least min", fmt.Sprint(a.Max))
+	} else if a.Max > MaxPoolSize {
+		v.Add(prefix+".max", fmt.Sprintf("must be at most %d", MaxPoolSize), fmt.Sprint(a.Max))
+	}
+	if a.TargetConnections < 1 {
+		v.Add(prefix+".targetConnections", "must be 1 or more", fmt.Sprint(a.TargetConnections))
+	}
+	if a.ScaleDownAfter < 0 {
+		v.Add(prefix+".scaleDownAfter", "must not be negative", time.Duration(a.ScaleDownAfter).String())
+	} else if a.ScaleDownAfter > 0 && time.Duration(a.ScaleDownAfter) < MinScaleDownAfter {
+		v.Add(prefix+".scaleDownAfter", "must be at least "+MinScaleDownAfter.String(), time.Duration(a.ScaleDownAfter).String())
+	}
+}
+
+// GatewayDemand is what one gateway saw of one pool's traffic: the value
+// of key [DemandKey](pool, gateway) in the fleet-demand bucket, written
+// every few seconds while the gateway runs (the bucket's TTL drops the
+// keys of a gateway that stopped). The planner sums the fresh values of a
+// pool's keys to size an autoscaled pool.
+type GatewayDemand struct {
+	Pool    string `json:"pool"`
+	Gateway string `json:"gateway"`
+	// Connections is the largest number of client connections open at
+	// once for the pool since the last report (open ones included).
+	Connections int `json:"connections"`
+	// RequestsPerSecond is the pool's request rate over the last report
+	// interval.
+	RequestsPerSecond float64   `json:"requestsPerSecond"`
+	At                time.Time `json:"at"`
+}
+
+// DemandKey is the fleet-demand key of one gateway's demand for pool:
+// "<pool>.<gateway>".
+func DemandKey(pool, gateway string) string { return pool + "." + gateway }
+
+// DemandFilter is the fleet-demand key filter of every gateway's demand
+// for pool: "<pool>.*".
+func DemandFilter(pool string) string { return pool + ".*" }
+
+// SuspectSubject is "fleet.health.suspect", where a gateway publishes a
+// [Suspect] (core NATS, no stream): a proxy that failed a client's
+// request; the health replica probing it probes it at once.
+const SuspectSubject = "fleet.health.suspect"
+
+// Suspect is the body of a message on [SuspectSubject].
+type Suspect struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}

@@ -195,10 +195,11 @@ func (g *GatewaySpec) Clone() *GatewaySpec {
 	return &out
 }
 
-// Autoscale lets the planner size a pool by the demand gateways report
-// (pool field "autoscale"): between Min and Max proxies, one per
-// TargetConnections open connections, shrinking only after demand stayed
-// low for ScaleDownAfter. A pool with autoscale leaves "size" out.
+// Autoscale is how the planner is to size a pool by the demand gateways
+// report: between Min and Max proxies, one per TargetConnections open
+// connections, shrinking only after demand stayed low for ScaleDownAfter.
+// It is not a pool field yet: it becomes one with the planner's
+// autoscaling, so that no planner applies a pool whose size it ignores.
 type Autoscale struct {
 	Min               int      `json:"min"`
 	Max               int      `json:"max"`
@@ -215,7 +216,8 @@ func (a Autoscale) ScaleDownAfterOrDefault() time.Duration {
 	return time.Duration(a.ScaleDownAfter)
 }
 
-func (a *Autoscale) validate(v *ValidationError, prefix string) {
+// Validate checks a; fields are named under prefix ("autoscale").
+func (a *Autoscale) Validate(v *ValidationError, prefix string) {
 	if a.Min < 1 {
 		v.Add(prefix+".min", "must be 1 or more", fmt.Sprint(a.Min))
 	}

@@ -55,9 +55,6 @@ type PoolSpec struct {
 	// Gateway steers how the gateway routes the pool's traffic (nil: the
 	// defaults).
 	Gateway *GatewaySpec `json:"gateway,omitempty"`
-	// Autoscale sizes the pool by the demand gateways report instead of
-	// Size, which it leaves at zero.
-	Autoscale *Autoscale `json:"autoscale,omitempty"`
 }
 
 // Egress is what a pool's proxies may reach beyond the default egress
@@ -218,12 +215,6 @@ func (p *PoolSpec) Validate() error {
 	if p.Gateway != nil {
 		p.Gateway.validate(&v, "gateway")
 	}
-	if p.Autoscale != nil {
-		p.Autoscale.validate(&v, "autoscale")
-		if p.Size != 0 {
-			v.Add("size", "is set by autoscale: leave it out", fmt.Sprint(p.Size))
-		}
-	}
 	if len(p.UserData) > 64<<10 {
 		v.Add("userData", "must be at most 64 KiB", "")
 	}
@@ -248,10 +239,6 @@ func (p PoolSpec) Public() PoolSpec {
 	out.UserData = ""
 	out.Egress = p.Egress.Clone()
 	out.Gateway = p.Gateway.Clone()
-	if p.Autoscale != nil {
-		a := *p.Autoscale
-		out.Autoscale = &a
-	}
 	if p.Auth != nil {
 		out.Auth = &ProxyAuth{Username: p.Auth.Username}
 	}

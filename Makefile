@@ -5,7 +5,8 @@ SHELL := /bin/bash
 GO       ?= go
 BIN      := $(CURDIR)/bin
 MODULES  := pkg $(wildcard services/*) e2e
-SERVICES := $(notdir $(wildcard services/*))
+# SERVICES are the modules with a binary (services/<name>/cmd/<name>).
+SERVICES := $(notdir $(patsubst %/cmd,%,$(wildcard services/*/cmd)))
 NATSCLI_VERSION := v0.5.0
 STATICCHECK_VERSION := v0.8.2
 GOTEST_FLAGS ?= -race -count=1 -timeout 35m

@@ -1,0 +1,229 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/pkg/events"
+)
+
+func TestParseUser(t *testing.T) {
+	long := strings.Repeat("a", MaxSessionID+1)
+	cases := []struct {
+		user    string
+		want    Target
+		wantErr string
+	}{
+		{"demo", Target{Pool: "demo"}, ""},
+		{"demo.session-abc", Target{Pool: "demo", Session: "abc"}, ""},
+		{"demo.session-A_b-9", Target{Pool: "demo", Session: "A_b-9"}, ""},
+		{"demo.session-a.session-b", Target{}, "a session id is"},
+		{"demo.session-", Target{}, "a session id is"},
+		{"demo.session-" + long, Target{}, "a session id is"},
+		{"demo.other", Target{}, `a '.' may only start ".session-"`},
+		{"Demo", Target{}, "the pool name must be"},
+		{"", Target{}, "the pool name is required"},
+		{".session-abc", Target{}, "the pool name is required"},
+	}
+	for _, c := range cases {
+		got, err := ParseUser(c.user)
+		if c.wantErr == "" {
+			if err != nil || got != c.want {
+				t.Errorf("%q: got %+v, %v; want %+v", c.user, got, err, c.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("%q: got %+v, %v; want an error with %q", c.user, got, err, c.wantErr)
+		}
+	}
+}
+
+func fill(tb *Table, pool string, n int) {
+	for i := range n {
+		tb.Set(Proxy{ID: fmt.Sprintf("%s-%d", pool, i), Pool: pool, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
+	}
+}
+
+// TestRoundRobin: consecutive connections visit every ready proxy in
+// turn, and a proxy that leaves ready is skipped at once.
+func TestRoundRobin(t *testing.T) {
+	tb := NewTable(nil)
+	fill(tb, "demo", 3)
+	fill(tb, "other", 2)
+	seen := map[string]int{}
+	for range 30 {
+		x, err := tb.Pick(Target{Pool: "demo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Pool != "demo" {
+			t.Fatalf("picked %+v for pool demo", x)
+		}
+		seen[x.ID]++
+	}
+	if len(seen) != 3 || seen["demo-0"] != 10 || seen["demo-1"] != 10 || seen["demo-2"] != 10 {
+		t.Fatalf("30 picks over 3 proxies: %v", seen)
+	}
+	tb.Remove("demo-1")
+	for range 10 {
+		x, _ := tb.Pick(Target{Pool: "demo"})
+		if x.ID == "demo-1" {
+			t.Fatal("picked a proxy that left ready")
+		}
+	}
+	if _, err := tb.Pick(Target{Pool: "none"}); !errors.Is(err, ErrNoProxy) {
+		t.Fatalf("unknown pool: %v", err)
+	}
+}
+
+// TestExclude: a failover attempt never gets a proxy already tried, and
+// runs out with ErrNoProxy.
+func TestExclude(t *testing.T) {
+	tb := NewTable(nil)
+	fill(tb, "demo", 3)
+	var tried []string
+	for range 3 {
+		x, err := tb.Pick(Target{Pool: "demo"}, tried...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range tried {
+			if id == x.ID {
+				t.Fatalf("picked %s again after %v", x.ID, tried)
+			}
+		}
+		tried = append(tried, x.ID)
+	}
+	if _, err := tb.Pick(Target{Pool: "demo"}, tried...); !errors.Is(err, ErrNoProxy) {
+		t.Fatalf("all tried: %v", err)
+	}
+}
+
+// TestLeastConnections: the proxy with the fewest open connections is
+// picked; Done gives a connection back.
+func TestLeastConnections(t *testing.T) {
+	tb := NewTable(nil)
+	tb.SetSpec("demo", &events.GatewaySpec{Strategy: events.StrategyLeastConnections})
+	fill(tb, "demo", 3)
+	var held []Proxy
+	for range 6 {
+		x, err := tb.Pick(Target{Pool: "demo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, x)
+	}
+	open := tb.Open("demo")
+	if open["demo-0"] != 2 || open["demo-1"] != 2 || open["demo-2"] != 2 {
+		t.Fatalf("6 connections over 3 proxies: %v", open)
+	}
+	// Closing both of demo-1's connections makes it the least loaded.
+	for _, x := range held {
+		if x.ID == "demo-1" {
+			tb.Done(x)
+		}
+	}
+	for range 2 {
+		if x, _ := tb.Pick(Target{Pool: "demo"}); x.ID != "demo-1" {
+			t.Fatalf("picked %s; want demo-1, the least loaded (%v)", x.ID, tb.Open("demo"))
+		}
+	}
+}
+
+// TestRandom: random picks only ready proxies and reaches each of them.
+func TestRandom(t *testing.T) {
+	tb := NewTable(nil)
+	tb.SetSpec("demo", &events.GatewaySpec{Strategy: events.StrategyRandom})
+	fill(tb, "demo", 3)
+	seen := map[string]bool{}
+	for range 300 {
+		x, err := tb.Pick(Target{Pool: "demo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[x.ID] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("300 random picks reached %v", seen)
+	}
+}
+
+// TestSessions: a session keeps its proxy while it is used within the
+// TTL, moves when its proxy leaves ready or is excluded, and expires.
+func TestSessions(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tb := NewTable(func() time.Time { return now })
+	tb.SetSpec("demo", &events.GatewaySpec{SessionTTL: events.Duration(time.Minute)})
+	fill(tb, "demo", 3)
+	s := Target{Pool: "demo", Session: "abc"}
+	first, err := tb.Pick(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		now = now.Add(50 * time.Second) // each use renews the TTL
+		if x, _ := tb.Pick(s); x.ID != first.ID {
+			t.Fatalf("session moved from %s to %s while used", first.ID, x.ID)
+		}
+	}
+	// Another session and plain connections do not disturb it.
+	other, _ := tb.Pick(Target{Pool: "demo", Session: "xyz"})
+	if x, _ := tb.Pick(s); x.ID != first.ID {
+		t.Fatalf("session moved to %s after another session took %s", x.ID, other.ID)
+	}
+	// Its proxy failed: the failover attempt excludes it and re-pins.
+	moved, err := tb.Pick(s, first.ID)
+	if err != nil || moved.ID == first.ID {
+		t.Fatalf("failover of the session: %+v, %v", moved, err)
+	}
+	if x, _ := tb.Pick(s); x.ID != moved.ID {
+		t.Fatalf("after failover the session went to %s; want %s", x.ID, moved.ID)
+	}
+	// Its proxy left ready: the next connection re-pins.
+	tb.Remove(moved.ID)
+	again, _ := tb.Pick(s)
+	if again.ID == moved.ID {
+		t.Fatalf("session kept %s after it left ready", moved.ID)
+	}
+	if x, _ := tb.Pick(s); x.ID != again.ID {
+		t.Fatalf("re-pinned session moved again to %s", x.ID)
+	}
+	if n := tb.Sessions("demo"); n != 2 {
+		t.Fatalf("live sessions: %d, want 2", n)
+	}
+	now = now.Add(61 * time.Second)
+	if n := tb.Sessions("demo"); n != 0 {
+		t.Fatalf("sessions after their TTL: %d, want 0", n)
+	}
+}
+
+// TestSessionsDefaultTTL: without a gateway spec a session lives 10
+// minutes after its last use.
+func TestSessionsDefaultTTL(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tb := NewTable(func() time.Time { return now })
+	fill(tb, "demo", 2)
+	tb.Pick(Target{Pool: "demo", Session: "s"})
+	now = now.Add(9 * time.Minute)
+	if n := tb.Sessions("demo"); n != 1 {
+		t.Fatalf("after 9 min: %d sessions", n)
+	}
+	now = now.Add(2 * time.Minute)
+	if n := tb.Sessions("demo"); n != 0 {
+		t.Fatalf("after 11 min: %d sessions", n)
+	}
+}
+
+// TestProxyMovesPool: a proxy id seen in another pool leaves the first.
+func TestProxyMovesPool(t *testing.T) {
+	tb := NewTable(nil)
+	tb.Set(Proxy{ID: "x", Pool: "a", Address: "127.0.0.1:1"})
+	tb.Set(Proxy{ID: "x", Pool: "b", Address: "127.0.0.1:1"})
+	if len(tb.Ready("a")) != 0 || len(tb.Ready("b")) != 1 {
+		t.Fatalf("a %v, b %v", tb.Ready("a"), tb.Ready("b"))
+	}
+}

@@ -161,7 +161,7 @@ func secretsLifecycle(t *testing.T, f *fleet) {
 		return len(f.proxies("sec")) == 0 && len(f.proxyProcs()) == 0
 	})
 	ctx := context.Background()
-	for _, bucket := range []string{bus.BucketSecrets, bus.BucketProbeCreds} {
+	for _, bucket := range []string{bus.BucketSecrets, bus.BucketProbeCreds, bus.BucketGatewayCreds} {
 		kv, err := f.conn.JS.KeyValue(ctx, bucket)
 		if err != nil {
 			t.Fatal(err)

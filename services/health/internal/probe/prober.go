@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel/attribute"
@@ -294,6 +295,11 @@ func (p *Prober) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	sub, err := p.conn.NC.Subscribe(events.SuspectSubject, p.suspect)
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", events.SuspectSubject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	// Whatever ends the watch below ends the goroutines it waits for.
@@ -412,6 +418,24 @@ func (p *Prober) observe(e jetstream.KeyValueEntry, records *recordWriter, known
 		p.egress.set(id, "")
 	}
 	t.view = v
+}
+
+// suspect probes proxy id at once if this replica probes it: a gateway
+// saw a request through it fail (the message on events.SuspectSubject).
+// Other replicas ignore it, and so does a proxy whose probe is in flight.
+func (p *Prober) suspect(msg *nats.Msg) {
+	var s events.Suspect
+	if err := json.Unmarshal(msg.Data, &s); err != nil || s.ID == "" {
+		p.log.Debug("suspect report does not decode; ignored", "subject", msg.Subject)
+		return
+	}
+	p.mu.Lock()
+	t := p.proxies[s.ID]
+	owned := t != nil && t.owned
+	p.mu.Unlock()
+	if owned && p.sched.expedite(s.ID, time.Now()) {
+		p.log.Debug("suspect proxy probed at once", "proxy", s.ID, "reason", s.Reason)
+	}
 }
 
 func (p *Prober) forget(id string) {

@@ -68,7 +68,10 @@ func startFleet(t *testing.T) *fleet { return startFleetN(t, 1) }
 
 // startFleetN starts n probers side by side, as a crashed prober and its
 // replacement, or two health replicas, would run.
-func startFleetN(t *testing.T, n int) *fleet {
+func startFleetN(t *testing.T, n int) *fleet { return startFleetEvery(t, n, 50*time.Millisecond) }
+
+// startFleetEvery starts n probers that probe each proxy every interval.
+func startFleetEvery(t *testing.T, n int, interval time.Duration) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
@@ -89,7 +92,7 @@ func startFleetN(t *testing.T, n int) *fleet {
 	go func() { defer wg.Done(); _ = projection.New(c, log, nil).Run(rctx) }()
 	for range n {
 		pr, err := probe.New(c, probe.Config{
-			EchoURL: echoSrv.URL + "/", Interval: 50 * time.Millisecond, Timeout: 2 * time.Second,
+			EchoURL: echoSrv.URL + "/", Interval: interval, Timeout: 2 * time.Second,
 			Concurrency: 4, UnhealthyAfter: unhealthyAfter, Key: key,
 		}, log, nil)
 		if err != nil {
@@ -226,6 +229,46 @@ func (f *fleet) kinds(id string) map[string][]bus.Event {
 		out[e.Kind] = append(out[e.Kind], e)
 	}
 	return out
+}
+
+// TestSuspectIsProbedAtOnce: a suspect report on fleet.health.suspect
+// (a gateway saw a request through the proxy fail) makes the replica
+// probe the proxy at once, not at its next interval an hour away.
+func TestSuspectIsProbedAtOnce(t *testing.T) {
+	f := startFleetEvery(t, 1, time.Hour)
+	fp := newFwdProxy(t, "127.0.0.1", "", "")
+	f.runningProxy("demo-s", "demo", "", fp.addr)
+	raw, _ := json.Marshal(events.Suspect{ID: "demo-s", Reason: "gateway: connection refused"})
+	report := func() {
+		if err := f.conn.NC.Publish(events.SuspectSubject, raw); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	// The first probe of a new proxy is due within a quarter interval
+	// (15 min): the report brings it forward. The prober may not have
+	// seen the proxy yet, so the report repeats until it is ready.
+	f.eventually("demo-s ready after a suspect report", func() bool {
+		report()
+		time.Sleep(50 * time.Millisecond)
+		return f.state("demo-s") == events.ProxyReady
+	})
+	// The next probe is due in an hour: only a report brings it now.
+	first := f.record("demo-s").CheckedAt
+	f.eventually("a second probe of demo-s after a suspect report", func() bool {
+		report()
+		time.Sleep(50 * time.Millisecond)
+		return f.record("demo-s").CheckedAt.After(first)
+	})
+	// A malformed report changes nothing and stops nothing.
+	if err := f.conn.NC.Publish(events.SuspectSubject, []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	second := f.record("demo-s").CheckedAt
+	f.eventually("a third probe after a malformed report", func() bool {
+		report()
+		time.Sleep(50 * time.Millisecond)
+		return f.record("demo-s").CheckedAt.After(second)
+	})
 }
 
 func TestTransitionsOnlyOnChange(t *testing.T) {

@@ -121,6 +121,22 @@ func (s *scheduler) remove(id string) {
 	s.resizeLocked()
 }
 
+// expedite makes id due at now if it waits for a later probe, and reports
+// whether it did: a proxy whose probe is in flight, or that is due
+// already, is left as it is.
+func (s *scheduler) expedite(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || e.removed || e.index < 0 || !e.due.After(now) {
+		return false
+	}
+	e.due = now
+	heap.Fix(&s.queue, e.index)
+	s.signal()
+	return true
+}
+
 // pop takes the proxy due earliest, if it is due at now and a slot is free.
 func (s *scheduler) pop(now time.Time) (ticket, bool) {
 	s.mu.Lock()

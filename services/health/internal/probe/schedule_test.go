@@ -324,3 +324,38 @@ func TestSchedulerSizesForTheFleet(t *testing.T) {
 		t.Fatalf("configured concurrency 3: dispatched %d", len(got))
 	}
 }
+
+// expedite makes a waiting proxy due now, ahead of the others due later;
+// a proxy in flight or unknown is left alone.
+func TestSchedulerExpedite(t *testing.T) {
+	s := newScheduler(time.Hour, 4)
+	s.add("a", t0.Add(time.Hour))
+	s.add("b", t0.Add(2*time.Hour))
+	if got := popAll(t, s, t0); len(got) != 0 {
+		t.Fatalf("due before their time: %v", ids(got))
+	}
+	if !s.expedite("b", t0) {
+		t.Fatal("expedite of a waiting proxy: false")
+	}
+	got := popAll(t, s, t0)
+	if !slices.Equal(ids(got), []string{"b"}) {
+		t.Fatalf("after expedite(b): %v, want [b]", ids(got))
+	}
+	if s.expedite("b", t0) {
+		t.Fatal("expedite of a proxy in flight: true")
+	}
+	if s.expedite("nobody", t0) {
+		t.Fatal("expedite of an unknown proxy: true")
+	}
+	s.remove("a")
+	if s.expedite("a", t0) {
+		t.Fatal("expedite of a removed proxy: true")
+	}
+	s.done(got[0], t0.Add(time.Hour), time.Millisecond)
+	if !s.expedite("b", t0.Add(time.Second)) {
+		t.Fatal("expedite after its probe ended: false")
+	}
+	if got := popAll(t, s, t0.Add(time.Second)); !slices.Equal(ids(got), []string{"b"}) {
+		t.Fatalf("second expedite: %v", ids(got))
+	}
+}

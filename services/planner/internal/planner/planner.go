@@ -163,8 +163,9 @@ type Planner struct {
 	ageNow func() time.Time
 
 	secrets jetstream.KeyValue
-	// probeCreds is fleet-probe-creds, set by Run.
-	probeCreds jetstream.KeyValue
+	// credReaders are health (fleet-probe-creds) and the gateway
+	// (fleet-gateway-creds), set by Run.
+	credReaders []*credReader
 	// digestKey keys the secrets digests in events; set by Run.
 	digestKey []byte
 	// agentsKV is fleet-agents, set by Run before the API starts.
@@ -306,7 +307,9 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
 	wg.Go(func() { p.snapshotLoop(ctx) })
-	wg.Go(func() { p.probeCredsLoop(ctx) })
+	for _, r := range p.credReaders {
+		wg.Go(func() { p.probeCredsLoop(ctx, r) })
+	}
 
 	svc, err := p.startAPI()
 	if err != nil {
@@ -321,15 +324,19 @@ func (p *Planner) Run(ctx context.Context) error {
 	return nil
 }
 
-// openSecrets opens fleet-secrets and fleet-probe-creds and reads (or
-// creates) the digest key.
+// openSecrets opens fleet-secrets, fleet-probe-creds and
+// fleet-gateway-creds and reads (or creates) the digest key.
 func (p *Planner) openSecrets(ctx context.Context) error {
 	var err error
 	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
 	}
-	if p.probeCreds, err = p.conn.JS.KeyValue(ctx, bus.BucketProbeCreds); err != nil {
-		return fmt.Errorf("bucket %s: %w", bus.BucketProbeCreds, err)
+	p.credReaders = nil
+	for _, r := range []credReader{{name: "health", bucket: bus.BucketProbeCreds}, {name: "the gateway", bucket: bus.BucketGatewayCreds}} {
+		if r.kv, err = p.conn.JS.KeyValue(ctx, r.bucket); err != nil {
+			return fmt.Errorf("bucket %s: %w", r.bucket, err)
+		}
+		p.credReaders = append(p.credReaders, &r)
 	}
 	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
 		return err

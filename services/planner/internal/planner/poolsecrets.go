@@ -22,7 +22,7 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *APIE
 	for range maxConflictRetries {
 		e, err := p.secrets.Get(ctx, pool)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			p.removeProbeCred(ctx, pool, rev)
+			p.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		if err != nil {
@@ -36,7 +36,7 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *APIE
 		err = p.secrets.Purge(ctx, pool, jetstream.LastRevision(e.Revision()))
 		if err == nil {
 			p.log.InfoContext(ctx, "pool secrets removed", "pool", pool, "revision", rev)
-			p.removeProbeCred(ctx, pool, rev)
+			p.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		// Most likely the key changed since it was read: read it again.

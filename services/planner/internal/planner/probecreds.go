@@ -13,15 +13,27 @@ import (
 	"proxyfleet/pkg/seal"
 )
 
-// probeCredsSweep is how often every pool's probe credential is checked
-// against fleet-secrets and health's key, whatever changed: it repairs a
-// write that raced a key change or an apply.
+// probeCredsSweep is how often every pool's sealed credential is checked
+// against fleet-secrets and its reader's key, whatever changed: it repairs
+// a write that raced a key change or an apply.
 const probeCredsSweep = 30 * time.Second
 
-// probeCredsLoop keeps fleet-probe-creds current, so health probes each
-// pool's proxies with its password without reading fleet-secrets: at
-// start, whenever health announces a new key, and every probeCredsSweep.
-func (p *Planner) probeCredsLoop(ctx context.Context) {
+// credReader is a service that uses the pools' proxy passwords without
+// reading fleet-secrets: it announces a curve key under
+// events.ProbeRecipientKey in its bucket, and the planner seals each
+// pool's password to that key under the pool's name there
+// (events.ProbeCredential). Health probes with them (fleet-probe-creds);
+// the gateway adds them to the requests it relays (fleet-gateway-creds).
+type credReader struct {
+	name   string // "health", "the gateway": for logs
+	bucket string
+	kv     jetstream.KeyValue
+}
+
+// probeCredsLoop keeps r's bucket current, so r uses each pool's
+// password without reading fleet-secrets: at start, whenever r announces
+// a new key, and every probeCredsSweep.
+func (p *Planner) probeCredsLoop(ctx context.Context, r *credReader) {
 	t := time.NewTicker(probeCredsSweep)
 	defer t.Stop()
 	var w jetstream.KeyWatcher
@@ -29,12 +41,12 @@ func (p *Planner) probeCredsLoop(ctx context.Context) {
 	for {
 		if w == nil {
 			var err error
-			if w, err = p.probeCreds.Watch(ctx, events.ProbeRecipientKey, jetstream.UpdatesOnly()); err != nil {
-				p.log.Warn("watch health's probe key", "err", err)
+			if w, err = r.kv.Watch(ctx, events.ProbeRecipientKey, jetstream.UpdatesOnly()); err != nil {
+				p.log.Warn("watch the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
 				w = nil
 			}
 		}
-		p.syncProbeCreds(ctx)
+		p.syncProbeCreds(ctx, r)
 		var updates <-chan jetstream.KeyValueEntry
 		if w != nil {
 			updates = w.Updates()
@@ -52,9 +64,9 @@ func (p *Planner) probeCredsLoop(ctx context.Context) {
 	}
 }
 
-// probeRecipient returns the curve key health announced, "" when none.
-func (p *Planner) probeRecipient(ctx context.Context) (string, error) {
-	e, err := p.probeCreds.Get(ctx, events.ProbeRecipientKey)
+// probeRecipient returns the curve key r announced, "" when none.
+func (p *Planner) probeRecipient(ctx context.Context, r *credReader) (string, error) {
+	e, err := r.kv.Get(ctx, events.ProbeRecipientKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", nil
 	}
@@ -63,18 +75,18 @@ func (p *Planner) probeRecipient(ctx context.Context) (string, error) {
 	}
 	to := string(e.Value())
 	if err := seal.CheckPublic(to); err != nil {
-		p.log.Warn("fleet-probe-creds: health's announced key is not a curve key; probe passwords are not sealed until it is", "key", events.ProbeRecipientKey)
+		p.log.Warn("the announced key is not a curve key; passwords are not sealed to it until it is", "reader", r.name, "bucket", r.bucket, "key", events.ProbeRecipientKey)
 		return "", nil
 	}
 	return to, nil
 }
 
-// syncProbeCreds brings every pool's probe credential up to date, and
-// removes those of deleted pools.
-func (p *Planner) syncProbeCreds(ctx context.Context) {
-	to, err := p.probeRecipient(ctx)
+// syncProbeCreds brings every pool's credential in r's bucket up to
+// date, and removes those of deleted pools.
+func (p *Planner) syncProbeCreds(ctx context.Context, r *credReader) {
+	to, err := p.probeRecipient(ctx, r)
 	if err != nil {
-		p.log.Warn("read health's probe key", "err", err)
+		p.log.Warn("read the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
 		return
 	}
 	type poolRev struct {
@@ -93,30 +105,32 @@ func (p *Planner) syncProbeCreds(ctx context.Context) {
 			return
 		}
 		if pl.deleted {
-			p.removeProbeCred(ctx, pl.name, pl.rev)
+			p.removeProbeCred(ctx, r, pl.name, pl.rev)
 			continue
 		}
 		if to != "" {
-			p.syncProbeCred(ctx, pl.name, to)
+			p.syncProbeCred(ctx, r, pl.name, to)
 		}
 	}
 }
 
-// probeCredNow brings an applied pool's probe credential up to date at
-// once, so health probes with a new password without waiting for the
+// probeCredNow brings an applied pool's credentials up to date at once,
+// so health and the gateway use a new password without waiting for the
 // sweep. A failure only delays it to the sweep.
 func (p *Planner) probeCredNow(ctx context.Context, pool string) {
-	to, err := p.probeRecipient(ctx)
-	if err != nil || to == "" {
-		return
+	for _, r := range p.credReaders {
+		to, err := p.probeRecipient(ctx, r)
+		if err != nil || to == "" {
+			continue
+		}
+		p.syncProbeCred(ctx, r, pool, to)
 	}
-	p.syncProbeCred(ctx, pool, to)
 }
 
-// syncProbeCred seals the pool's password from fleet-secrets to health's
-// key to, unless the stored credential already is that. A pool without a
+// syncProbeCred seals the pool's password from fleet-secrets to r's key
+// to, unless the stored credential already is that. A pool without a
 // password has no credential.
-func (p *Planner) syncProbeCred(ctx context.Context, pool, to string) {
+func (p *Planner) syncProbeCred(ctx context.Context, r *credReader, pool, to string) {
 	e, err := p.secrets.Get(ctx, pool)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return
@@ -130,12 +144,12 @@ func (p *Planner) syncProbeCred(ctx context.Context, pool, to string) {
 		return // poolSecrets reports it
 	}
 	if s.Password == "" {
-		if err := p.probeCreds.Purge(ctx, pool); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			p.log.Warn("remove the probe credential of a pool without password", "pool", pool, "err", err)
+		if err := r.kv.Purge(ctx, pool); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			p.log.Warn("remove the credential of a pool without password", "reader", r.name, "pool", pool, "err", err)
 		}
 		return
 	}
-	if have, err := p.probeCreds.Get(ctx, pool); err == nil {
+	if have, err := r.kv.Get(ctx, pool); err == nil {
 		var c events.ProbeCredential
 		if json.Unmarshal(have.Value(), &c) == nil && c.Sealed.To == to && c.Revision == s.Revision {
 			return
@@ -145,36 +159,44 @@ func (p *Planner) syncProbeCred(ctx context.Context, pool, to string) {
 	box, err := seal.Seal(plain, to)
 	clear(plain)
 	if err != nil {
-		p.log.Warn("seal the probe credential", "pool", pool, "err", err)
+		p.log.Warn("seal the credential", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
 	raw, _ := json.Marshal(events.ProbeCredential{Revision: s.Revision, Sealed: *box})
-	if _, err := p.probeCreds.Put(ctx, pool, raw); err != nil {
-		p.log.Warn("store the probe credential", "pool", pool, "err", err)
+	if _, err := r.kv.Put(ctx, pool, raw); err != nil {
+		p.log.Warn("store the credential", "reader", r.name, "bucket", r.bucket, "pool", pool, "err", err)
 		return
 	}
-	p.log.Debug("probe credential sealed to health's key", "pool", pool, "revision", s.Revision)
+	p.log.Debug("credential sealed to the announced key", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", s.Revision)
 }
 
-// removeProbeCred purges the probe credential of a pool deleted at
-// revision rev; one sealed from a later revision (the pool was applied
-// again) is kept.
-func (p *Planner) removeProbeCred(ctx context.Context, pool string, rev int) {
-	e, err := p.probeCreds.Get(ctx, pool)
+// removeProbeCred purges r's credential of a pool deleted at revision
+// rev; one sealed from a later revision (the pool was applied again) is
+// kept.
+func (p *Planner) removeProbeCred(ctx context.Context, r *credReader, pool string, rev int) {
+	e, err := r.kv.Get(ctx, pool)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return
 	}
 	if err != nil {
-		p.log.Warn("read the probe credential for removal", "pool", pool, "err", err)
+		p.log.Warn("read the credential for removal", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
 	var c events.ProbeCredential
 	if json.Unmarshal(e.Value(), &c) == nil && c.Revision > rev {
 		return
 	}
-	if err := p.probeCreds.Purge(ctx, pool, jetstream.LastRevision(e.Revision())); err != nil {
-		p.log.Debug("purge the probe credential", "pool", pool, "err", err)
+	if err := r.kv.Purge(ctx, pool, jetstream.LastRevision(e.Revision())); err != nil {
+		p.log.Debug("purge the credential", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
-	p.log.Info("probe credential removed", "pool", pool, "revision", rev)
+	p.log.Info("credential removed", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", rev)
+}
+
+// removeCreds purges every reader's credential of a pool deleted at
+// revision rev.
+func (p *Planner) removeCreds(ctx context.Context, pool string, rev int) {
+	for _, r := range p.credReaders {
+		p.removeProbeCred(ctx, r, pool, rev)
+	}
 }

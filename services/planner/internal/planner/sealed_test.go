@@ -103,15 +103,22 @@ func (h *harness) probeCred(kv jetstream.KeyValue, kp nkeys.KeyPair, pool string
 	return s, err
 }
 
-// TestProbeCredentialsSealedToHealth: the planner writes each pool's
-// password into fleet-probe-creds sealed to the key health announced,
-// in nothing readable without that key; a new password or a new health key
-// is sealed again; pool.delete removes the credential, leftovers too.
-func TestProbeCredentialsSealedToHealth(t *testing.T) {
+// TestCredentialsSealedToReaders: the planner writes each pool's
+// password into fleet-probe-creds sealed to the key health announced, and
+// into fleet-gateway-creds sealed to the gateway's, in nothing readable
+// without that key; a new password or a new key is sealed again;
+// pool.delete removes the credential, leftovers too.
+func TestCredentialsSealedToReaders(t *testing.T) {
+	for _, bucket := range []string{bus.BucketProbeCreds, bus.BucketGatewayCreds} {
+		t.Run(bucket, func(t *testing.T) { testCredentialsSealed(t, bucket) })
+	}
+}
+
+func testCredentialsSealed(t *testing.T, bucket string) {
 	ctx := context.Background()
 	h := newHarness(t)
 	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	kv, err := h.c.JS.KeyValue(ctx, bus.BucketProbeCreds)
+	kv, err := h.c.JS.KeyValue(ctx, bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +137,7 @@ func TestProbeCredentialsSealedToHealth(t *testing.T) {
 		})
 		e, _ := kv.Get(ctx, "sec")
 		if strings.Contains(string(e.Value()), pw) {
-			t.Fatalf("fleet-probe-creds holds the password in plaintext: %s", e.Value())
+			t.Fatalf("%s holds the password in plaintext: %s", bucket, e.Value())
 		}
 	}
 	want(health, "Probe-Pw-1")

@@ -54,7 +54,7 @@ var (
 func needBinaries(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() {
-		for _, svc := range []string{"planner", "health", "local-agent"} {
+		for _, svc := range []string{"planner", "health", "local-agent", "gateway"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", svc, err, out)

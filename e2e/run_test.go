@@ -44,7 +44,7 @@ func startRunScript(t *testing.T, env ...string) *runScript {
 	}
 	testgate.NeedFile(t, natsCLI, "the pinned nats CLI (make nats)")
 	bin := t.TempDir()
-	for _, name := range []string{"planner", "health", "local-agent"} {
+	for _, name := range []string{"planner", "health", "local-agent", "gateway"} {
 		if err := os.Symlink(filepath.Join(binDir, name), filepath.Join(bin, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -58,6 +58,7 @@ func startRunScript(t *testing.T, env ...string) *runScript {
 		"PROXYFLEET_RUN_DIR="+r.runDir,
 		"PROXYFLEET_NATS_ADDR=127.0.0.1:0",
 		"PROXYFLEET_ECHO_ADDR=127.0.0.1:0",
+		"PROXYFLEET_GATEWAY_ADDR=127.0.0.1:0",
 		// Proxy ports from the kernel (the test gives the agent a capacity).
 		"PROXYFLEET_PORTS=0",
 		// The nats CLI drops a selected context it cannot find: keep it
@@ -94,7 +95,7 @@ func startRunScript(t *testing.T, env ...string) *runScript {
 		cleanScript(t, "stop", r.runDir)
 		if t.Failed() {
 			t.Logf("---- run.sh output ----\n%s", r.output())
-			for _, name := range []string{"planner", "health", "local-agent"} {
+			for _, name := range []string{"planner", "health", "local-agent", "gateway"} {
 				b, _ := os.ReadFile(filepath.Join(r.runDir, "logs", name+".log"))
 				if len(b) > 6000 {
 					b = b[len(b)-6000:]
@@ -171,7 +172,7 @@ func bannerLine(t *testing.T, banner, prefix string) string {
 // that server (a pool of 1 gets a ready proxy), make rebuild-views must
 // rebuild the views without the script taking health's stop for a crash,
 // and Ctrl-C (SIGINT to the script's process group, as a terminal sends it)
-// must stop the agent, health and the planner in that order and exit 0 with
+// must stop the gateway, the agent, health and the planner in that order and exit 0 with
 // one line. make logs shows a request the proxy failed.
 func TestRunScript(t *testing.T) {
 	r := startRunScript(t,
@@ -246,18 +247,18 @@ func TestRunScript(t *testing.T) {
 	if r.err != nil {
 		t.Errorf("run.sh after SIGINT: %v, want exit status 0", r.err)
 	}
-	want := "stopped local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)\n"
+	want := "stopped gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)\n"
 	if after != want {
 		t.Errorf("run.sh printed after SIGINT:\n%q\nwant one line:\n%q", after, want)
 	}
 	var stops []time.Time
 	for _, s := range []struct{ log, msg string }{
-		{"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
+		{"gateway", "gateway stopped"}, {"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
 	} {
 		stops = append(stops, lastLogTime(t, filepath.Join(r.runDir, "logs", s.log+".log"), s.msg))
 	}
-	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) {
-		t.Errorf("stopped at %v (agent, health, planner); want that order", stops)
+	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) {
+		t.Errorf("stopped at %v (gateway, agent, health, planner); want that order", stops)
 	}
 }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Starts the whole system on one machine: the planner (hosting the embedded
-# NATS server), the health service and a local-agent, each as its own
-# process, with state under ./.run. Ctrl-C stops them in order (agent,
-# health, planner); proxy processes keep running and are found again by the
-# next `make run` (see docs/local.md).
+# NATS server), the health service, a local-agent and the crawler gateway,
+# each as its own process, with state under ./.run. Ctrl-C stops them in
+# order (gateway, agent, health, planner); proxy processes keep running and
+# are found again by the next `make run` (see docs/local.md).
 #
 #   scripts/run.sh                  run until Ctrl-C, SIGINT or SIGTERM (make run)
 #   scripts/run.sh rebuild-views    have the running make run rebuild health's
@@ -17,11 +17,14 @@
 #                         (127.0.0.1:4222; port 0: a free port)
 #   PROXYFLEET_ECHO_ADDR  health's echo endpoint (127.0.0.1:8480; port 0: a
 #                         free port)
+#   PROXYFLEET_GATEWAY_ADDR  the gateway's client address (127.0.0.1:8888;
+#                         port 0: a free port); it accepts any password there
 #   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
 #                         (0: ports from the kernel; give the agent --capacity)
-#   PROXYFLEET_BIN        where planner, health, local-agent and nats are (./bin)
+#   PROXYFLEET_BIN        where planner, health, local-agent, gateway and nats
+#                         are (./bin)
 #   PROXYFLEET_LOG_LEVEL  every service's log level (info)
-#   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS
+#   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
 #
@@ -89,17 +92,19 @@ fi
 
 NATS_ADDR=${PROXYFLEET_NATS_ADDR:-127.0.0.1:4222}
 ECHO_ADDR=${PROXYFLEET_ECHO_ADDR:-127.0.0.1:8480}
+GATEWAY_ADDR=${PROXYFLEET_GATEWAY_ADDR:-127.0.0.1:8888}
 PORTS=${PROXYFLEET_PORTS:-20000-20999}
 read -r -a planner_flags <<<"${PLANNER_FLAGS:-}"
 read -r -a health_flags <<<"${HEALTH_FLAGS:-}"
 read -r -a agent_flags <<<"${AGENT_FLAGS:-}"
+read -r -a gateway_flags <<<"${GATEWAY_FLAGS:-}"
 # The shell's NATS settings are for the operator's own servers, not for the
 # one make run embeds (the services read the first three, the nats CLI all).
 NATS_VARS="NATS_URL NATS_CONTEXT NATS_CREDS NATS_USER NATS_PASSWORD NATS_TOKEN NATS_NKEY NATS_JWT NATS_SEED NATS_CERT NATS_KEY NATS_CA NATS_SOCKS_PROXY"
 # shellcheck disable=SC2086
 unset $NATS_VARS PROXYFLEET_DATA_DIR
 
-for b in planner health local-agent nats; do
+for b in planner health local-agent gateway nats; do
 	if [ ! -x "$BIN/$b" ]; then
 		echo "$BIN/$b is missing: start make run, which builds what it runs" >&2
 		exit 1
@@ -116,7 +121,7 @@ echo $$ >"$PIDFILE"
 rm -f "$REBUILD_RESULT"
 
 declare -A pid=() # service -> pid; every service runs in a session of its own
-order=(planner health local-agent)
+order=(planner health local-agent gateway)
 url=""
 
 # exited PID: the process has exited (a zombie until reaped) or is gone.
@@ -178,7 +183,7 @@ stop_all() {
 		printf '%s' "$problems" >&2
 		return 1
 	fi
-	echo "stopped local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
+	echo "stopped gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
 }
 
 on_signal() {
@@ -228,6 +233,10 @@ natsq() {
 
 if [ "${NATS_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${NATS_ADDR%:*}/${NATS_ADDR##*:}") 2>/dev/null; then
 	echo "something already listens on $NATS_ADDR; stop it, or set PROXYFLEET_NATS_ADDR (port 0 picks a free one)" >&2
+	exit 1
+fi
+if [ "${GATEWAY_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${GATEWAY_ADDR%:*}/${GATEWAY_ADDR##*:}") 2>/dev/null; then
+	echo "something already listens on $GATEWAY_ADDR; stop it, or set PROXYFLEET_GATEWAY_ADDR (port 0 picks a free one)" >&2
 	exit 1
 fi
 
@@ -291,6 +300,24 @@ for _ in $(seq 1 300); do
 	sleep 0.1
 done
 
+# The gateway, started last: it routes to the proxies health finds ready.
+gateway_log_from=$(stat -c %s "$RUN/logs/gateway.log" 2>/dev/null || echo 0)
+start gateway --nats-url "$url" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_flags[@]}"
+gateway_addr=""
+for _ in $(seq 1 600); do
+	gateway_addr=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
+		sed -n 's/.*"msg":"gateway serving".*"listen":"\([^"]*\)".*/\1/p' | tail -n 1)
+	[ -z "$gateway_addr" ] || break
+	check_running gateway
+	sleep 0.1
+done
+if [ -z "$gateway_addr" ]; then
+	echo "the gateway did not start serving within 60s; see $RUN/logs/gateway.log" >&2
+	exit 1
+fi
+gateway_name=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
+	sed -n 's/.*"msg":"gateway serving".*"name":"\([^"]*\)".*/\1/p' | tail -n 1)
+
 cat >"$RUN/nats.env" <<EOT
 # Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
 export PATH="$abs_bin:\$PATH"
@@ -304,7 +331,8 @@ cmd() {
 	if [ -n "${2:-}" ]; then printf '  %-48s # %s\n' "$1" "$2"; else printf '  %s\n' "$1"; fi
 }
 echo
-echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url"
+echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url,"
+echo "crawler gateway at http://$gateway_addr (it accepts any password on loopback; docs/gateway.md)"
 echo "In another terminal, in this directory, point the pinned nats CLI at it:"
 echo
 cmd ". $RUN/nats.env" "PATH with ./bin; NATS_URL and NATS_CONTEXT of this server"
@@ -315,6 +343,9 @@ cmd "nats kv watch fleet-proxies" "watch proxies go requested -> running -> read
 cmd "nats req fleet.api.proxy.list '{\"pool\":\"demo\",\"limit\":100}'" "ids and addresses, a page of 100"
 cmd "nats req fleet.api.proxy.list '{\"pool\":\"demo\",\"limit\":100,\"after\":\"<next>\"}'" "the following page: <next> is the reply's \"next\", \"\" when done"
 cmd "curl -x http://<address> $echo_url" "a request through one proxy (address from the list)"
+cmd "curl -x http://demo:x@$gateway_addr -i $echo_url" "through the gateway: X-Proxyfleet-Proxy names the proxy"
+cmd "curl -x http://demo.session-abc:x@$gateway_addr -i $echo_url" "a sticky session: one proxy for session abc"
+cmd "nats req fleet.gateway.$gateway_name.stats ''" "the gateway's counters per pool and proxy"
 cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":1}'" "scale down"
 cmd "nats req fleet.api.pool.delete '{\"name\":\"demo\"}'"
 cmd "nats sub --stream FLEET_EVENTS --all -T --raw" "the event log, the source of truth (JSON lines)"

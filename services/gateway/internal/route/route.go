@@ -63,6 +63,10 @@ type Proxy struct {
 	ID      string
 	Pool    string
 	Address string // host:port
+	// Username is the basic-auth user the proxy demands ("" for none); the
+	// password is the pool's, which the gateway opens from
+	// fleet-gateway-creds.
+	Username string
 }
 
 // ErrNoProxy is returned when a pool has no ready proxy to pick (beyond
@@ -168,6 +172,17 @@ func (t *Table) removeLocked(id string) {
 		p.ids = slices.Delete(p.ids, i, i+1)
 	}
 	delete(p.proxies, id)
+}
+
+// IDs returns the ids of every ready proxy the table holds.
+func (t *Table) IDs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]string, 0, len(t.byID))
+	for id := range t.byID {
+		out = append(out, id)
+	}
+	return out
 }
 
 // Ready returns the ready proxies of pool, sorted by id.

@@ -1,0 +1,240 @@
+// Command gateway is proxyfleet's crawler gateway: one forward-proxy
+// endpoint (plain HTTP and CONNECT) in front of the fleet. A client names
+// a pool, and optionally a sticky session, in its Proxy-Authorization
+// username; the gateway relays each connection through a ready proxy of
+// that pool with the pool's credentials, retries failed attempts on other
+// proxies, reports bans found by the pool's rules, and writes the demand
+// the planner sizes autoscaled pools by (docs/gateway.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"proxyfleet/pkg/buildinfo"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/service"
+	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/gateway/internal/clients"
+	"proxyfleet/services/gateway/internal/fleet"
+	"proxyfleet/services/gateway/internal/forward"
+	"proxyfleet/services/gateway/internal/route"
+)
+
+const usage = `gateway is the crawler's one endpoint in front of the proxyfleet fleet: an
+HTTP forward proxy (plain HTTP and CONNECT) that routes each connection to a
+ready proxy of the pool the client names.
+
+  curl -x http://<pool>:<password>@127.0.0.1:8888 http://example.com/
+  curl -x http://<pool>.session-<id>:<password>@127.0.0.1:8888 ...   (sticky)
+
+Clients authenticate with --clients-file (htpasswd -B lines "<pool>:<hash>",
+or "*:<hash>" for every pool). Without it the gateway accepts any password,
+and only on a loopback --listen.
+
+Usage:
+  gateway --nats-url nats://127.0.0.1:4222 [flags]
+
+Flags:
+`
+
+type flags struct {
+	base            service.Flags
+	listen          string
+	clientsFile     string
+	name            string
+	keyFile         string
+	dialTimeout     time.Duration
+	responseTimeout time.Duration
+	demandInterval  time.Duration
+	syncTimeout     time.Duration
+}
+
+func parse(args []string) (*flags, error) {
+	f := flags{}
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	f.base.Register(fs, "gateway")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8888", "client address of the forward proxy; port 0 picks a free port (logged)")
+	fs.StringVar(&f.clientsFile, "clients-file", "", "htpasswd file of client passwords (bcrypt, htpasswd -B): user <pool> or * ; re-read when it changes; required unless --listen is loopback")
+	fs.StringVar(&f.name, "name", "", "this gateway's name among gateways (its fleet-demand keys <pool>.<name>, its subjects fleet.gateway.<name>.info|stats): letters, digits, '-', '_' (default <hostname>-<listen port>)")
+	fs.StringVar(&f.keyFile, "key-file", "", "file holding the gateway's curve (xkey) seed, created 0600 on first start; the planner seals each pool's proxy password to its key; give every gateway the same file (default <data-dir>/gateway.xk)")
+	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "bound of the connection to a proxy (and of its answer to CONNECT) before the attempt fails over")
+	fs.DurationVar(&f.responseTimeout, "response-timeout", 60*time.Second, "bound of the wait for a proxy's response headers to a plain HTTP request")
+	fs.DurationVar(&f.demandInterval, "demand-interval", 2*time.Second, "how often each pool's demand is written to fleet-demand (at most 10s: the bucket keeps a report 15s)")
+	fs.DurationVar(&f.syncTimeout, "sync-timeout", 30*time.Second, "how long to wait for the fleet's views before accepting clients anyway")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if f.demandInterval <= 0 || f.demandInterval > 10*time.Second {
+		return nil, fmt.Errorf("--demand-interval %s: want more than 0 and at most 10s", f.demandInterval)
+	}
+	if f.dialTimeout <= 0 || f.responseTimeout <= 0 {
+		return nil, errors.New("--dial-timeout and --response-timeout must be more than 0")
+	}
+	loopback, err := bus.ListenIsLoopback(f.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	if !loopback && f.clientsFile == "" {
+		return nil, fmt.Errorf("--listen %s is not loopback: give --clients-file, or every host that reaches it could use the fleet", f.listen)
+	}
+	if f.name != "" {
+		if err := fleet.CheckName(f.name); err != nil {
+			return nil, fmt.Errorf("--name: %w", err)
+		}
+	}
+	return &f, nil
+}
+
+// defaultName is "<hostname>-<port>", with what a name may not hold
+// replaced by '-': stable across restarts, unique per host and port.
+func defaultName(port string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "gateway"
+	}
+	b := []byte(host)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	name := string(b)
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	return name + "-" + port
+}
+
+func main() {
+	f, err := parse(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(2)
+	}
+	if err := run(f); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+func run(f *flags) error {
+	auth := func(string, string) bool { return true }
+	if f.clientsFile != "" {
+		file, err := clients.Load(f.clientsFile)
+		if err != nil {
+			return err
+		}
+		auth = file.Allow
+	}
+	keyFile := f.keyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(f.base.DataDir, "gateway.xk")
+	}
+	if err := os.MkdirAll(filepath.Dir(keyFile), 0o700); err != nil {
+		return fmt.Errorf("key file: %w", err)
+	}
+	key, err := seal.LoadOrCreate(keyFile)
+	if err != nil {
+		return fmt.Errorf("gateway key: %w", err)
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer func() { _ = ln.Close() }()
+	addr := ln.Addr().String()
+	if f.name == "" {
+		_, port, _ := net.SplitHostPort(addr)
+		f.name = defaultName(port)
+	}
+
+	ctx, stop := service.SignalContext()
+	defer stop()
+	base, err := service.Start(ctx, "gateway", f.base)
+	if err != nil {
+		return err
+	}
+	defer base.Close()
+	log := base.Log
+
+	metrics, err := forward.NewMetrics(base.Tel.Meter)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	table := route.NewTable(nil)
+	view, err := fleet.New(base.Conn, table, fleet.Config{
+		Name: f.name, Key: key, DemandInterval: f.demandInterval, Listen: addr, Version: buildinfo.Version,
+	}, log)
+	if err != nil {
+		return err
+	}
+	srv := forward.New(forward.Config{
+		Table: table, Fleet: view, Auth: auth, Log: log, Metrics: metrics,
+		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout,
+	})
+	defer srv.Close()
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fleetDone := make(chan error, 1)
+	go func() { fleetDone <- view.Run(rctx, srv) }()
+	select {
+	case <-view.Synced():
+	case err := <-fleetDone:
+		return err
+	case <-time.After(f.syncTimeout):
+		log.Warn("the fleet's views did not load in time; accepting clients anyway", "after", f.syncTimeout.String())
+	case <-ctx.Done():
+		return nil
+	}
+
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- hs.Serve(ln) }()
+	authMode := "clients file " + f.clientsFile
+	if f.clientsFile == "" {
+		authMode = "any password (loopback only; give --clients-file to check them)"
+	}
+	log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
+		"info", fleet.Subject(f.name, "info"), "stats", fleet.Subject(f.name, "stats"),
+		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveDone:
+		if !errors.Is(err, http.ErrServerClosed) {
+			cancel()
+			return fmt.Errorf("serve: %w", err)
+		}
+	case err := <-fleetDone:
+		if err != nil {
+			return err
+		}
+	}
+	log.Info("gateway stopping")
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	cancel()
+	log.Info("gateway stopped")
+	return nil
+}

@@ -1,0 +1,490 @@
+// Package fleet is the gateway's NATS side: it follows the fleet-proxies
+// and fleet-pools views into the routing table, opens the pools' proxy
+// passwords the planner sealed to the gateway's key in
+// fleet-gateway-creds, reports suspect proxies to health and banned ones
+// to the planner, writes each pool's demand into fleet-demand, and serves
+// the fleet-gateway micro service (info, stats).
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
+	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/forward"
+	"proxyfleet/services/gateway/internal/route"
+)
+
+// nameRE is what a gateway name may hold: it is the last token of its
+// fleet-demand keys and of its micro service subjects.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// CheckName reports why name cannot name a gateway, or nil.
+func CheckName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("gateway name %q: want 1-64 letters, digits, '-' or '_'", name)
+	}
+	return nil
+}
+
+// Config configures a [Fleet].
+type Config struct {
+	// Name is this gateway's name among gateways: its fleet-demand keys
+	// are <pool>.<name>, its micro service subjects fleet.gateway.<name>.*.
+	Name string
+	// Key is the gateway's curve key; the planner seals the pools'
+	// passwords to its public half. Gateways share one key.
+	Key nkeys.KeyPair
+	// DemandInterval is how often demand is written (default 2s).
+	DemandInterval time.Duration
+	// Listen is the client address, reported by info.
+	Listen  string
+	Version string
+}
+
+// Fleet is the gateway's view of the fleet. Create it with [New], give
+// it to forward.New as the server's Fleet, then [Fleet.Run] it.
+type Fleet struct {
+	cfg   Config
+	conn  *bus.Conn
+	log   *slog.Logger
+	table *route.Table
+	srv   *forward.Server
+
+	mu    sync.Mutex
+	pools map[string]*poolInfo
+	// creds holds each pool's opened password, or why it does not open.
+	creds map[string]cred
+	// synced is closed once the views' current contents are loaded.
+	synced   chan struct{}
+	syncOnce sync.Once
+	pending  int
+}
+
+type poolInfo struct {
+	user  string // the pool's auth username, "" for none
+	rules []ban.Rule
+}
+
+type cred struct {
+	password string
+	err      error
+}
+
+// poolValue is the part of a fleet-pools value the gateway reads.
+type poolValue struct {
+	Name string          `json:"name"`
+	Spec events.PoolSpec `json:"spec"`
+}
+
+// New returns a fleet view feeding table.
+func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fleet, error) {
+	if err := CheckName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.Key == nil {
+		return nil, errors.New("no gateway key")
+	}
+	if cfg.DemandInterval <= 0 {
+		cfg.DemandInterval = 2 * time.Second
+	}
+	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3}, nil
+}
+
+// Synced is closed once the gateway loaded the ready proxies, the pools
+// and the credentials present when it started.
+func (f *Fleet) Synced() <-chan struct{} { return f.synced }
+
+func (f *Fleet) markSynced() {
+	f.mu.Lock()
+	f.pending--
+	done := f.pending == 0
+	f.mu.Unlock()
+	if done {
+		f.syncOnce.Do(func() { close(f.synced) })
+	}
+}
+
+// Known reports whether pool exists (has a fleet-pools key).
+func (f *Fleet) Known(pool string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pools[pool] != nil
+}
+
+// Credentials returns the basic-auth pair x demands: the user its
+// requested event named or its pool's, with the pool's password.
+func (f *Fleet) Credentials(x route.Proxy) (string, string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	user := x.Username
+	if p := f.pools[x.Pool]; user == "" && p != nil {
+		user = p.user
+	}
+	if user == "" {
+		return "", "", nil
+	}
+	c, ok := f.creds[x.Pool]
+	if !ok {
+		return "", "", fmt.Errorf("the proxies demand a password and none is sealed to this gateway's key in %s yet (the planner seals it within seconds of the key's announcement)", bus.BucketGatewayCreds)
+	}
+	return user, c.password, c.err
+}
+
+// Rules returns pool's compiled ban rules.
+func (f *Fleet) Rules(pool string) []ban.Rule {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.pools[pool]; p != nil {
+		return p.rules
+	}
+	return nil
+}
+
+// Suspect tells health that proxy id failed a request.
+func (f *Fleet) Suspect(id, reason string) {
+	b, _ := json.Marshal(events.Suspect{ID: id, Reason: reason})
+	if err := f.conn.NC.Publish(events.SuspectSubject, b); err != nil {
+		f.log.Warn("report a suspect proxy", "proxy", id, "err", err)
+	}
+}
+
+// Banned asks the planner to retire and replace a proxy a ban rule found
+// banned; the retiring reason reads "banned: <rule>".
+func (f *Fleet) Banned(pool string, v ban.Verdict) {
+	go func() {
+		body, _ := json.Marshal(map[string]string{"id": v.Proxy, "reason": v.Rule})
+		var err error
+		for attempt := range 5 {
+			if attempt > 0 {
+				time.Sleep(time.Duration(attempt) * time.Second)
+			}
+			var msg *nats.Msg
+			msg, err = f.conn.NC.Request(events.APISubject(events.AggregateProxy, "report-ban"), body, 10*time.Second)
+			if err == nil {
+				if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
+					err = fmt.Errorf("%s %s", code, msg.Header.Get("Nats-Service-Error"))
+					if code[0] == '4' {
+						break
+					}
+					continue
+				}
+				f.log.Info("proxy reported banned", "proxy", v.Proxy, "pool", pool, "rule", v.Rule)
+				return
+			}
+		}
+		f.log.Warn("report a banned proxy", "proxy", v.Proxy, "pool", pool, "rule", v.Rule, "err", err)
+	}()
+}
+
+// Run follows the views, writes demand and serves the micro service
+// until ctx ends. srv is the server whose counters it reports.
+func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
+	f.srv = srv
+	kv := func(name string) (jetstream.KeyValue, error) {
+		b, err := f.conn.JS.KeyValue(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", name, err)
+		}
+		return b, nil
+	}
+	proxies, err := kv(bus.BucketProxies)
+	if err != nil {
+		return err
+	}
+	pools, err := kv(bus.BucketPools)
+	if err != nil {
+		return err
+	}
+	creds, err := kv(bus.BucketGatewayCreds)
+	if err != nil {
+		return err
+	}
+	demand, err := kv(bus.BucketDemand)
+	if err != nil {
+		return err
+	}
+	if err := f.announceKey(ctx, creds); err != nil {
+		return err
+	}
+	svc, err := f.startService()
+	if err != nil {
+		return fmt.Errorf("fleet-gateway service: %w", err)
+	}
+	defer func() { _ = svc.Stop() }()
+
+	var wg sync.WaitGroup
+	for name, w := range map[string]struct {
+		kv    jetstream.KeyValue
+		apply func(jetstream.KeyValueEntry)
+		reset func(seen map[string]bool)
+	}{
+		bus.BucketPools:        {pools, f.applyPool, f.resetPools},
+		bus.BucketProxies:      {proxies, f.applyProxy, f.resetProxies},
+		bus.BucketGatewayCreds: {creds, f.applyCred, f.resetCreds},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.watch(ctx, name, w.kv, w.apply, w.reset)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f.demandLoop(ctx, demand, creds)
+	}()
+	wg.Wait()
+	return nil
+}
+
+// watch applies every entry of kv, watching again after a failure; after
+// each (re)load, reset drops what the bucket no longer holds.
+func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), reset func(map[string]bool)) {
+	delay := 100 * time.Millisecond
+	first := true
+	for ctx.Err() == nil {
+		w, err := kv.WatchAll(ctx)
+		if err == nil {
+			delay = 100 * time.Millisecond
+			seen := map[string]bool{}
+			loaded := false
+		loop:
+			for {
+				select {
+				case <-ctx.Done():
+					break loop
+				case e, ok := <-w.Updates():
+					if !ok {
+						err = errors.New("the watch ended")
+						break loop
+					}
+					if e == nil {
+						loaded = true
+						reset(seen)
+						if first {
+							first = false
+							f.markSynced()
+						}
+						continue
+					}
+					if !loaded && e.Operation() == jetstream.KeyValuePut {
+						seen[e.Key()] = true
+					}
+					apply(e)
+				}
+			}
+			bus.StopWatch(w)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		f.log.Warn("watch failed; watching again", "bucket", name, "err", err, "in", delay.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func deleted(e jetstream.KeyValueEntry) bool {
+	return e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+}
+
+func (f *Fleet) applyProxy(e jetstream.KeyValueEntry) {
+	id := e.Key()
+	var v events.ProxyView
+	if deleted(e) || json.Unmarshal(e.Value(), &v) != nil || v.State != events.ProxyReady || v.Address == "" {
+		f.removeProxy(id)
+		return
+	}
+	f.table.Set(route.Proxy{ID: v.ID, Pool: v.Pool, Address: v.Address, Username: v.Username})
+}
+
+func (f *Fleet) removeProxy(id string) {
+	f.table.Remove(id)
+	if f.srv != nil {
+		f.srv.Forget(id)
+	}
+}
+
+func (f *Fleet) resetProxies(seen map[string]bool) {
+	for _, id := range f.table.IDs() {
+		if !seen[id] {
+			f.removeProxy(id)
+		}
+	}
+}
+
+func (f *Fleet) poolNames() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]string, 0, len(f.pools))
+	for name := range f.pools {
+		out = append(out, name)
+	}
+	return out
+}
+
+func (f *Fleet) applyPool(e jetstream.KeyValueEntry) {
+	name := e.Key()
+	var v poolValue
+	if deleted(e) || json.Unmarshal(e.Value(), &v) != nil {
+		f.mu.Lock()
+		delete(f.pools, name)
+		f.mu.Unlock()
+		f.table.SetSpec(name, nil)
+		return
+	}
+	info := &poolInfo{}
+	if v.Spec.Auth != nil {
+		info.user = v.Spec.Auth.Username
+	}
+	if g := v.Spec.Gateway; g != nil && len(g.BanRules) > 0 {
+		rules, err := ban.Compile(g.BanRules)
+		if err != nil {
+			f.log.Warn("the pool's ban rules do not compile; the pool is served without them", "pool", name, "err", err)
+		}
+		info.rules = rules
+	}
+	f.table.SetSpec(name, v.Spec.Gateway)
+	f.mu.Lock()
+	f.pools[name] = info
+	f.mu.Unlock()
+}
+
+func (f *Fleet) resetPools(seen map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for name := range f.pools {
+		if !seen[name] {
+			delete(f.pools, name)
+		}
+	}
+}
+
+func (f *Fleet) applyCred(e jetstream.KeyValueEntry) {
+	pool := e.Key()
+	if pool == events.ProbeRecipientKey {
+		if !deleted(e) && string(e.Value()) != seal.Public(f.cfg.Key) {
+			f.log.Warn("another gateway key was announced (a gateway with another --key-file?): gateways must share one key; announcing this one again at the next demand round")
+		}
+		return
+	}
+	if deleted(e) {
+		f.mu.Lock()
+		delete(f.creds, pool)
+		f.mu.Unlock()
+		return
+	}
+	pw, err := f.open(pool, e.Value())
+	if err != nil {
+		f.log.Warn("the pool's proxy password does not open", "pool", pool, "err", err)
+	}
+	f.mu.Lock()
+	f.creds[pool] = cred{password: pw, err: err}
+	f.mu.Unlock()
+}
+
+func (f *Fleet) resetCreds(seen map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for pool := range f.creds {
+		if !seen[pool] {
+			delete(f.creds, pool)
+		}
+	}
+}
+
+// open opens one pool's sealed password. Its errors never quote the box
+// or its content.
+func (f *Fleet) open(pool string, value []byte) (string, error) {
+	var c events.ProbeCredential
+	if err := json.Unmarshal(value, &c); err != nil {
+		return "", errors.New("the sealed password does not decode")
+	}
+	plain, err := seal.Open(f.cfg.Key, &c.Sealed)
+	if errors.Is(err, seal.ErrWrongKey) {
+		return "", fmt.Errorf("%w: it was sealed to another gateway key; give every gateway the same --key-file", err)
+	}
+	if err != nil {
+		return "", err
+	}
+	var s events.ProbeSecret
+	if err := json.Unmarshal(plain, &s); err != nil {
+		return "", errors.New("the sealed password opened but does not decode")
+	}
+	if s.Pool != pool {
+		return "", fmt.Errorf("the password under %q was sealed for pool %q", pool, s.Pool)
+	}
+	return s.Password, nil
+}
+
+// announceKey writes the gateway's public key under _recipient in
+// fleet-gateway-creds unless it is there already.
+func (f *Fleet) announceKey(ctx context.Context, kv jetstream.KeyValue) error {
+	pub := seal.Public(f.cfg.Key)
+	e, err := kv.Get(ctx, events.ProbeRecipientKey)
+	if err == nil && string(e.Value()) == pub {
+		return nil
+	}
+	if _, err := kv.Put(ctx, events.ProbeRecipientKey, []byte(pub)); err != nil {
+		return fmt.Errorf("announce the gateway key in %s: %w", bus.BucketGatewayCreds, err)
+	}
+	f.log.Info("gateway key announced", "xkey", pub)
+	return nil
+}
+
+// demandLoop writes each pool's demand every DemandInterval, and keeps
+// the gateway's key announced.
+func (f *Fleet) demandLoop(ctx context.Context, demand, creds jetstream.KeyValue) {
+	t := time.NewTicker(f.cfg.DemandInterval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			f.writeDemand(ctx, demand, now.Sub(last))
+			last = now
+			if err := f.announceKey(ctx, creds); err != nil && ctx.Err() == nil {
+				f.log.Warn("announce the gateway key", "err", err)
+			}
+		}
+	}
+}
+
+// writeDemand writes the demand of every pool that exists, zero for those
+// without traffic, so the planner tells "no demand" from "no gateway".
+func (f *Fleet) writeDemand(ctx context.Context, kv jetstream.KeyValue, period time.Duration) {
+	seen := f.srv.Stats().TakeDemand()
+	now := time.Now().UTC()
+	for _, pool := range f.poolNames() {
+		d := seen[pool]
+		v := events.GatewayDemand{Pool: pool, Gateway: f.cfg.Name, Connections: int(d.Peak), At: now}
+		if period > 0 {
+			v.RequestsPerSecond = float64(d.Requests) / period.Seconds()
+		}
+		b, _ := json.Marshal(v)
+		if _, err := kv.Put(ctx, events.DemandKey(pool, f.cfg.Name), b); err != nil && ctx.Err() == nil {
+			f.log.Warn("write demand", "pool", pool, "err", err)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"github.com/nats-io/nats.go/micro"
+
+	"proxyfleet/pkg/seal"
+	"proxyfleet/services/gateway/internal/forward"
+)
+
+// ServiceName is the gateway's micro service: `nats micro info
+// fleet-gateway` lists the gateways; each answers on its own subjects.
+const ServiceName = "fleet-gateway"
+
+// Subject returns the subject of one gateway's endpoint:
+// fleet.gateway.<name>.<endpoint> (info, stats).
+func Subject(name, endpoint string) string { return "fleet.gateway." + name + "." + endpoint }
+
+// Info is the reply of the info endpoint.
+type Info struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Listen  string `json:"listen"`
+	// Key is the public curve key the planner seals passwords to.
+	Key   string              `json:"key"`
+	Pools map[string]PoolInfo `json:"pools"`
+}
+
+// PoolInfo is what info says of one pool.
+type PoolInfo struct {
+	Ready    []string `json:"ready"`
+	Strategy string   `json:"strategy"`
+	Sessions int      `json:"sessions"`
+	BanRules []string `json:"banRules,omitempty"`
+	// Credentials is "none", "ok" or why the password does not open.
+	Credentials string `json:"credentials"`
+}
+
+// Stats is the reply of the stats endpoint: per pool, the requests,
+// errors, bans and bytes carried since the gateway started, the open
+// connections, and the same per proxy.
+type Stats struct {
+	Name  string                          `json:"name"`
+	Pools map[string]forward.PoolSnapshot `json:"pools"`
+}
+
+func (f *Fleet) info() Info {
+	out := Info{Name: f.cfg.Name, Version: f.cfg.Version, Listen: f.cfg.Listen, Key: seal.Public(f.cfg.Key), Pools: map[string]PoolInfo{}}
+	for _, name := range f.poolNames() {
+		pi := PoolInfo{Ready: []string{}, Strategy: f.table.Spec(name).StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none"}
+		for _, x := range f.table.Ready(name) {
+			pi.Ready = append(pi.Ready, x.ID)
+		}
+		for _, r := range f.Rules(name) {
+			pi.BanRules = append(pi.BanRules, r.Name)
+		}
+		f.mu.Lock()
+		p := f.pools[name]
+		c, ok := f.creds[name]
+		f.mu.Unlock()
+		switch {
+		case p == nil || p.user == "":
+		case !ok:
+			pi.Credentials = "not sealed to this gateway's key yet"
+		case c.err != nil:
+			pi.Credentials = c.err.Error()
+		default:
+			pi.Credentials = "ok"
+		}
+		out.Pools[name] = pi
+	}
+	return out
+}
+
+func (f *Fleet) stats() Stats {
+	return Stats{Name: f.cfg.Name, Pools: f.srv.Stats().Snapshot()}
+}
+
+func (f *Fleet) startService() (micro.Service, error) {
+	svc, err := micro.AddService(f.conn.NC, micro.Config{
+		Name:        ServiceName,
+		Version:     f.cfg.Version,
+		Description: "proxyfleet crawler gateway " + f.cfg.Name + " on " + f.cfg.Listen,
+		Metadata:    map[string]string{"name": f.cfg.Name, "listen": f.cfg.Listen},
+	})
+	if err != nil {
+		return nil, err
+	}
+	g := svc.AddGroup("fleet.gateway." + f.cfg.Name)
+	if err := g.AddEndpoint("info", micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.info()) })); err != nil {
+		return nil, err
+	}
+	if err := g.AddEndpoint("stats", micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.stats()) })); err != nil {
+		return nil, err
+	}
+	return svc, nil
+}

@@ -1,0 +1,523 @@
+// Package forward is the gateway's client side: an HTTP forward proxy
+// (absolute-form requests and CONNECT tunnels) that authenticates each
+// client, picks a ready proxy of the pool its username names
+// (route.Table), relays the request through that proxy with the pool's
+// own credentials, retries a failed attempt on another proxy, shows plain
+// HTTP responses to the pool's ban rules, and counts what it carried.
+//
+// What it learns of the fleet (credentials, ban rules) and what it tells
+// the fleet (suspect proxies, bans) go through [Fleet]; the NATS side
+// lives in package fleet.
+package forward
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/route"
+)
+
+// ProxyHeader names the proxy that carried a plain HTTP response (and a
+// CONNECT tunnel, in the 200 that opens it).
+const ProxyHeader = "X-Proxyfleet-Proxy"
+
+// maxReplayBody is the largest request body kept so a failed attempt can
+// be repeated on another proxy; a request with a larger body is sent once.
+const maxReplayBody = 1 << 20
+
+// Fleet is what the server needs of the fleet beyond the routing table.
+type Fleet interface {
+	// Known reports whether pool exists.
+	Known(pool string) bool
+	// Credentials returns the basic-auth pair proxy x demands (user ""
+	// when it demands none); an error says why the gateway cannot open
+	// the pool's password (yet).
+	Credentials(x route.Proxy) (user, password string, err error)
+	// Rules returns pool's compiled ban rules (nil: none).
+	Rules(pool string) []ban.Rule
+	// Suspect reports a proxy that failed a request, so health probes it
+	// at once. It must not block.
+	Suspect(id, reason string)
+	// Banned reports a proxy a ban rule found banned. It must not block.
+	Banned(pool string, v ban.Verdict)
+}
+
+// Authenticator decides whether a client may use pool with password.
+type Authenticator func(pool, password string) bool
+
+// Config configures a [Server].
+type Config struct {
+	Table *route.Table
+	Fleet Fleet
+	Auth  Authenticator
+	Log   *slog.Logger
+	// Metrics records what the server carried (nil: nothing is recorded
+	// beyond [Server.Stats]).
+	Metrics *Metrics
+	// DialTimeout bounds the connection to a proxy and, for a tunnel, its
+	// answer to CONNECT.
+	DialTimeout time.Duration
+	// ResponseTimeout bounds the wait for a proxy's response headers to a
+	// plain HTTP request.
+	ResponseTimeout time.Duration
+}
+
+// Server is the gateway's http.Handler.
+type Server struct {
+	cfg       Config
+	transport *http.Transport
+	detector  *ban.Detector
+	stats     *Stats
+}
+
+type upstreamKey struct{}
+
+// New returns a server for cfg.
+func New(cfg Config) *Server {
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.ResponseTimeout <= 0 {
+		cfg.ResponseTimeout = 60 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	s := &Server{
+		cfg:      cfg,
+		detector: ban.NewDetector(nil),
+		stats:    newStats(cfg.Metrics),
+		transport: &http.Transport{
+			// Each request carries the proxy it goes through; the
+			// transport keeps idle connections per proxy.
+			Proxy: func(r *http.Request) (*url.URL, error) {
+				u, _ := r.Context().Value(upstreamKey{}).(*url.URL)
+				if u == nil {
+					return nil, errors.New("no proxy chosen")
+				}
+				return u, nil
+			},
+			DialContext:           dialer.DialContext,
+			MaxIdleConns:          4096,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: cfg.ResponseTimeout,
+			DisableCompression:    true,
+		},
+	}
+	return s
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() *Stats { return s.stats }
+
+// Forget drops what the server holds of a proxy that left the fleet.
+func (s *Server) Forget(id string) {
+	s.detector.Forget(id)
+	s.stats.forget(id)
+}
+
+// Close releases idle connections to the proxies.
+func (s *Server) Close() { s.transport.CloseIdleConnections() }
+
+// ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
+// absolute-form request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
+		http.Error(w, "proxyfleet gateway: this is a forward proxy; send absolute-form requests (GET http://host/path) or CONNECT host:port, with Proxy-Authorization naming the pool", http.StatusBadRequest)
+		return
+	}
+	user, password, ok := proxyAuth(r.Header.Get("Proxy-Authorization"))
+	if !ok {
+		denied(w, "proxy authentication required: use the username <pool> or <pool>.session-<id>")
+		return
+	}
+	target, err := route.ParseUser(user)
+	if err != nil {
+		denied(w, err.Error())
+		return
+	}
+	if !s.cfg.Auth(target.Pool, password) {
+		denied(w, fmt.Sprintf("wrong password for pool %q", target.Pool))
+		return
+	}
+	if !s.cfg.Fleet.Known(target.Pool) {
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: no pool named %q (fleet.api.pool.list lists them)", target.Pool), http.StatusNotFound)
+		return
+	}
+	ps := s.stats.pool(target.Pool)
+	ps.begin()
+	defer ps.end()
+	if r.Method == http.MethodConnect {
+		s.tunnel(w, r, target)
+		return
+	}
+	s.relay(w, r, target)
+}
+
+func denied(w http.ResponseWriter, msg string) {
+	w.Header().Set("Proxy-Authenticate", `Basic realm="proxyfleet"`)
+	http.Error(w, "proxyfleet gateway: "+msg, http.StatusProxyAuthRequired)
+}
+
+// proxyAuth decodes a Basic Proxy-Authorization value.
+func proxyAuth(h string) (user, password string, ok bool) {
+	scheme, cred, found := strings.Cut(h, " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return "", "", false
+	}
+	return strings.Cut(string(raw), ":")
+}
+
+// retryable reports whether a proxy's status means it, not the client's
+// request, failed: the request is tried on another proxy.
+func retryable(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
+}
+
+// upstreamURL is the proxy URL the transport dials for x, with the pool's
+// credentials when the proxy demands them.
+func (s *Server) upstreamURL(x route.Proxy) (*url.URL, error) {
+	u := &url.URL{Scheme: "http", Host: x.Address}
+	user, pw, err := s.cfg.Fleet.Credentials(x)
+	if err != nil {
+		return nil, err
+	}
+	if user != "" {
+		u.User = url.UserPassword(user, pw)
+	}
+	return u, nil
+}
+
+// hopHeaders are meaningful for one connection only and are not relayed.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func removeHopHeaders(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, k := range strings.Split(f, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				h.Del(k)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// replayBody reads r's body so it can be sent again; ok is false when it
+// is too large to keep, and body then streams it once.
+func replayBody(r *http.Request) (body []byte, rest io.Reader, ok bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return nil, nil, true, nil
+	}
+	if r.ContentLength > maxReplayBody {
+		return nil, r.Body, false, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxReplayBody+1))
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if len(buf) > maxReplayBody {
+		return nil, io.MultiReader(bytes.NewReader(buf), r.Body), false, nil
+	}
+	return buf, nil, true, nil
+}
+
+// relay sends a plain HTTP request through a proxy of target's pool,
+// trying others when the proxy fails before answering.
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Target) {
+	start := time.Now()
+	body, stream, replayable, err := replayBody(r)
+	if err != nil {
+		http.Error(w, "proxyfleet gateway: reading the request body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
+	if !replayable {
+		retries = 0
+	}
+	var tried []string
+	for attempt := 0; ; attempt++ {
+		x, err := s.cfg.Table.Pick(target, tried...)
+		if err != nil {
+			s.fail(target.Pool, "", "no_proxy", start)
+			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		last := attempt >= retries
+		done := s.relayOnce(w, r, x, body, stream, last, start)
+		s.cfg.Table.Done(x)
+		if done {
+			return
+		}
+		tried = append(tried, x.ID)
+	}
+}
+
+// relayOnce makes one attempt through x. It returns false when the attempt
+// failed before anything reached the client and another may be made
+// (never when last).
+func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy, body []byte, stream io.Reader, last bool, start time.Time) bool {
+	u, err := s.upstreamURL(x)
+	if err != nil {
+		// Not the proxy's fault: every proxy of the pool shares it.
+		s.fail(x.Pool, x.ID, "no_credentials", start)
+		http.Error(w, "proxyfleet gateway: pool "+x.Pool+": "+err.Error(), http.StatusServiceUnavailable)
+		return true
+	}
+	out := r.Clone(context.WithValue(r.Context(), upstreamKey{}, u))
+	out.RequestURI = ""
+	out.Close = false
+	removeHopHeaders(out.Header)
+	switch {
+	case stream != nil:
+		out.Body = io.NopCloser(stream)
+	case body != nil:
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.ContentLength = int64(len(body))
+	default:
+		out.Body = nil
+	}
+	resp, err := s.transport.RoundTrip(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.fail(x.Pool, x.ID, "client_gone", start)
+			return true
+		}
+		s.suspect(x, "gateway: "+err.Error())
+		s.fail(x.Pool, x.ID, "proxy_unreachable", start)
+		if !last {
+			return false
+		}
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s failed: %v", x.ID, err), http.StatusBadGateway)
+		return true
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if retryable(resp.StatusCode) && !last {
+		s.suspect(x, fmt.Sprintf("gateway: the proxy answered %d", resp.StatusCode))
+		s.fail(x.Pool, x.ID, "proxy_status", start)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return false
+	}
+	var head []byte
+	if rules := s.cfg.Fleet.Rules(x.Pool); len(rules) > 0 {
+		if ban.NeedsBody(rules) {
+			head, _ = io.ReadAll(io.LimitReader(resp.Body, events.BanBodyLimit))
+		}
+		if v, banned := s.detector.Observe(x.ID, rules, resp.StatusCode, resp.Header, head); banned {
+			s.stats.ban(x, v.Rule)
+			s.cfg.Log.Info("proxy banned by rule", "proxy", x.ID, "pool", x.Pool, "rule", v.Rule, "matches", v.Matches)
+			s.cfg.Fleet.Banned(x.Pool, v)
+		}
+	}
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	removeHopHeaders(h)
+	h.Set(ProxyHeader, x.ID)
+	w.WriteHeader(resp.StatusCode)
+	n, _ := w.Write(head)
+	m, copyErr := io.Copy(w, resp.Body)
+	up := int64(len(body))
+	if r.ContentLength > 0 && stream != nil {
+		up = r.ContentLength
+	}
+	outcome := "ok"
+	if copyErr != nil {
+		outcome = "aborted"
+	} else if resp.StatusCode >= 500 {
+		outcome = "proxy_status"
+	}
+	s.stats.done(x, outcome, up, int64(n)+m, time.Since(start))
+	return true
+}
+
+// suspect reports x to health, without waiting.
+func (s *Server) suspect(x route.Proxy, reason string) {
+	s.cfg.Log.Warn("proxy failed a request; trying another", "proxy", x.ID, "pool", x.Pool, "reason", reason)
+	s.cfg.Fleet.Suspect(x.ID, reason)
+}
+
+// fail counts a request (or attempt) that carried nothing.
+func (s *Server) fail(pool, proxy, kind string, start time.Time) {
+	s.stats.failed(pool, proxy, kind, time.Since(start))
+}
+
+// tunnel opens a CONNECT tunnel through a proxy of target's pool, trying
+// others when the proxy cannot be reached or answers 502, 503 or 504.
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Target) {
+	start := time.Now()
+	if _, port, err := net.SplitHostPort(r.Host); err != nil || port == "" {
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: CONNECT %q: want host:port", r.Host), http.StatusBadRequest)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		http.Error(w, "proxyfleet gateway: this connection cannot carry a tunnel", http.StatusInternalServerError)
+		return
+	}
+	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
+	var tried []string
+	for attempt := 0; ; attempt++ {
+		x, err := s.cfg.Table.Pick(target, tried...)
+		if err != nil {
+			s.fail(target.Pool, "", "no_proxy", start)
+			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		done := s.tunnelOnce(w, hj, r, x, attempt >= retries, start)
+		s.cfg.Table.Done(x)
+		if done {
+			return
+		}
+		tried = append(tried, x.ID)
+	}
+}
+
+// tunnelOnce makes one attempt at a tunnel through x; it returns false
+// when another may be made.
+func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Request, x route.Proxy, last bool, start time.Time) bool {
+	var auth string
+	user, pw, err := s.cfg.Fleet.Credentials(x)
+	if err != nil {
+		s.fail(x.Pool, x.ID, "no_credentials", start)
+		http.Error(w, "proxyfleet gateway: pool "+x.Pool+": "+err.Error(), http.StatusServiceUnavailable)
+		return true
+	}
+	if user != "" {
+		auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pw))
+	}
+	up, br, resp, err := s.connect(r.Context(), x, r.Host, auth)
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.fail(x.Pool, x.ID, "client_gone", start)
+			return true
+		}
+		s.suspect(x, "gateway: "+err.Error())
+		s.fail(x.Pool, x.ID, "proxy_unreachable", start)
+		if !last {
+			return false
+		}
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s failed: %v", x.ID, err), http.StatusBadGateway)
+		return true
+	}
+	if resp.StatusCode != http.StatusOK {
+		_ = up.Close()
+		if retryable(resp.StatusCode) && !last {
+			s.suspect(x, fmt.Sprintf("gateway: the proxy answered CONNECT with %d", resp.StatusCode))
+			s.fail(x.Pool, x.ID, "proxy_status", start)
+			return false
+		}
+		// The proxy refused the tunnel (its ACL, the origin unreachable):
+		// the client learns the status, not the proxy's credentials.
+		s.fail(x.Pool, x.ID, "proxy_status", start)
+		w.Header().Set(ProxyHeader, x.ID)
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s answered CONNECT with %s", x.ID, resp.Status), resp.StatusCode)
+		return true
+	}
+	client, crw, err := hj.Hijack()
+	if err != nil {
+		_ = up.Close()
+		s.fail(x.Pool, x.ID, "client_gone", start)
+		return true
+	}
+	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+ProxyHeader+": "+x.ID+"\r\n\r\n")
+	if err == nil && br.Buffered() > 0 {
+		b, _ := br.Peek(br.Buffered())
+		_, err = client.Write(b)
+	}
+	var upN int64
+	if err == nil && crw.Reader.Buffered() > 0 {
+		b, _ := crw.Reader.Peek(crw.Reader.Buffered())
+		var n int
+		n, err = up.Write(b)
+		upN += int64(n)
+	}
+	if err != nil {
+		_ = client.Close()
+		_ = up.Close()
+		s.fail(x.Pool, x.ID, "client_gone", start)
+		return true
+	}
+	sent, received := splice(client, up)
+	s.stats.done(x, "ok", upN+sent, received, time.Since(start))
+	return true
+}
+
+// connect dials proxy x and asks it for a tunnel to host. On success the
+// returned reader holds what the proxy sent past its answer.
+func (s *Server) connect(ctx context.Context, x route.Proxy, host, auth string) (net.Conn, *bufio.Reader, *http.Response, error) {
+	d := net.Dialer{Timeout: s.cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	up, err := d.DialContext(ctx, "tcp", x.Address)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	_ = up.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
+	req := "CONNECT " + host + " HTTP/1.1\r\nHost: " + host + "\r\n"
+	if auth != "" {
+		req += "Proxy-Authorization: " + auth + "\r\n"
+	}
+	if _, err := io.WriteString(up, req+"\r\n"); err != nil {
+		_ = up.Close()
+		return nil, nil, nil, err
+	}
+	br := bufio.NewReaderSize(up, 1024)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		_ = up.Close()
+		return nil, nil, nil, fmt.Errorf("reading the answer to CONNECT: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		_ = resp.Body.Close()
+	}
+	_ = up.SetDeadline(time.Time{})
+	return up, br, resp, nil
+}
+
+// splice copies both ways between the client and the proxy until either
+// side ends, then closes both; it returns the bytes sent each way. Between
+// two TCP connections the kernel moves the bytes (splice(2)).
+func splice(client, up net.Conn) (sent, received int64) {
+	var once sync.Once
+	closeBoth := func() {
+		once.Do(func() {
+			_ = client.Close()
+			_ = up.Close()
+		})
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sent, _ = io.Copy(up, client)
+		closeBoth()
+	}()
+	received, _ = io.Copy(client, up)
+	closeBoth()
+	wg.Wait()
+	return sent, received
+}

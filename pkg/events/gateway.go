@@ -11,7 +11,7 @@ import (
 // The gateway (services/gateway) is the crawler's one endpoint in front of
 // the fleet. These are the parts of its contract other services share: the
 // pool fields that steer it ([GatewaySpec]) and the planner's autoscaling
-// ([Autoscale]), the demand it reports ([GatewayDemand] in the
+// ([Autoscale], [PoolScaledData]), the demand it reports ([GatewayDemand] in the
 // fleet-demand bucket) and the suspect reports it sends health
 // ([SuspectSubject]).
 
@@ -195,11 +195,11 @@ func (g *GatewaySpec) Clone() *GatewaySpec {
 	return &out
 }
 
-// Autoscale is how the planner is to size a pool by the demand gateways
-// report: between Min and Max proxies, one per TargetConnections open
-// connections, shrinking only after demand stayed low for ScaleDownAfter.
-// It is not a pool field yet: it becomes one with the planner's
-// autoscaling, so that no planner applies a pool whose size it ignores.
+// Autoscale is how the planner sizes a pool by the demand gateways
+// report (pool field "autoscale"): between Min and Max proxies, one per
+// TargetConnections open connections, growing at once and shrinking only
+// after demand stayed low for ScaleDownAfter. Each change of size is a
+// pool.scaled event ([PoolScaledData]) with its reason.
 type Autoscale struct {
 	Min               int      `json:"min"`
 	Max               int      `json:"max"`
@@ -214,6 +214,27 @@ func (a Autoscale) ScaleDownAfterOrDefault() time.Duration {
 		return DefaultScaleDownAfter
 	}
 	return time.Duration(a.ScaleDownAfter)
+}
+
+// Clamp returns n moved into [Min, Max].
+func (a Autoscale) Clamp(n int) int {
+	return max(a.Min, min(n, a.Max))
+}
+
+// Want is the number of proxies connections call for: one per
+// TargetConnections (rounded up), clamped into [Min, Max].
+func (a Autoscale) Want(connections int) int {
+	per := max(a.TargetConnections, 1)
+	return a.Clamp((max(connections, 0) + per - 1) / per)
+}
+
+// Clone returns a copy of a (nil for nil).
+func (a *Autoscale) Clone() *Autoscale {
+	if a == nil {
+		return nil
+	}
+	out := *a
+	return &out
 }
 
 // Validate checks a; fields are named under prefix ("autoscale").

@@ -127,3 +127,160 @@ func TestAutoscaleValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolAutoscaleValidate: the pool's autoscale field is checked with
+// the rest of the spec, each problem named under "autoscale".
+func TestPoolAutoscaleValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		a    events.Autoscale
+		want []string
+	}{
+		{"valid", events.Autoscale{Min: 2, Max: 10, TargetConnections: 4, ScaleDownAfter: events.Duration(10 * time.Second)}, nil},
+		{"min 0", events.Autoscale{Min: 0, Max: 10, TargetConnections: 4}, []string{`autoscale.min: must be 1 or more (got "0")`}},
+		{"max under min", events.Autoscale{Min: 5, Max: 4, TargetConnections: 4}, []string{`autoscale.max: must be at least min (got "4")`}},
+		{"max too large", events.Autoscale{Min: 1, Max: events.MaxPoolSize + 1, TargetConnections: 4}, []string{`autoscale.max: must be at most 100000 (got "100001")`}},
+		{"no target", events.Autoscale{Min: 1, Max: 2}, []string{`autoscale.targetConnections: must be 1 or more (got "0")`}},
+		{"negative scaleDownAfter", events.Autoscale{Min: 1, Max: 2, TargetConnections: 1, ScaleDownAfter: events.Duration(-time.Second)},
+			[]string{`autoscale.scaleDownAfter: must not be negative (got "-1s")`}},
+		{"short scaleDownAfter", events.Autoscale{Min: 1, Max: 2, TargetConnections: 1, ScaleDownAfter: events.Duration(9 * time.Second)},
+			[]string{`autoscale.scaleDownAfter: must be at least 10s (got "9s")`}},
+	}
+	for _, c := range cases {
+		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 3, Autoscale: &c.a}
+		spec.Normalize()
+		var got []string
+		var ve *events.ValidationError
+		if err := spec.Validate(); errors.As(err, &ve) {
+			for _, f := range ve.Fields {
+				got = append(got, f.Error())
+			}
+		} else if err != nil {
+			t.Fatalf("%s: %v is not a ValidationError", c.name, err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// TestAutoscaleWant: one proxy per targetConnections, rounded up, within
+// [min, max].
+func TestAutoscaleWant(t *testing.T) {
+	a := events.Autoscale{Min: 2, Max: 10, TargetConnections: 4}
+	for _, c := range []struct{ conns, want int }{
+		{0, 2}, {-1, 2}, {1, 2}, {8, 2}, {9, 3}, {12, 3}, {13, 4}, {37, 10}, {40, 10}, {41, 10}, {1 << 40, 10},
+	} {
+		if got := a.Want(c.conns); got != c.want {
+			t.Errorf("Want(%d): got %d, want %d", c.conns, got, c.want)
+		}
+	}
+	if a.ScaleDownAfterOrDefault() != events.DefaultScaleDownAfter {
+		t.Errorf("default scaleDownAfter: got %s", a.ScaleDownAfterOrDefault())
+	}
+}
+
+// TestSizeAfterApply: without autoscale a pool wants its size; with it,
+// a first apply starts from size clamped into [min, max], a re-apply of
+// an autoscaled pool keeps the current size clamped into the new bounds,
+// and turning autoscale off returns to size.
+func TestSizeAfterApply(t *testing.T) {
+	auto := func(size, lo, hi int) events.PoolSpec {
+		return events.PoolSpec{Name: "demo", Provider: "local", Size: size, Autoscale: &events.Autoscale{Min: lo, Max: hi, TargetConnections: 4}}
+	}
+	plain := events.PoolSpec{Name: "demo", Provider: "local", Size: 3}
+	a2to10 := auto(3, 2, 10)
+	cases := []struct {
+		name string
+		spec events.PoolSpec
+		prev *events.PoolSpec
+		cur  int
+		want int
+	}{
+		{"plain, new", plain, nil, 0, 3},
+		{"plain over autoscaled", plain, &a2to10, 9, 3},
+		{"autoscaled, new", auto(3, 2, 10), nil, 0, 3},
+		{"autoscaled, new, size under min", auto(1, 2, 10), nil, 0, 2},
+		{"autoscaled, new, size over max", auto(30, 2, 10), nil, 0, 10},
+		{"autoscaled over plain", auto(3, 2, 10), &plain, 7, 3},
+		{"re-apply keeps the scaled size", auto(3, 2, 10), &a2to10, 9, 9},
+		{"re-apply clamps to a lower max", auto(3, 2, 5), &a2to10, 9, 5},
+		{"re-apply clamps to a higher min", auto(3, 6, 10), &a2to10, 2, 6},
+	}
+	for _, c := range cases {
+		if got := c.spec.SizeAfterApply(c.prev, c.cur); got != c.want {
+			t.Errorf("%s: got %d, want %d", c.name, got, c.want)
+		}
+	}
+	if got := a2to10.SizeAfterScaled(12); got != 10 {
+		t.Errorf("scaled beyond max: got %d, want 10", got)
+	}
+	if got := plain.SizeAfterScaled(7); got != 3 {
+		t.Errorf("scaled event for a pool without autoscale: got %d, want its size 3", got)
+	}
+}
+
+// TestAutoscaleRoundTrip: autoscale survives the public copy and JSON
+// (it is in pool.applied), and the copy shares nothing.
+func TestAutoscaleRoundTrip(t *testing.T) {
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 3,
+		Autoscale: &events.Autoscale{Min: 2, Max: 10, TargetConnections: 4, ScaleDownAfter: events.Duration(time.Minute)}}
+	pub := spec.Public()
+	pub.Autoscale.Max = 99
+	if spec.Autoscale.Max != 10 {
+		t.Fatalf("Public shares autoscale with the original")
+	}
+	raw, err := json.Marshal(spec.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back events.PoolSpec
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Autoscale == nil || *back.Autoscale != *spec.Autoscale {
+		t.Errorf("round trip: %s", raw)
+	}
+	if !strings.Contains(string(raw), `"autoscale":{"min":2,"max":10,"targetConnections":4,"scaleDownAfter":"1m0s"}`) {
+		t.Errorf("encoding: %s", raw)
+	}
+	if raw, _ := json.Marshal(events.PoolSpec{Name: "demo", Provider: "local"}); strings.Contains(string(raw), "autoscale") {
+		t.Errorf("a spec without autoscale writes one: %s", raw)
+	}
+}
+
+// TestPoolScaledData: a scaled event needs a size within the pool limits
+// and a reason; only the planner may write one.
+func TestPoolScaledData(t *testing.T) {
+	cases := []struct {
+		d    events.PoolScaledData
+		want []string
+	}{
+		{events.PoolScaledData{Size: 10, Previous: 3, Reason: "autoscale: 37 connections for 10 proxies"}, nil},
+		{events.PoolScaledData{Size: -1, Previous: events.MaxPoolSize + 1},
+			[]string{`size: must be between 0 and 100000 (got "-1")`, `previous: must be between 0 and 100000 (got "100001")`, `reason: is required`}},
+	}
+	for _, c := range cases {
+		var got []string
+		var ve *events.ValidationError
+		if err := c.d.Validate(); errors.As(err, &ve) {
+			for _, f := range ve.Fields {
+				got = append(got, f.Error())
+			}
+		} else if err != nil {
+			t.Fatalf("%+v: %v is not a ValidationError", c.d, err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%+v: got %q, want %q", c.d, got, c.want)
+		}
+	}
+	if got := events.Writers(events.AggregatePool, events.PoolScaled); !slices.Equal(got, []string{events.WriterPlanner}) {
+		t.Errorf("writers of pool scaled: got %v, want planner only", got)
+	}
+	if fe := events.CheckEvent(events.AggregatePool, "demo", events.PoolScaled, events.SourceHealth, events.Observer{}); fe == nil || fe.Field != "source" {
+		t.Errorf("a scaled event from health: got %v, want a source error", fe)
+	}
+	if got := events.EventSubject(events.AggregatePool, "demo", events.PoolScaled); got != "fleet.evt.pool.demo.scaled" {
+		t.Errorf("subject: got %q", got)
+	}
+}

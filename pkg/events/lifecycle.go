@@ -79,6 +79,7 @@ var writers = map[string]map[string][]string{
 		PoolApplied:   {WriterPlanner},
 		PoolDeleted:   {WriterPlanner},
 		PoolCondition: {WriterPlanner},
+		PoolScaled:    {WriterPlanner},
 	},
 }
 

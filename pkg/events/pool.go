@@ -55,6 +55,11 @@ type PoolSpec struct {
 	// Gateway steers how the gateway routes the pool's traffic (nil: the
 	// defaults).
 	Gateway *GatewaySpec `json:"gateway,omitempty"`
+	// Autoscale, when set, has the planner size the pool by the demand
+	// the gateways report, between its min and max. Size stays required:
+	// it is the starting size (clamped into [min, max]); see
+	// [PoolSpec.SizeAfterApply] for what a re-apply keeps.
+	Autoscale *Autoscale `json:"autoscale,omitempty"`
 }
 
 // Egress is what a pool's proxies may reach beyond the default egress
@@ -215,6 +220,9 @@ func (p *PoolSpec) Validate() error {
 	if p.Gateway != nil {
 		p.Gateway.validate(&v, "gateway")
 	}
+	if p.Autoscale != nil {
+		p.Autoscale.Validate(&v, "autoscale")
+	}
 	if len(p.UserData) > 64<<10 {
 		v.Add("userData", "must be at most 64 KiB", "")
 	}
@@ -232,6 +240,35 @@ func containsAny(s, chars string) bool {
 	return false
 }
 
+// SizeAfterApply is the number of proxies a pool wants once spec is
+// applied over prev, the spec the pool had (nil for a pool that is new or
+// was deleted), when the pool wanted cur proxies. Without autoscale it is
+// spec.Size. With autoscale it is cur when prev was autoscaled too (a
+// re-apply keeps the size autoscaling reached), else spec.Size, the
+// starting size; either clamped into [min, max]. So turning autoscale off
+// returns the pool to its size, and turning it on starts from there.
+// Both the planner and the health projection fold pool.applied with it.
+func (p PoolSpec) SizeAfterApply(prev *PoolSpec, cur int) int {
+	if p.Autoscale == nil {
+		return p.Size
+	}
+	if prev != nil && prev.Autoscale != nil {
+		return p.Autoscale.Clamp(cur)
+	}
+	return p.Autoscale.Clamp(p.Size)
+}
+
+// SizeAfterScaled is the number of proxies a pool with spec wants after a
+// pool.scaled event to size: size clamped into the autoscale bounds, or
+// spec.Size for a pool without autoscale (a scaled event the planner
+// could not have appended after the pool's last apply changes nothing).
+func (p PoolSpec) SizeAfterScaled(size int) int {
+	if p.Autoscale == nil {
+		return p.Size
+	}
+	return p.Autoscale.Clamp(size)
+}
+
 // Public returns a copy of p without secrets, safe for events and logs.
 func (p PoolSpec) Public() PoolSpec {
 	out := p
@@ -239,6 +276,7 @@ func (p PoolSpec) Public() PoolSpec {
 	out.UserData = ""
 	out.Egress = p.Egress.Clone()
 	out.Gateway = p.Gateway.Clone()
+	out.Autoscale = p.Autoscale.Clone()
 	if p.Auth != nil {
 		out.Auth = &ProxyAuth{Username: p.Auth.Username}
 	}

@@ -8,6 +8,9 @@ import (
 const (
 	PoolApplied = "applied"
 	PoolDeleted = "deleted"
+	// PoolScaled is the planner's decision to change the size of an
+	// autoscaled pool: fleet.evt.pool.<name>.scaled ([PoolScaledData]).
+	PoolScaled = "scaled"
 
 	ProxyRequested    = "requested"
 	ProxyProvisioning = "provisioning"
@@ -61,6 +64,33 @@ func (d *PoolAppliedData) Validate() error {
 // PoolDeletedData is recorded when an operator deletes a pool.
 type PoolDeletedData struct {
 	Revision int `json:"revision"`
+}
+
+// PoolScaledData is the planner's decision to change the number of
+// proxies an autoscaled pool wants, from Previous to Size, and why:
+// "autoscale: 37 connections for 10 proxies" (up, at once) or
+// "autoscale: 3 connections for 2 proxies after 5m0s of low demand"
+// (down). The pool wants Size proxies until the next scaled or applied
+// event (see [PoolSpec.SizeAfterScaled] and [PoolSpec.SizeAfterApply]).
+type PoolScaledData struct {
+	Size     int    `json:"size"`
+	Previous int    `json:"previous"`
+	Reason   string `json:"reason"`
+}
+
+// Validate checks the data.
+func (d *PoolScaledData) Validate() error {
+	var v ValidationError
+	if d.Size < 0 || d.Size > MaxPoolSize {
+		v.Add("size", fmt.Sprintf("must be between 0 and %d", MaxPoolSize), fmt.Sprint(d.Size))
+	}
+	if d.Previous < 0 || d.Previous > MaxPoolSize {
+		v.Add("previous", fmt.Sprintf("must be between 0 and %d", MaxPoolSize), fmt.Sprint(d.Previous))
+	}
+	if d.Reason == "" {
+		v.Add("reason", "is required", "")
+	}
+	return v.Err()
 }
 
 // ProxyRequestedData is the planner's decision to create a proxy on a target.

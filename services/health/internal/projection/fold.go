@@ -324,14 +324,41 @@ func (b *batch) pool(ctx context.Context, ev *event) error {
 			return nil
 		}
 		v := Pool{
-			Name: cmp.Or(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.Size,
+			Name: cmp.Or(d.Spec.Name, name), Provider: d.Spec.Provider, Size: d.Spec.SizeAfterApply(nil, 0),
 			Spec: d.Spec.Public(), Revision: d.Revision, SecretsDigest: d.SecretsDigest,
 			CreatedAt: at, UpdatedAt: at, Seq: seq,
 		}
 		if s.exists {
 			v.CreatedAt = s.val.CreatedAt
 			v.Conditions = s.val.Conditions
+			// The planner's rule: a re-apply of an autoscaled pool keeps
+			// the size autoscaling reached, within the new bounds.
+			v.Size = d.Spec.SizeAfterApply(&s.val.Spec, s.val.Size)
+			if d.Spec.Autoscale != nil {
+				v.ScaleReason, v.ScaledAt = s.val.ScaleReason, s.val.ScaledAt
+			}
 		}
+		s.put(v)
+	case events.PoolScaled:
+		if !s.exists {
+			return nil // a pool not in the view: nothing to size
+		}
+		var d events.PoolScaledData
+		if err := env.DecodeData(&d); err != nil {
+			b.logPool(ev).Error("invalid event data; skipped", "err", err)
+			return nil
+		}
+		if s.val.Spec.Autoscale == nil {
+			// The planner appends it expecting the pool's last event, so
+			// it cannot follow an apply without autoscale; the planner's
+			// fold ignores it too.
+			b.logPool(ev).Warn("scaled event for a pool without autoscale; skipped")
+			return nil
+		}
+		v := s.val
+		v.Size = v.Spec.SizeAfterScaled(d.Size)
+		v.ScaleReason, v.ScaledAt = d.Reason, at
+		v.Seq = seq
 		s.put(v)
 	case events.PoolCondition:
 		if !s.exists {

@@ -76,7 +76,7 @@ func (e *env) append(id, kind string, data any) uint64 {
 
 func isPoolData(d any) bool {
 	switch d.(type) {
-	case events.PoolAppliedData, events.PoolDeletedData, events.PoolConditionData:
+	case events.PoolAppliedData, events.PoolDeletedData, events.PoolConditionData, events.PoolScaledData:
 		return true
 	}
 	return false
@@ -436,6 +436,52 @@ func TestPoolView(t *testing.T) {
 	}
 }
 
+// TestAutoscaledPoolView: fleet-pools shows the size the planner's last
+// scaled event set and why; a re-apply keeps it within the new bounds, and
+// a pool without autoscale wants its size again.
+func TestAutoscaledPoolView(t *testing.T) {
+	e := start(t)
+	spec := events.PoolSpec{Name: "web", Provider: "local", Size: 1, Port: 3128,
+		Autoscale: &events.Autoscale{Min: 2, Max: 10, TargetConnections: 4, ScaleDownAfter: events.Duration(time.Minute)}}
+	var got projection.Pool
+	wait := func(seq uint64) {
+		t.Helper()
+		e.eventually(fmt.Sprintf("pool web at seq %d", seq), func() bool { return e.get(bus.BucketPools, "web", &got) && got.Seq == seq })
+	}
+	wait(e.append("web", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1}))
+	if got.Size != 2 || got.ScaleReason != "" || got.Spec.Autoscale == nil || *got.Spec.Autoscale != *spec.Autoscale {
+		t.Fatalf("applied with size 1 under min 2: got size %d, reason %q, autoscale %+v; want 2, none, the spec's", got.Size, got.ScaleReason, got.Spec.Autoscale)
+	}
+	up := events.PoolScaledData{Size: 10, Previous: 2, Reason: "autoscale: 37 connections for 10 proxies"}
+	s2 := e.append("web", events.PoolScaled, up)
+	wait(s2)
+	if got.Size != 10 || got.ScaleReason != up.Reason || !got.ScaledAt.Equal(e.eventTime(s2)) {
+		t.Fatalf("scaled up: got size %d, reason %q at %v; want 10, %q at %v", got.Size, got.ScaleReason, got.ScaledAt, up.Reason, e.eventTime(s2))
+	}
+	spec.Autoscale.Max = 8
+	wait(e.append("web", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 2}))
+	if got.Size != 8 || got.ScaleReason != up.Reason || got.Revision != 2 {
+		t.Fatalf("re-applied with max 8: got size %d, reason %q, revision %d; want 8, %q, 2", got.Size, got.ScaleReason, got.Revision, up.Reason)
+	}
+	down := events.PoolScaledData{Size: 2, Previous: 8, Reason: "autoscale: 0 connections for 2 proxies after 1m0s of low demand"}
+	wait(e.append("web", events.PoolScaled, down))
+	if got.Size != 2 || got.ScaleReason != down.Reason {
+		t.Fatalf("scaled down: got size %d, reason %q; want 2, %q", got.Size, got.ScaleReason, down.Reason)
+	}
+	spec.Autoscale = nil
+	s5 := e.append("web", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 3})
+	wait(s5)
+	if got.Size != 1 || got.ScaleReason != "" || !got.ScaledAt.IsZero() {
+		t.Fatalf("autoscale off: got size %d, reason %q at %v; want its size 1 and no reason", got.Size, got.ScaleReason, got.ScaledAt)
+	}
+	// A scaled event for a pool without autoscale changes nothing.
+	e.append("web", events.PoolScaled, up)
+	e.caughtUp()
+	if !e.get(bus.BucketPools, "web", &got) || got.Size != 1 || got.Seq != s5 {
+		t.Fatalf("stray scaled event: got size %d at seq %d, want 1 at %d", got.Size, got.Seq, s5)
+	}
+}
+
 // history appends a varied log: pools (one with auth), proxies in every
 // state, a provisioning after running, a deletion and bad events.
 func history(e *env) {
@@ -444,6 +490,11 @@ func history(e *env) {
 	e.append("other", events.PoolApplied, events.PoolAppliedData{Spec: events.PoolSpec{Name: "other", Provider: "local", Size: 1, Port: 3128}, Revision: 1})
 	e.append("other", events.PoolCondition, events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionFalse, Reason: events.ReasonCapacityExhausted, Message: "t1 (1 of 1)"})
 	e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady})
+	auto := events.PoolSpec{Name: "auto", Provider: "local", Size: 3, Port: 3128, Autoscale: &events.Autoscale{Min: 2, Max: 10, TargetConnections: 4}}
+	e.append("auto", events.PoolApplied, events.PoolAppliedData{Spec: auto, Revision: 1})
+	e.append("auto", events.PoolScaled, events.PoolScaledData{Size: 10, Previous: 3, Reason: "autoscale: 37 connections for 10 proxies"})
+	auto.Autoscale.Max = 8
+	e.append("auto", events.PoolApplied, events.PoolAppliedData{Spec: auto, Revision: 2})
 	for i, last := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy, events.ProxyFailed, events.ProxyRetiring, events.ProxyDeleted} {
 		id := fmt.Sprintf("demo-%d", i)
 		e.append(id, events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: "u"})
@@ -520,6 +571,9 @@ func TestRebuildGivesIdenticalViews(t *testing.T) {
 	before := e.dump()
 	if len(before) < 8 || before["fleet-pools/demo"] == nil || before["fleet-pools/other"] == nil {
 		t.Fatalf("views hold only %v", keysOf(before))
+	}
+	if !bytes.Contains(before["fleet-pools/auto"], []byte(`"size":8,"scaleReason":"autoscale: 37 connections for 10 proxies"`)) {
+		t.Fatalf("autoscaled pool: got %s, want size 8 (scaled to 10, then max 8) with its reason", before["fleet-pools/auto"])
 	}
 	e.stop()
 

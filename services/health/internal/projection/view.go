@@ -18,7 +18,14 @@ type Proxy = events.ProxyView
 type Pool struct {
 	Name     string `json:"name"`
 	Provider string `json:"provider"`
-	Size     int    `json:"size"`
+	// Size is the number of proxies the pool wants: its spec's size, or
+	// for a pool with autoscale the size the planner's last pool.scaled
+	// event set (see [events.PoolSpec.SizeAfterApply]).
+	Size int `json:"size"`
+	// ScaleReason and ScaledAt are the reason and time of the last
+	// pool.scaled event since the pool has autoscale.
+	ScaleReason string    `json:"scaleReason,omitempty"`
+	ScaledAt    time.Time `json:"scaledAt,omitzero"`
 	// Spec is the public spec recorded by the applied event (no user-data,
 	// no password).
 	Spec          events.PoolSpec `json:"spec"`

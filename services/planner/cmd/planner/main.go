@@ -29,7 +29,8 @@ It answers the operator API as the NATS micro service "fleet-planner":
 
   fleet.api.pool.apply    {"name":"demo","provider":"local","size":3}
                           (optional: targets, image, profile, port, auth,
-                          userData, maxAge "72h", unhealthyAfter "2m")
+                          userData, maxAge "72h", unhealthyAfter "2m",
+                          egress, gateway, autoscale)
   fleet.api.pool.get      {"name":"demo"}
   fleet.api.pool.list     {}                       (a page: limit, after)
   fleet.api.pool.delete   {"name":"demo"}
@@ -64,7 +65,10 @@ longer than --provision-timeout or running longer than --ready-timeout
 without one probe through them passing, re-issues stuck commands (a create issued
 --max-create-attempts times without starting fails with class stuck and
 goes to another target), and records each pool's conditions (Ready, Placed,
-Progressing) when they change. Every
+Progressing) when they change. Every --autoscale-interval it sizes the
+pools with autoscale by the demand the gateways write into fleet-demand
+(growing at once, shrinking after the pool's scaleDownAfter of lower
+demand), each change a pool.scaled event with its reason. Every
 --gc-interval it asks each live agent for its inventory: a marked instance
 that no live proxy owns for longer than --gc-grace is deleted (instances of
 abandoned proxies and unmarked ones are never touched), and a running proxy
@@ -117,6 +121,8 @@ func run() int {
 		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 15*time.Minute,
 		"a proxy running this long (it has an address) without one probe through it passing is recorded as failed (timeout) and replaced")
+	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", 2*time.Second,
+		"period of the leader's autoscaling rounds, which size the pools with autoscale by the gateways' demand")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute,
 		"period of garbage-collection rounds (inventory requests to every live agent)")
 	fs.DurationVar(&cfg.GCGrace, "gc-grace", 10*time.Minute,

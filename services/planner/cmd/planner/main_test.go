@@ -51,7 +51,7 @@ func TestHelpExplains(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--help: %v\n%s", err, out)
 	}
-	for _, want := range []string{"fleet-planner", "fleet.api.pool.apply", "--reconcile-interval", "--create-timeout", "--provision-timeout", "--ready-timeout", "--gc-interval", "--gc-grace", "--inventory-timeout", "--snapshot-events", "--snapshot-interval", "--keep-finished", "fleet-snapshots", "fleet.api.proxy.report-ban", "maxAge", "--nats-url", "--data-dir"} {
+	for _, want := range []string{"fleet-planner", "fleet.api.pool.apply", "--reconcile-interval", "--create-timeout", "--provision-timeout", "--ready-timeout", "--gc-interval", "--autoscale-interval", "--gc-grace", "--inventory-timeout", "--snapshot-events", "--snapshot-interval", "--keep-finished", "fleet-snapshots", "fleet.api.proxy.report-ban", "maxAge", "--nats-url", "--data-dir"} {
 		if !strings.Contains(string(out), strings.TrimPrefix(want, "-")) {
 			t.Errorf("--help does not mention %s", want)
 		}

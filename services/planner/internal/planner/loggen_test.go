@@ -157,6 +157,21 @@ func (g *logGen) apply(name string, size int) {
 	g.emit(events.AggregatePool, name, events.PoolApplied, fmt.Sprintf("%s.applied.%d", name, p.revision), events.SourcePlanner, d)
 }
 
+// autoscale re-applies pool name with autoscale and has the planner
+// scale it to size, so the pool wants size proxies as after apply.
+func (g *logGen) autoscale(name string, size int) {
+	p := g.pools[name]
+	p.revision++
+	spec := events.PoolSpec{Name: name, Provider: "local", Size: 1, Port: 3128, MaxAge: events.Duration(time.Hour),
+		Autoscale: &events.Autoscale{Min: 1, Max: size + 3, TargetConnections: 10}}
+	spec.Normalize()
+	d := events.PoolAppliedData{Spec: spec.Public(), Revision: p.revision, SecretsDigest: events.PoolSecrets{}.Digest(nil)}
+	g.emit(events.AggregatePool, name, events.PoolApplied, fmt.Sprintf("%s.applied.%d", name, p.revision), events.SourcePlanner, d)
+	sd := events.PoolScaledData{Size: size, Previous: p.size, Reason: fmt.Sprintf("autoscale: %d connections for %d proxies", 10*size, size)}
+	g.emit(events.AggregatePool, name, events.PoolScaled, fmt.Sprintf("%s.scaled.g%d", name, g.n), events.SourcePlanner, sd)
+	p.size = size
+}
+
 // condition records one pool condition.
 func (g *logGen) condition(name, status, reason string) {
 	d := events.PoolConditionData{Type: events.ConditionReady, Status: status, Reason: reason, Message: reason}
@@ -304,8 +319,12 @@ func (g *logGen) step() {
 		case r < 88:
 			g.condition(p.name, events.ConditionFalse, events.ReasonNotEnoughReady)
 			g.condition(p.name, events.ConditionTrue, events.ReasonEnoughReady)
-		case r < 94: // scaled
-			g.apply(p.name, max(1, p.size+g.rng.IntN(7)-3))
+		case r < 94: // scaled, by a re-apply or by autoscaling
+			if size := max(1, p.size+g.rng.IntN(7)-3); p.revision%2 == 0 {
+				g.apply(p.name, size)
+			} else {
+				g.autoscale(p.name, size)
+			}
 		case r < 95: // deleted: every proxy retires
 			p.deleted = true
 			p.revision++

@@ -105,6 +105,10 @@ type Config struct {
 	// SnapshotInterval is the longest time between two snapshots while
 	// events arrive (default 10m; negative: no snapshot by time).
 	SnapshotInterval time.Duration
+	// AutoscaleInterval is the period of the leader's autoscaling rounds,
+	// which size the pools with autoscale by the gateways' demand
+	// (default 2s, the gateways' report interval). See autoscale.go.
+	AutoscaleInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -123,6 +127,7 @@ func (c *Config) defaults() {
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCGrace, 10*time.Minute)
 	def(&c.InventoryTimeout, 10*time.Second)
+	def(&c.AutoscaleInterval, 2*time.Second)
 	if c.KeepFinished == 0 {
 		c.KeepFinished = defaultKeepFinished
 	}
@@ -161,6 +166,14 @@ type Planner struct {
 	// time.Now except in tests, which move it ahead (maxAge is at least a
 	// minute).
 	ageNow func() time.Time
+	// scaleNow is the clock an autoscaled pool's stretch of low demand is
+	// measured with; time.Now except in tests, which move it ahead
+	// (scaleDownAfter is at least 10s).
+	scaleNow func() time.Time
+
+	// demandMu guards demand, the leader's copy of fleet-demand.
+	demandMu sync.Mutex
+	demand   demandSeen
 
 	secrets jetstream.KeyValue
 	// credReaders are health (fleet-probe-creds) and the gateway
@@ -206,7 +219,9 @@ type Planner struct {
 	rounds   atomic.Int64 // completed reconcile rounds
 	looked   atomic.Int64 // pools looked at by reconcile rounds
 	gcRounds atomic.Int64 // completed garbage-collection rounds
-	kick     chan struct{}
+	// scaleRounds counts completed autoscaling rounds.
+	scaleRounds atomic.Int64
+	kick        chan struct{}
 
 	// reconciler-only state (one goroutine).
 	ownSeq   uint64
@@ -220,6 +235,9 @@ type Planner struct {
 	// since" times, in memory only: a new leader starts the grace again.
 	orphanSince  map[orphanKey]time.Time
 	missingSince map[string]missing
+	// lowDemand is, per autoscaled pool, its current stretch of demand
+	// below its size (in memory: a new leader starts it again).
+	lowDemand map[string]lowDemand
 }
 
 // New returns a planner replica using conn. log and tracer may be nil.
@@ -243,6 +261,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 		tracer:     tracer,
 		now:        time.Now,
 		ageNow:     time.Now,
+		scaleNow:   time.Now,
 		st:         newState(log, cfg.KeepFinished),
 		agents:     map[string]agentSeen{},
 		seen:       map[string]map[string]bool{},

@@ -156,14 +156,18 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.lastSweep = time.Time{}
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
+	p.lowDemand = map[string]lowDemand{}
 	p.recoverCommands(ctx)
 	inv := make(chan inventory)
 	gctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.gatherLoop(gctx, inv) })
+	wg.Go(func() { p.watchDemand(gctx) })
 	defer func() { cancel(); wg.Wait() }()
 	t := time.NewTicker(p.cfg.ReconcileInterval)
 	defer t.Stop()
+	scale := time.NewTicker(p.cfg.AutoscaleInterval)
+	defer scale.Stop()
 	for {
 		p.reconcile(ctx)
 		select {
@@ -171,6 +175,8 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-p.kick:
+		case <-scale.C:
+			p.autoscale(ctx)
 		case in := <-inv:
 			p.collectGarbage(ctx, in)
 		}
@@ -355,7 +361,7 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 			}
 		}
 	}
-	want, reason := pool.Spec.Size, "scaled down"
+	want, reason := pool.size(), "scaled down"
 	if pool.Deleted {
 		want, reason = 0, "pool deleted"
 	}

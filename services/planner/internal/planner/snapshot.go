@@ -49,7 +49,7 @@ const snapshotObject = "planner"
 // a snapshot of any other version is not loaded (the log is replayed).
 const (
 	snapshotFormat  = "proxyfleet.planner.snapshot"
-	snapshotVersion = 1
+	snapshotVersion = 2
 )
 
 // Object metadata keys: a reader checks them before it downloads the body.
@@ -91,6 +91,8 @@ type snapPool struct {
 	LastSeq       uint64             `json:"lastSeq"`
 	ShapeRevision int                `json:"shapeRevision"`
 	Conditions    []events.Condition `json:"conditions,omitempty"`
+	Autoscaled    int                `json:"autoscaled,omitempty"`
+	ScaleReason   string             `json:"scaleReason,omitempty"`
 	Shape         string             `json:"shape,omitempty"`
 	Traceparent   string             `json:"traceparent,omitempty"`
 	Counts        map[string]int     `json:"counts,omitempty"`
@@ -148,7 +150,7 @@ func (s *state) image() *image {
 		img.pools = append(img.pools, snapPool{
 			Name: p.Name, Spec: p.Spec, Revision: p.Revision, SecretsDigest: p.SecretsDigest, Deleted: p.Deleted,
 			LastSeq: p.LastSeq, ShapeRevision: p.ShapeRevision, Conditions: append([]events.Condition(nil), p.Conditions...),
-			Shape: p.shape, Traceparent: p.traceparent, Counts: counts,
+			Autoscaled: p.Autoscaled, ScaleReason: p.ScaleReason, Shape: p.shape, Traceparent: p.traceparent, Counts: counts,
 		})
 	}
 	for _, x := range s.proxies {
@@ -237,7 +239,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		s.pools[sp.Name] = &Pool{
 			Name: sp.Name, Spec: sp.Spec, Revision: sp.Revision, SecretsDigest: sp.SecretsDigest, Deleted: sp.Deleted,
 			LastSeq: sp.LastSeq, ShapeRevision: sp.ShapeRevision, Conditions: sp.Conditions,
-			shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
+			Autoscaled: sp.Autoscaled, ScaleReason: sp.ScaleReason, shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
 		}
 	}
 	for i := range h.Proxies {

@@ -135,7 +135,11 @@ func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]strin
 	p.mu.Unlock()
 	r := p.snapshot()
 	for _, ps := range r.pools {
-		out["round pool "+ps.pool.Name] = fmt.Sprintf("%+v", ps)
+		// The spec as JSON: %+v prints its pointer fields (autoscale,
+		// gateway, egress) as addresses.
+		spec, _ := json.Marshal(ps.pool.Spec)
+		ps.pool.Spec = events.PoolSpec{}
+		out["round pool "+ps.pool.Name] = fmt.Sprintf("%+v %s", ps, spec)
 	}
 	out["round counts"] = fmt.Sprintf("%v %v %v", r.onTarget, r.poolOnTarget, r.avoid)
 	return out
@@ -366,6 +370,7 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 	last := evs[len(evs)-1].Seq
 	k := evs[len(evs)/2].Seq
 	valid := snapshotBytes(t, evs, k, nil)
+	version := fmt.Sprint(snapshotVersion)
 
 	cases := []struct {
 		name  string
@@ -380,21 +385,25 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"garbage", func() { h.putSnapshot([]byte("\x00\x01 not a snapshot"), "1", k, 0) }},
-		{"truncated", func() { h.putSnapshot(valid[:len(valid)/2], "1", k, 0) }},
+		{"garbage", func() { h.putSnapshot([]byte("\x00\x01 not a snapshot"), version, k, 0) }},
+		{"truncated", func() { h.putSnapshot(valid[:len(valid)/2], version, k, 0) }},
 		{"unknown version in the info", func() { h.putSnapshot(valid, "999", k, 0) }},
 		{"unknown version in the body", func() {
-			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Version = 999 }), "1", k, 0)
+			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Version = 999 }), version, k, 0)
 		}},
 		{"from the future", func() {
 			future := last + 1000
-			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Seq = future }), "1", future, 0)
+			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Seq = future }), version, future, 0)
 		}},
 		{"another stream's", func() {
-			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Anchor.ID = "another-stream.requested.1" }), "1", k, 0)
+			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Anchor.ID = "another-stream.requested.1" }), version, k, 0)
+		}},
+		{"the previous version's", func() {
+			// Version 1 did not keep the autoscaled size.
+			h.putSnapshot(snapshotBytes(t, evs, k, func(img *image) { img.header.Version = snapshotVersion - 1 }), fmt.Sprint(snapshotVersion-1), k, 0)
 		}},
 		{"a chunk lost", func() {
-			info := h.putSnapshot(valid, "1", k, 1024)
+			info := h.putSnapshot(valid, version, k, 1024)
 			h.dropChunk(info)
 		}},
 	}
@@ -418,7 +427,7 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 	}
 	// The valid snapshot is loaded: the cases above failed for their fault
 	// alone.
-	h.putSnapshot(valid, "1", k, 1024)
+	h.putSnapshot(valid, version, k, 1024)
 	r := h.follower("valid")
 	if r.snapLoaded != k {
 		t.Fatalf("valid snapshot: started from %d, want %d", r.snapLoaded, k)

@@ -46,6 +46,13 @@ type Pool struct {
 	// Conditions say why the pool differs from its spec, folded from
 	// condition events.
 	Conditions []events.Condition `json:"conditions,omitempty"`
+	// Autoscaled is the number of proxies an autoscaled pool wants, as
+	// its last applied or scaled event left it; 0 for a pool without
+	// autoscale. See [Pool.size].
+	Autoscaled int `json:"autoscaled,omitempty"`
+	// ScaleReason is the reason of the last scaled event since the pool
+	// became autoscaled.
+	ScaleReason string `json:"scaleReason,omitempty"`
 
 	// shape is the instance-shaping part of the applied spec.
 	shape string
@@ -78,6 +85,19 @@ func shapeOf(spec events.PoolSpec, secretsDigest string) string {
 	}
 	b, _ := json.Marshal(parts)
 	return string(b)
+}
+
+// size is the number of proxies the pool wants: its spec's size, or for
+// an autoscaled pool the size autoscaling set (never outside [min, max]).
+func (p *Pool) size() int {
+	a := p.Spec.Autoscale
+	switch {
+	case a == nil:
+		return p.Spec.Size
+	case p.Autoscaled == 0:
+		return a.Clamp(p.Spec.Size)
+	}
+	return a.Clamp(p.Autoscaled)
 }
 
 // isOutdated reports whether proxy x was requested before the last change
@@ -355,6 +375,16 @@ func (s *state) applyPool(ev bus.Event) bool {
 		if sh := shapeOf(d.Spec, d.SecretsDigest); sh != p.shape || p.ShapeRevision == 0 {
 			p.shape, p.ShapeRevision = sh, d.Revision
 		}
+		var prev *events.PoolSpec
+		if !p.Deleted && p.Revision > 0 {
+			prev = &p.Spec
+		}
+		// A re-apply keeps the size autoscaling reached (within the new
+		// bounds); a pool that stops autoscaling returns to its size.
+		p.Autoscaled = d.Spec.SizeAfterApply(prev, p.size())
+		if d.Spec.Autoscale == nil {
+			p.Autoscaled, p.ScaleReason = 0, ""
+		}
 		p.Spec = d.Spec.Public()
 		p.Revision = d.Revision
 		p.SecretsDigest = d.SecretsDigest
@@ -374,6 +404,23 @@ func (s *state) applyPool(ev bus.Event) bool {
 		}
 		p.Deleted = true
 		p.LastSeq = ev.Seq
+		return true
+	case events.PoolScaled:
+		p := s.pool(ev.ID)
+		// Decisions expect the aggregate's last sequence, whether this
+		// fold applies the event or not.
+		p.LastSeq = ev.Seq
+		var d events.PoolScaledData
+		if err := ev.DecodeData(&d); err != nil {
+			return s.skip(ev, err)
+		}
+		if p.Deleted || p.Spec.Autoscale == nil {
+			// Decided against an earlier revision: appended expecting the
+			// pool's last sequence, it cannot follow this apply.
+			return false
+		}
+		p.Autoscaled = p.Spec.SizeAfterScaled(d.Size)
+		p.ScaleReason = d.Reason
 		return true
 	case events.PoolCondition:
 		var d events.PoolConditionData
@@ -503,7 +550,13 @@ type PoolView struct {
 	// ShapeRevision is the revision at which the instance-shaping part of
 	// the spec last changed.
 	ShapeRevision int `json:"shapeRevision"`
-	// Active counts the proxies that count toward Spec.Size.
+	// Size is the number of proxies the pool wants: Spec.Size, or for an
+	// autoscaled pool the size autoscaling set last.
+	Size int `json:"size"`
+	// ScaleReason is why autoscaling set Size ("autoscale: 37 connections
+	// for 10 proxies"); "" until it scaled the pool.
+	ScaleReason string `json:"scaleReason,omitempty"`
+	// Active counts the proxies that count toward Size.
 	Active int `json:"active"`
 	// Outdated counts the active proxies requested before ShapeRevision:
 	// they are being rolled.
@@ -518,7 +571,7 @@ type PoolView struct {
 
 func (p *Pool) view() PoolView {
 	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision,
-		States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
+		Size: p.size(), ScaleReason: p.ScaleReason, States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
 	for _, x := range p.members {
 		if isActive(x.State) && p.isOutdated(*x) {
 			v.Outdated++

@@ -181,12 +181,15 @@ func TestAutoscaleFollowsDemand(t *testing.T) {
 		t.Fatalf("before any demand: size %d, reason %q; want the starting size 3 and no reason", pv.Size, pv.ScaleReason)
 	}
 
-	g1 := h.gateway("web", "g1", 30)
-	g2 := h.gateway("web", "g2", 7)
+	// Reports that do not count, then 7 connections (2 proxies, fewer
+	// than 3: nothing happens while the clock stands still), then 30 more.
 	h.gateway("other", "g1", 100)
 	stale := h.gateway("web", "g3", 100)
 	stale.stop()
 	stale.put(time.Now().Add(-time.Minute))
+	g2 := h.gateway("web", "g2", 7)
+	h.demandSeen(r, "web", 7)
+	g1 := h.gateway("web", "g1", 30)
 	h.waitFor("scaled to 10", func() bool { return len(h.scaledEvents("web")) >= 1 })
 	want := events.PoolScaledData{Size: 10, Previous: 3, Reason: "autoscale: 37 connections for 10 proxies"}
 	if got := h.scaledEvents("web"); len(got) != 1 || got[0] != want {
@@ -199,11 +202,13 @@ func TestAutoscaleFollowsDemand(t *testing.T) {
 		t.Errorf("pool.get after scaling up: size %d, reason %q; want 10, %q", pv.Size, pv.ScaleReason, want.Reason)
 	}
 
-	// Demand falls to 13 (4 proxies), then stops: nothing shrinks while
-	// the clock stands still.
-	g1.set(13)
-	g2.leave()
+	// Demand falls to 13 (4 proxies), then 6, then stops: nothing
+	// shrinks while the clock stands still.
+	g1.set(6)
 	h.demandSeen(r, "web", 13)
+	h.scaleRounds(r, 2)
+	g2.leave()
+	h.demandSeen(r, "web", 6)
 	h.scaleRounds(r, 2)
 	g1.leave()
 	h.demandSeen(r, "web", 0)

@@ -266,3 +266,90 @@ func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
 		return err == nil && code == 200 && via != victim && via != ""
 	})
 }
+
+// TestGatewayAutoscale is demand-driven sizing end to end: 40 slow
+// connections through the gateway against a pool with autoscale {min 2,
+// max 10, targetConnections 4} grow it to 10 ready proxies; once the load
+// stops, it returns to 2 after scaleDownAfter; every step is a
+// pool.scaled event with its reason.
+func TestGatewayAutoscale(t *testing.T) {
+	release := make(chan struct{})
+	var holding atomic.Int64
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			holding.Add(1)
+			defer holding.Add(-1)
+			select {
+			case <-release:
+			case <-time.After(3 * time.Minute):
+			}
+		}
+		io.WriteString(w, "done")
+	}))
+	t.Cleanup(site.Close)
+	f := newFleet(t)
+	f.allow(site)
+	f.dumpLogsOnFailure()
+	f.startAll()
+	gw := f.startGateway()
+	f.mustReq("fleet.api.pool.apply", `{"name":"auto","provider":"local","size":2,
+		"autoscale":{"min":2,"max":10,"targetConnections":4,"scaleDownAfter":"10s"}}`)
+	f.waitPool("auto", 2, "ready", 60*time.Second)
+	scaled := events.EventSubject(events.AggregatePool, "auto", events.PoolScaled)
+	if n := f.eventCount(scaled); n != 0 {
+		t.Fatalf("%d scaled events before any load", n)
+	}
+
+	c := gatewayClient(t, gw, "auto")
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, _, _, err := viaGateway(c, site.URL+"/slow"); err != nil || code != 200 {
+				failed.Add(1)
+			}
+		}()
+	}
+	loadStopped := false
+	stopLoad := func() {
+		if !loadStopped {
+			loadStopped = true
+			close(release)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stopLoad)
+	waitFor(t, 30*time.Second, "40 slow requests held at the origin", func() bool { return holding.Load() == 40 })
+	f.waitPool("auto", 10, "ready", 120*time.Second)
+	up := lastScaled(t, f, scaled)
+	if up.Size != 10 || !strings.HasPrefix(up.Reason, "autoscale: ") || !strings.Contains(up.Reason, "connections for 10 proxies") {
+		t.Errorf("scale-up event: %+v; want size 10 with a reason like %q", up, "autoscale: 40 connections for 10 proxies")
+	}
+
+	stopLoad()
+	if n := failed.Load(); n != 0 {
+		t.Errorf("%d of the 40 slow requests failed", n)
+	}
+	stoppedAt := time.Now()
+	f.waitPool("auto", 2, "ready", 120*time.Second)
+	if took := time.Since(stoppedAt); took < 10*time.Second {
+		t.Errorf("back to 2 proxies %v after the load stopped; want no sooner than scaleDownAfter (10s)", took)
+	}
+	down := lastScaled(t, f, scaled)
+	if down.Size != 2 || !strings.Contains(down.Reason, "low demand") {
+		t.Errorf("scale-down event: %+v; want size 2 with a reason naming the low demand", down)
+	}
+	t.Logf("scaled events: %d; up: %q; down: %q", f.eventCount(scaled), up.Reason, down.Reason)
+}
+
+func lastScaled(t *testing.T, f *fleet, subject string) events.PoolScaledData {
+	t.Helper()
+	var d events.PoolScaledData
+	env, err := events.DecodeEnvelope(lastEventOf(t, f, subject).Data)
+	if err != nil || env.DecodeData(&d) != nil {
+		t.Fatalf("scaled event: %v", err)
+	}
+	return d
+}

@@ -56,6 +56,7 @@ type flags struct {
 	responseTimeout time.Duration
 	demandInterval  time.Duration
 	syncTimeout     time.Duration
+	cooldown        time.Duration
 }
 
 func parse(args []string) (*flags, error) {
@@ -73,6 +74,7 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", 5*time.Second, "bound of the connection to a proxy (and of its answer to CONNECT) before the attempt fails over")
 	fs.DurationVar(&f.responseTimeout, "response-timeout", 60*time.Second, "bound of the wait for a proxy's response headers to a plain HTTP request")
 	fs.DurationVar(&f.demandInterval, "demand-interval", 2*time.Second, "how often each pool's demand is written to fleet-demand (at most 10s: the bucket keeps a report 15s)")
+	fs.DurationVar(&f.cooldown, "cooldown", 10*time.Second, "how long new connections avoid a proxy that failed one (it is reported to health, which probes it at once, once per cooldown); all cooling proxies are used when no other is left")
 	fs.DurationVar(&f.syncTimeout, "sync-timeout", 30*time.Second, "how long to wait for the fleet's views before accepting clients anyway")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -83,8 +85,8 @@ func parse(args []string) (*flags, error) {
 	if f.demandInterval <= 0 || f.demandInterval > 10*time.Second {
 		return nil, fmt.Errorf("--demand-interval %s: want more than 0 and at most 10s", f.demandInterval)
 	}
-	if f.dialTimeout <= 0 || f.responseTimeout <= 0 {
-		return nil, errors.New("--dial-timeout and --response-timeout must be more than 0")
+	if f.dialTimeout <= 0 || f.responseTimeout <= 0 || f.cooldown <= 0 {
+		return nil, errors.New("--dial-timeout, --response-timeout and --cooldown must be more than 0")
 	}
 	loopback, err := bus.ListenIsLoopback(f.listen)
 	if err != nil {
@@ -189,7 +191,7 @@ func run(f *flags) error {
 	}
 	srv := forward.New(forward.Config{
 		Table: table, Fleet: view, Auth: auth, Log: log, Metrics: metrics,
-		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout,
+		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout, Cooldown: f.cooldown,
 	})
 	defer srv.Close()
 

@@ -74,6 +74,10 @@ type Config struct {
 	// ResponseTimeout bounds the wait for a proxy's response headers to a
 	// plain HTTP request.
 	ResponseTimeout time.Duration
+	// Cooldown is how long new connections avoid a proxy that failed one
+	// (route.Table.Cool); the failure is reported to health once per
+	// cooldown. Default 10s.
+	Cooldown time.Duration
 }
 
 // Server is the gateway's http.Handler.
@@ -96,6 +100,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Cooldown <= 0 {
+		cfg.Cooldown = 10 * time.Second
 	}
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	s := &Server{
@@ -356,9 +363,13 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	return true
 }
 
-// suspect reports x to health, without waiting.
+// suspect has new connections avoid x for a while and, once per such
+// period, reports it to health, without waiting.
 func (s *Server) suspect(x route.Proxy, reason string) {
-	s.cfg.Log.Warn("proxy failed a request; trying another", "proxy", x.ID, "pool", x.Pool, "reason", reason)
+	if !s.cfg.Table.Cool(x.ID, s.cfg.Cooldown) {
+		return
+	}
+	s.cfg.Log.Warn("proxy failed a request; avoiding it while health probes it", "proxy", x.ID, "pool", x.Pool, "reason", reason, "for", s.cfg.Cooldown.String())
 	s.cfg.Fleet.Suspect(x.ID, reason)
 }
 

@@ -245,8 +245,13 @@ func TestFailoverOnADeadProxy(t *testing.T) {
 	}
 	h.fleet.mu.Lock()
 	defer h.fleet.mu.Unlock()
-	if len(h.fleet.suspects) == 0 || h.fleet.suspects[0] != "p-a" {
-		t.Errorf("suspects reported: %v; want p-a", h.fleet.suspects)
+	// After its first failure p-a cools: later requests go to p-b at
+	// once, and p-a is reported once.
+	if len(h.fleet.suspects) != 1 || h.fleet.suspects[0] != "p-a" {
+		t.Errorf("suspects reported: %v; want p-a once", h.fleet.suspects)
+	}
+	if st := h.srv.Stats().Snapshot()["p"]; st.Proxies["p-a"].Errors != 1 {
+		t.Errorf("failed attempts at p-a: %d; want 1 (it cools after the first)", st.Proxies["p-a"].Errors)
 	}
 }
 

@@ -96,6 +96,9 @@ type pool struct {
 	open     map[string]int
 	next     int
 	sessions map[string]*session
+	// cool holds the proxies that failed a request lately and until when
+	// new connections avoid them (see [Table.Cool]).
+	cool map[string]time.Time
 }
 
 type session struct {
@@ -114,7 +117,7 @@ func NewTable(now func() time.Time) *Table {
 func (t *Table) poolLocked(name string) *pool {
 	p := t.pools[name]
 	if p == nil {
-		p = &pool{proxies: map[string]Proxy{}, open: map[string]int{}, sessions: map[string]*session{}}
+		p = &pool{proxies: map[string]Proxy{}, open: map[string]int{}, sessions: map[string]*session{}, cool: map[string]time.Time{}}
 		t.pools[name] = p
 	}
 	return p
@@ -172,6 +175,37 @@ func (t *Table) removeLocked(id string) {
 		p.ids = slices.Delete(p.ids, i, i+1)
 	}
 	delete(p.proxies, id)
+	delete(p.cool, id)
+}
+
+// Cool has new connections avoid proxy id for d: it failed a request, and
+// until health's probes decide, the pool's other proxies are tried first
+// (a proxy that vanished without a reset would cost each request routed
+// to it a whole dial timeout). When every candidate is cooling, they are
+// used all the same. It reports whether id was not cooling already, so
+// the caller reports a failing proxy once per cooling period.
+func (t *Table) Cool(id string, d time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	name, ok := t.byID[id]
+	if !ok {
+		return false
+	}
+	p := t.pools[name]
+	now := t.now()
+	was := p.cool[id]
+	p.cool[id] = now.Add(d)
+	return !now.Before(was)
+}
+
+// coolingLocked reports whether proxy id of p is avoided at now.
+func coolingLocked(p *pool, id string, now time.Time) bool {
+	until, ok := p.cool[id]
+	if ok && !now.Before(until) {
+		delete(p.cool, id)
+		return false
+	}
+	return ok
 }
 
 // IDs returns the ids of every ready proxy the table holds.
@@ -221,7 +255,7 @@ func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 			s = nil
 		}
 		if s != nil {
-			if x, ok := p.proxies[s.proxy]; ok && !slices.Contains(exclude, s.proxy) {
+			if x, ok := p.proxies[s.proxy]; ok && !slices.Contains(exclude, s.proxy) && (!coolingLocked(p, s.proxy, now) || t.allCoolingLocked(p, exclude, now)) {
 				s.until = now.Add(p.spec.SessionTTLOrDefault())
 				p.open[x.ID]++
 				return x, nil
@@ -237,6 +271,17 @@ func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 	}
 	if len(candidates) == 0 {
 		return Proxy{}, fmt.Errorf("pool %q: %w besides the %d tried", target.Pool, ErrNoProxy, len(exclude))
+	}
+	if len(p.cool) > 0 {
+		warm := candidates[:0:0]
+		for _, id := range candidates {
+			if !coolingLocked(p, id, now) {
+				warm = append(warm, id)
+			}
+		}
+		if len(warm) > 0 {
+			candidates = warm
+		}
 	}
 	var id string
 	switch p.spec.StrategyOrDefault() {
@@ -262,6 +307,17 @@ func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 	}
 	p.open[id]++
 	return p.proxies[id], nil
+}
+
+// allCoolingLocked reports whether every proxy of p not in exclude is
+// cooling.
+func (t *Table) allCoolingLocked(p *pool, exclude []string, now time.Time) bool {
+	for _, id := range p.ids {
+		if !slices.Contains(exclude, id) && !coolingLocked(p, id, now) {
+			return false
+		}
+	}
+	return true
 }
 
 // expireLocked drops the pool's sessions past their TTL.

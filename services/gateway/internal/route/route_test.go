@@ -227,3 +227,48 @@ func TestProxyMovesPool(t *testing.T) {
 		t.Fatalf("a %v, b %v", tb.Ready("a"), tb.Ready("b"))
 	}
 }
+
+func TestCoolingProxiesAreAvoidedUntilNoneIsLeft(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tb := NewTable(func() time.Time { return now })
+	for _, id := range []string{"a", "b", "c"} {
+		tb.Set(Proxy{ID: id, Pool: "p", Address: id + ":1"})
+	}
+	if !tb.Cool("b", 10*time.Second) {
+		t.Fatal("Cool of a proxy not cooling: false")
+	}
+	if tb.Cool("b", 10*time.Second) {
+		t.Error("Cool of a proxy already cooling: true; want false (reported once)")
+	}
+	for i := range 6 {
+		x, err := tb.Pick(Target{Pool: "p"})
+		if err != nil || x.ID == "b" {
+			t.Fatalf("pick %d while b cools: %v %v", i, x.ID, err)
+		}
+		tb.Done(x)
+	}
+	// A session pinned to a proxy that starts cooling moves.
+	tb.Cool("c", 10*time.Second)
+	x, _ := tb.Pick(Target{Pool: "p", Session: "s"})
+	if x.ID != "a" {
+		t.Fatalf("session's first pick with b and c cooling: %s; want a", x.ID)
+	}
+	tb.Cool("a", 10*time.Second)
+	// Everything cools: they are used all the same, the session stays.
+	if x, err := tb.Pick(Target{Pool: "p", Session: "s"}); err != nil || x.ID != "a" {
+		t.Errorf("session pick with every proxy cooling: %v %v; want a", x.ID, err)
+	}
+	if _, err := tb.Pick(Target{Pool: "p"}); err != nil {
+		t.Errorf("pick with every proxy cooling: %v; want one of them", err)
+	}
+	// The period ends: b is picked again.
+	now = now.Add(11 * time.Second)
+	seen := map[string]bool{}
+	for range 3 {
+		x, _ := tb.Pick(Target{Pool: "p"})
+		seen[x.ID] = true
+	}
+	if !seen["b"] || !tb.Cool("b", time.Second) {
+		t.Errorf("after the cooldown: picks %v, want b among them and a new cooling period reported", seen)
+	}
+}

@@ -187,7 +187,10 @@ func (f *Fleet) Banned(pool string, v ban.Verdict) {
 				return
 			}
 		}
-		f.log.Warn("report a banned proxy", "proxy", v.Proxy, "pool", pool, "rule", v.Rule, "err", err)
+		f.log.Warn("report a banned proxy; it is reported again when its responses match the rule again", "proxy", v.Proxy, "pool", pool, "rule", v.Rule, "err", err)
+		if f.srv != nil {
+			f.srv.Rearm(v.Proxy)
+		}
 	}()
 }
 

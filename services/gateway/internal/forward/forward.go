@@ -139,6 +139,10 @@ func (s *Server) Forget(id string) {
 	s.stats.forget(id)
 }
 
+// Rearm lets the ban rules report proxy id again: its last report did not
+// reach the planner.
+func (s *Server) Rearm(id string) { s.detector.Forget(id) }
+
 // Close releases idle connections to the proxies.
 func (s *Server) Close() { s.transport.CloseIdleConnections() }
 

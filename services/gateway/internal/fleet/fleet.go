@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
@@ -100,6 +101,9 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 	}
 	if cfg.DemandInterval <= 0 {
 		cfg.DemandInterval = 2 * time.Second
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildinfo.Version
 	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
 		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3}, nil

@@ -1,0 +1,217 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
+	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/forward"
+	"proxyfleet/services/gateway/internal/route"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func put(t *testing.T, kv jetstream.KeyValue, key string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), key, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func bucket(t *testing.T, c *bus.Conn, name string) jetstream.KeyValue {
+	t.Helper()
+	kv, err := c.JS.KeyValue(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// TestFleetFollowsTheViews runs the gateway's NATS side on an embedded
+// server: the views become the routing table, the pool's password sealed
+// to the gateway's announced key opens, demand is written, suspects and
+// bans are sent where health and the planner listen, and the micro
+// service answers.
+func TestFleetFollowsTheViews(t *testing.T) {
+	conn := bustest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools, proxies := bucket(t, conn, bus.BucketPools), bucket(t, conn, bus.BucketProxies)
+	creds, demand := bucket(t, conn, bus.BucketGatewayCreds), bucket(t, conn, bus.BucketDemand)
+
+	// Present before the gateway starts: a pool with auth and ban rules,
+	// a ready proxy, one still running, and a stale _recipient.
+	put(t, pools, "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 2,
+		Auth:    &events.ProxyAuth{Username: "crawl"},
+		Gateway: &events.GatewaySpec{Strategy: events.StrategyLeastConnections, BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}}}}}})
+	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:1"})
+	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyRunning, Address: "127.0.0.1:2"})
+	if _, err := creds.Put(ctx, events.ProbeRecipientKey, []byte("not-this-gateway")); err != nil {
+		t.Fatal(err)
+	}
+
+	table := route.NewTable(nil)
+	f, err := New(conn, table, Config{Name: "gw1", Key: key, DemandInterval: 200 * time.Millisecond, Listen: "127.0.0.1:8888"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string) bool { return true }})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, srv) }()
+	select {
+	case <-f.Synced():
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("not synced within 20s")
+	}
+	if ids := table.IDs(); len(ids) != 1 || ids[0] != "p-a" {
+		t.Errorf("routing table after sync: %v; want the ready p-a only", ids)
+	}
+	if !f.Known("p") || f.Known("q") || table.Spec("p").StrategyOrDefault() != events.StrategyLeastConnections || len(f.Rules("p")) != 1 {
+		t.Errorf("pool p not loaded with its gateway settings")
+	}
+	e, err := creds.Get(ctx, events.ProbeRecipientKey)
+	if err != nil || string(e.Value()) != seal.Public(key) {
+		t.Fatalf("announced key %q, %v; want the gateway's", e.Value(), err)
+	}
+	// The pool demands a password the planner has not sealed yet.
+	if _, _, err := f.Credentials(route.Proxy{ID: "p-a", Pool: "p"}); err == nil || !strings.Contains(err.Error(), "none is sealed") {
+		t.Errorf("credentials before sealing: %v; want an error saying none is sealed", err)
+	}
+	// The planner seals it, as planner/probecreds.go does.
+	plain, _ := json.Marshal(events.ProbeSecret{Pool: "p", Password: "pool-password-1"})
+	box, err := seal.Seal(plain, seal.Public(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, creds, "p", events.ProbeCredential{Revision: 1, Sealed: *box})
+	waitFor(t, "the sealed password to open", func() bool {
+		u, pw, err := f.Credentials(route.Proxy{ID: "p-a", Pool: "p"})
+		return err == nil && u == "crawl" && pw == "pool-password-1"
+	})
+	// A box copied under another pool's name does not open as its password.
+	put(t, pools, "q", map[string]any{"name": "q", "spec": events.PoolSpec{Name: "q", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "crawl"}}})
+	put(t, creds, "q", events.ProbeCredential{Revision: 1, Sealed: *box})
+	waitFor(t, "q's copied box to be refused", func() bool {
+		_, _, err := f.Credentials(route.Proxy{ID: "q-a", Pool: "q"})
+		return err != nil && strings.Contains(err.Error(), `sealed for pool "p"`)
+	})
+
+	// Transitions: p-b gets ready, p-a leaves, p-b's key is deleted.
+	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:2"})
+	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyUnhealthy, Address: "127.0.0.1:1"})
+	waitFor(t, "p-b ready and p-a gone from the table", func() bool {
+		ids := table.IDs()
+		return len(ids) == 1 && ids[0] == "p-b"
+	})
+	if err := proxies.Delete(ctx, "p-b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted p-b gone from the table", func() bool { return len(table.IDs()) == 0 })
+
+	// Demand: every known pool, zero without traffic.
+	waitFor(t, "demand of pool p", func() bool {
+		e, err := demand.Get(ctx, events.DemandKey("p", "gw1"))
+		if err != nil {
+			return false
+		}
+		var d events.GatewayDemand
+		return json.Unmarshal(e.Value(), &d) == nil && d.Pool == "p" && d.Gateway == "gw1" && d.Connections == 0 && time.Since(d.At) < 10*time.Second
+	})
+
+	// Suspects reach health's subject; bans the planner's API.
+	sus, err := conn.NC.SubscribeSync(events.SuspectSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bans := make(chan string, 1)
+	if _, err := conn.NC.Subscribe(events.APISubject(events.AggregateProxy, "report-ban"), func(m *nats.Msg) {
+		bans <- string(m.Data)
+		_ = m.Respond([]byte(`{}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.Suspect("p-a", "gateway: dial refused")
+	if m, err := sus.NextMsg(10 * time.Second); err != nil || !strings.Contains(string(m.Data), `"id":"p-a"`) {
+		t.Errorf("suspect report: %v %v", m, err)
+	}
+	f.Banned("p", ban.Verdict{Proxy: "p-a", Rule: "too-many", Matches: 5})
+	select {
+	case b := <-bans:
+		if b != `{"id":"p-a","reason":"too-many"}` {
+			t.Errorf("report-ban body %s", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no report-ban request")
+	}
+
+	// The micro service.
+	m, err := conn.NC.Request(Subject("gw1", "info"), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info Info
+	if err := json.Unmarshal(m.Data, &info); err != nil || info.Name != "gw1" || info.Key != seal.Public(key) || info.Pools["p"].Credentials != "ok" || info.Pools["p"].Strategy != events.StrategyLeastConnections {
+		t.Errorf("info: %s", m.Data)
+	}
+	if m, err := conn.NC.Request(Subject("gw1", "stats"), nil, 10*time.Second); err != nil || !strings.Contains(string(m.Data), `"name":"gw1"`) {
+		t.Errorf("stats: %v %v", m, err)
+	}
+
+	// A deleted pool is forgotten, and its demand no longer written.
+	if err := pools.Delete(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pool q forgotten", func() bool { return !f.Known("q") })
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after cancel: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("Run did not return after cancel")
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, ok := range []string{"gw1", "host-8888", "a_b"} {
+		if err := CheckName(ok); err != nil {
+			t.Errorf("CheckName(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "a.b", "a b", "a*", strings.Repeat("x", 65)} {
+		if err := CheckName(bad); err == nil {
+			t.Errorf("CheckName(%q): nil; want an error", bad)
+		}
+	}
+}

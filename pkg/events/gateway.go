@@ -282,6 +282,17 @@ func DemandKey(pool, gateway string) string { return pool + "." + gateway }
 // for pool: "<pool>.*".
 func DemandFilter(pool string) string { return pool + ".*" }
 
+// ProxyErrorHeader marks a response a proxy made itself rather than
+// relayed (the origin unreachable through it), as Squid marks its own
+// error pages with [SquidErrorHeader]. The gateway retries a 502, 503 or
+// 504 on another proxy only when it carries one of the two: a site's own
+// 5xx is the site's answer, relayed as it is.
+const ProxyErrorHeader = "X-Proxyfleet-Proxy-Error"
+
+// SquidErrorHeader is the header Squid adds to the error pages it makes
+// ("ERR_CONNECT_FAIL 111").
+const SquidErrorHeader = "X-Squid-Error"
+
 // SuspectSubject is "fleet.health.suspect", where a gateway publishes a
 // [Suspect] (core NATS, no stream): a proxy that failed a client's
 // request; the health replica probing it probes it at once.

@@ -205,6 +205,17 @@ func retryable(status int) bool {
 	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
 }
 
+// proxyFailed reports whether a response to a plain HTTP request is the
+// proxy's own failure (a retryable status on an error page the proxy
+// made, marked by Squid or by proxyfleet's proxy) rather than the site's
+// answer, which is relayed as it is: retrying a site's 503 on other
+// proxies would multiply the load on a site asking for less, and cool
+// healthy proxies.
+func proxyFailed(resp *http.Response) bool {
+	return retryable(resp.StatusCode) &&
+		(resp.Header.Get(events.SquidErrorHeader) != "" || resp.Header.Get(events.ProxyErrorHeader) != "")
+}
+
 // upstreamURL is the proxy URL the transport dials for x, with the pool's
 // credentials when the proxy demands them.
 func (s *Server) upstreamURL(x route.Proxy) (*url.URL, error) {
@@ -327,7 +338,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		return true
 	}
 	defer func() { _ = resp.Body.Close() }()
-	if retryable(resp.StatusCode) && !last {
+	if proxyFailed(resp) && !last {
 		s.suspect(x, fmt.Sprintf("gateway: the proxy answered %d", resp.StatusCode))
 		s.fail(x.Pool, x.ID, "proxy_status", start)
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -360,7 +371,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	outcome := "ok"
 	if copyErr != nil {
 		outcome = "aborted"
-	} else if resp.StatusCode >= 500 {
+	} else if proxyFailed(resp) {
 		outcome = "proxy_status"
 	}
 	s.stats.done(x, outcome, up, int64(n)+m, time.Since(start))

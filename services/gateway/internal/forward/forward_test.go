@@ -48,6 +48,8 @@ func newUpstream(t *testing.T, auth string) *upstream {
 			return
 		}
 		if s := u.status.Load(); s != 0 {
+			// An error page of the proxy's own, marked as Squid marks it.
+			w.Header().Set(events.SquidErrorHeader, "ERR_CONNECT_FAIL 111")
 			w.WriteHeader(int(s))
 			return
 		}
@@ -278,6 +280,25 @@ func TestFailoverOnProxyStatusIsBounded(t *testing.T) {
 		if code, _, _ := get(t, h2.client("p"), site.URL); code != 200 {
 			t.Fatalf("request %d with two of three proxies answering 503: %d", i, code)
 		}
+	}
+}
+
+func TestASites5xxIsRelayedNotRetried(t *testing.T) {
+	var hits atomic.Int32
+	site := origin(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "come back later")
+	})
+	h := newHarness(t, &recordingFleet{}, nil, newUpstream(t, ""), newUpstream(t, ""), newUpstream(t, ""))
+	code, body, _ := get(t, h.client("p"), site.URL)
+	if code != 503 || body != "come back later" || hits.Load() != 1 {
+		t.Errorf("a site answering 503: %d %q after %d requests to it; want its 503 relayed after one", code, body, hits.Load())
+	}
+	h.fleet.mu.Lock()
+	defer h.fleet.mu.Unlock()
+	if len(h.fleet.suspects) != 0 {
+		t.Errorf("a site's 503 reported proxies %v to health", h.fleet.suspects)
 	}
 }
 

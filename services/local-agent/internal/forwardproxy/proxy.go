@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/events"
 )
 
 // Credentials is the basic-auth pair clients must present.
@@ -129,6 +130,7 @@ func New(cfg Config) *Proxy {
 				return
 			}
 			cfg.Log.Warn("forward failed", "host", r.URL.Host, "err", err)
+			w.Header().Set(events.ProxyErrorHeader, "origin unreachable")
 			http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
 		},
 	}
@@ -205,6 +207,7 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		p.cfg.Log.Warn("connect failed", "host", host, "err", err)
+		w.Header().Set(events.ProxyErrorHeader, "origin unreachable")
 		http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
 		return
 	}

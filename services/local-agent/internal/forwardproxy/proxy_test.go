@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
 )
 
@@ -223,6 +224,11 @@ func TestUnreachableOriginIs502(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	// The gateway retries on another proxy only a failure the proxy marks
+	// as its own.
+	if got := resp.Header.Get(events.ProxyErrorHeader); got != "origin unreachable" {
+		t.Errorf("%s: %q, want %q", events.ProxyErrorHeader, got, "origin unreachable")
 	}
 	if got := rawConnect(t, proxy, dead, ""); got != http.StatusBadGateway {
 		t.Fatalf("CONNECT status %d, want 502", got)

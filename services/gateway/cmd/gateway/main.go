@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"proxyfleet/pkg/buildinfo"
@@ -212,6 +213,12 @@ func run(f *flags) error {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- hs.Serve(ln) }()
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		// A tunnel holds 6 descriptors: the two sockets and a splice pipe
+		// each way (docs/performance.md#gateway).
+		log.Info("open-file limit", "limit", lim.Cur, "tunnels_at_most", lim.Cur/6)
+	}
 	authMode := "clients file " + f.clientsFile
 	if f.clientsFile == "" {
 		authMode = "any password (loopback only; give --clients-file to check them)"

@@ -24,6 +24,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"proxyfleet/pkg/events"
@@ -55,6 +56,16 @@ type Fleet interface {
 	// Banned reports a proxy a ban rule found banned. It must not block.
 	Banned(pool string, v ban.Verdict)
 }
+
+// ownLimit reports whether a dial failed for want of this process's or
+// this machine's resources (descriptors, local ports), not because of the
+// proxy: no proxy is blamed or cooled for it.
+func ownLimit(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.EADDRNOTAVAIL)
+}
+
+// copyBufs are the buffers plain HTTP responses are copied through.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // Authenticator decides whether a client may use pool with password.
 type Authenticator func(pool, password string) bool
@@ -329,6 +340,10 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 			s.fail(x.Pool, x.ID, "client_gone", start)
 			return true
 		}
+		if ownLimit(err) {
+			s.limited(w, x, err, start)
+			return true
+		}
 		s.suspect(x, "gateway: "+err.Error())
 		s.fail(x.Pool, x.ID, "proxy_unreachable", start)
 		if !last {
@@ -363,7 +378,11 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	h.Set(ProxyHeader, x.ID)
 	w.WriteHeader(resp.StatusCode)
 	n, _ := w.Write(head)
-	m, copyErr := io.Copy(w, resp.Body)
+	buf := copyBufs.Get().(*[]byte)
+	// The struct hides w's ReadFrom, which would allocate a buffer of its
+	// own per response.
+	m, copyErr := io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, *buf)
+	copyBufs.Put(buf)
 	up := int64(len(body))
 	if r.ContentLength > 0 && stream != nil {
 		up = r.ContentLength
@@ -376,6 +395,14 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	}
 	s.stats.done(x, outcome, up, int64(n)+m, time.Since(start))
 	return true
+}
+
+// limited answers a request the gateway could not carry for want of its
+// own resources.
+func (s *Server) limited(w http.ResponseWriter, x route.Proxy, err error, start time.Time) {
+	s.cfg.Log.Error("the gateway is out of descriptors or local ports; raise its open-file limit (LimitNOFILE): each tunnel holds 6", "proxy", x.ID, "err", err)
+	s.fail(x.Pool, x.ID, "gateway_limit", start)
+	http.Error(w, "proxyfleet gateway: the gateway is at its own limit ("+err.Error()+"); try again later", http.StatusServiceUnavailable)
 }
 
 // suspect has new connections avoid x for a while and, once per such
@@ -441,6 +468,10 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.fail(x.Pool, x.ID, "client_gone", start)
+			return true
+		}
+		if ownLimit(err) {
+			s.limited(w, x, err, start)
 			return true
 		}
 		s.suspect(x, "gateway: "+err.Error())

@@ -16,7 +16,7 @@ TEST_ALL_TIERS :=
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "make run's knobs (docs/local.md): PROXYFLEET_RUN_DIR (.run), PROXYFLEET_NATS_ADDR (127.0.0.1:4222),"
 	@echo "PROXYFLEET_ECHO_ADDR (127.0.0.1:8480), PROXYFLEET_GATEWAY_ADDR (127.0.0.1:8888), PROXYFLEET_PORTS (20000-20999),"

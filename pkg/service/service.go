@@ -142,7 +142,7 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.LogLevel)
 	}
 	log := telemetry.NewLogger(os.Stderr, level, name)
-	tel, err := telemetry.Setup(ctx, telemetry.Config{Service: name, MetricsAddr: f.MetricsAddr})
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Service: name, MetricsAddr: f.MetricsAddr, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}

@@ -6,6 +6,9 @@ require proxyfleet/pkg v0.0.0
 
 require (
 	github.com/kdomanski/iso9660 v0.4.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 )
 

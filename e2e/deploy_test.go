@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,15 +24,18 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/deploykeys"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/pkg/testgate"
 )
 
 // TestDeployShipped is `make test-deploy`: the shipped deploy/nats files,
 // unmodified (only their variables filled from the environment), loaded
 // into a real nats-server over TLS with generated nkeys and certificates;
-// the topology created by `planner bootstrap` as admin; planner, health and
-// local-agent started with the flags and credential files of their shipped
-// systemd units; a pool lifecycle through the operator identity; then every
+// the topology created by `planner bootstrap` as admin; planner, health,
+// local-agent and gateway started with the flags and credential files of
+// their shipped systemd units; a pool lifecycle through the operator
+// identity, with a crawler's requests through the gateway; then every
 // forbidden action is tried and must be refused.
 func TestDeployShipped(t *testing.T) {
 	natsServer := os.Getenv("PROXYFLEET_NATS_SERVER")
@@ -73,11 +78,20 @@ func TestDeployShipped(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(stateDir) })
 	f := &fleet{t: t, conn: operator, dir: t.TempDir(), stateDir: stateDir, procs: map[string]*exec.Cmd{}}
 	t.Cleanup(func() {
-		for _, n := range []string{"local-agent", "health", "planner"} {
+		for _, n := range []string{"gateway", "local-agent", "health", "planner"} {
 			f.stop(n)
 		}
 	})
 	f.dumpLogsOnFailure()
+	t.Cleanup(func() {
+		if t.Failed() {
+			l := f.log("gateway")
+			if len(l) > 6000 {
+				l = l[len(l)-6000:]
+			}
+			t.Logf("---- gateway log (tail) ----\n%s", l)
+		}
+	})
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(d.log)
@@ -87,25 +101,54 @@ func TestDeployShipped(t *testing.T) {
 
 	// Each service as its unit starts it; the extra flags tune timing and
 	// ports for a test and carry no NATS or credential flag.
-	vars := map[string]string{"NATS_URL": d.url, "METRICS_PORT": "0", "AGENT_TARGET": "t1"}
+	vars := map[string]string{"NATS_URL": d.url, "METRICS_PORT": "0", "AGENT_TARGET": "t1", "GATEWAY_LISTEN": "127.0.0.1:0"}
 	creds := map[string]string{"local-agent.nk": "agent-local-t1.nk"}
-	d.startUnit(f, "planner", secrets, vars, creds, "--reconcile-interval", "200ms")
-	d.startUnit(f, "health", secrets, vars, creds, "--echo-addr", "127.0.0.1:0", "--probe-interval", "300ms", "--probe-timeout", "2s")
+	// The gateway's clients file: crawler "dep" (the pool's name) with its
+	// own password, as `htpasswd -B` writes it.
+	const clientPassword = "deploy-client-password"
+	clientLine, err := htpasswd.Line("dep", clientPassword)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientsFile := filepath.Join(t.TempDir(), "gateway-clients")
+	if err := os.WriteFile(clientsFile, []byte(clientLine), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"/etc/proxyfleet/gateway-clients": clientsFile}
+	d.startUnit(f, "planner", secrets, vars, creds, files, "--reconcile-interval", "200ms")
+	d.startUnit(f, "health", secrets, vars, creds, files, "--echo-addr", "127.0.0.1:0", "--probe-interval", "300ms", "--probe-timeout", "2s")
 	// The proxies may reach health's echo endpoint and the test's origin,
 	// both on loopback, which the egress policy refuses otherwise.
 	org := origin(t)
-	d.startUnit(f, "local-agent", secrets, vars, creds, "--state-dir", stateDir, "--ports", "0", "--capacity", "10",
+	d.startUnit(f, "local-agent", secrets, vars, creds, files, "--state-dir", stateDir, "--ports", "0", "--capacity", "10",
 		"--egress-allow", f.echoEndpoint(), "--egress-allow", org.Listener.Addr().String())
 	f.waitAgent("local", "t1")
+	d.startUnit(f, "gateway", secrets, vars, creds, files, "--demand-interval", "1s")
+	var gatewayAddr, gatewayName string
+	waitFor(t, 60*time.Second, "the gateway to serve", func() bool {
+		l := f.log("gateway")
+		m, n := gatewayServing.FindStringSubmatch(l), gatewayNamed.FindStringSubmatch(l)
+		if m == nil || n == nil {
+			return false
+		}
+		gatewayAddr, gatewayName = m[1], n[1]
+		return true
+	})
 
-	// A pool lifecycle through the operator identity.
-	f.mustReq("fleet.api.pool.apply", `{"name":"dep","provider":"local","size":2}`)
+	// A pool lifecycle through the operator identity. The proxies demand
+	// a password: health probes with the one the planner sealed to it, the
+	// gateway relays with the one sealed to the gateways' key.
+	const proxyPassword = "deploy-proxy-password"
+	f.mustReq("fleet.api.pool.apply", `{"name":"dep","provider":"local","size":2,"auth":{"username":"crawl","password":"`+proxyPassword+`"}}`)
 	ready := f.waitPool("dep", 2, "ready", 90*time.Second)
+	readyIDs := map[string]bool{}
 	for _, p := range ready {
-		if code, body, err := getThrough(p.Address, org.URL, nil); err != nil || code != 200 || !strings.HasPrefix(body, "hello through") {
+		readyIDs[p.ID] = true
+		if code, body, err := getThrough(p.Address, org.URL, url.UserPassword("crawl", proxyPassword)); err != nil || code != 200 || !strings.HasPrefix(body, "hello through") {
 			t.Fatalf("GET through %s (%s): %d %q %v", p.ID, p.Address, code, body, err)
 		}
 	}
+	d.throughGateway(t, gatewayAddr, gatewayName, org.URL, clientPassword, readyIDs, operator)
 	// Health, under its permissions, keeps its replica key in fleet-health
 	// (what splits the probing between replicas); the operator lists it.
 	members, err := operator.JS.KeyValue(ctx, bus.BucketHealth)
@@ -123,9 +166,22 @@ func TestDeployShipped(t *testing.T) {
 	health := d.connect(t, ctx, "health", "_INBOX_health")
 	agent := d.connect(t, ctx, "agent-local-t1", "_INBOX_agent-local-t1")
 	planner := d.connect(t, ctx, "planner", "_INBOX_planner")
+	gateway := d.connect(t, ctx, "gateway", "_INBOX_gateway")
+
+	// The services ran the lifecycle without one permission violation: a
+	// subject a service needs and lacks shows here, even where the
+	// service only logs a warning and carries on.
+	for _, svc := range []string{"planner", "health", "local-agent", "gateway"} {
+		b, _ := os.ReadFile(d.log)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "Violation") && strings.Contains(l, `:proxyfleet-`+svc+`"`) {
+				t.Errorf("%s was refused a subject in normal operation: %s", svc, l)
+			}
+		}
+	}
 
 	// Only admin changes the topology.
-	for name, c := range map[string]*bus.Conn{"health": health, "operator": operator, "agent-local-t1": agent, "planner": planner} {
+	for name, c := range map[string]*bus.Conn{"health": health, "operator": operator, "agent-local-t1": agent, "planner": planner, "gateway": gateway} {
 		d.refused(t, name+" creates a stream", "$JS.API.STREAM.CREATE.EVIL", func(ctx context.Context) error {
 			_, err := c.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"}})
 			return err
@@ -174,7 +230,7 @@ func TestDeployShipped(t *testing.T) {
 	if e, err := plannerSecrets.Get(ctx, "probe.dep"); err != nil || string(e.Value()) != secret {
 		t.Fatalf("the planner cannot read fleet-secrets: %v", err)
 	}
-	for name, c := range map[string]*bus.Conn{"health": health, "operator": operator, "agent-local-t1": agent} {
+	for name, c := range map[string]*bus.Conn{"health": health, "operator": operator, "agent-local-t1": agent, "gateway": gateway} {
 		d.secretRefused(t, name, c, secret)
 	}
 	d.operatorCLI(t, secret)
@@ -230,6 +286,122 @@ func TestDeployShipped(t *testing.T) {
 	}
 	if n := countSubject(t, admin, "$KV.fleet-vmids.>"); n != 0 {
 		t.Fatal("agent-local-t1 wrote a VMID reservation")
+	}
+
+	d.gatewayRefusals(t, admin, gateway, operator)
+}
+
+// gatewayNamed finds the gateway's name in its serving line.
+var gatewayNamed = regexp.MustCompile(`"msg":"gateway serving"[^\n]*?"name":"([^"]+)"`)
+
+// throughGateway is a crawler's view of the gateway at addr under its
+// shipped identity: with the clients file's password, a GET of target goes
+// through one of the pool's ready proxies (the gateway opened the pool's
+// sealed proxy password), with a wrong one the gateway answers 407. The
+// operator then reads the gateway's info and its demand in fleet-demand.
+func (d *deployServer) throughGateway(t *testing.T, addr, name, target, password string, ready map[string]bool, operator *bus.Conn) {
+	t.Helper()
+	client := func(pw string) *http.Client {
+		tr := &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: addr, User: url.UserPassword("dep", pw)}), DisableKeepAlives: true}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	}
+	good := client(password)
+	var code int
+	var body, via string
+	var err error
+	// The planner seals the pool's password once the gateway announced
+	// its key and the pool exists; until the gateway holds it, it answers
+	// with an error.
+	waitFor(t, 60*time.Second, "a GET through the gateway", func() bool {
+		code, body, via, err = viaGateway(good, target)
+		return err == nil && code == 200
+	})
+	for range 4 {
+		code, body, via, err = viaGateway(good, target)
+		if err != nil || code != 200 || !strings.HasPrefix(body, "hello through") || !ready[via] {
+			t.Fatalf("GET through the gateway: %d %q via %q (%v); want 200 through one of %v", code, body, via, err, ready)
+		}
+	}
+	if code, _, _, err := viaGateway(client("wrong-password"), target); err != nil || code != http.StatusProxyAuthRequired {
+		t.Fatalf("GET through the gateway with a wrong client password: %d %v, want 407", code, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	msg, err := operator.NC.RequestWithContext(ctx, "fleet.gateway."+name+".info", nil)
+	if err != nil {
+		t.Fatalf("operator asks the gateway's info: %v", err)
+	}
+	var info struct {
+		Pools map[string]struct {
+			Ready       []string `json:"ready"`
+			Credentials string   `json:"credentials"`
+		} `json:"pools"`
+	}
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Pools["dep"].Credentials != "ok" || len(info.Pools["dep"].Ready) != len(ready) {
+		t.Fatalf("the gateway's info: %s (%v); want pool dep with its %d ready proxies and credentials ok", msg.Data, err, len(ready))
+	}
+	if _, err := operator.NC.RequestWithContext(ctx, "fleet.gateway."+name+".stats", nil); err != nil {
+		t.Fatalf("operator asks the gateway's stats: %v", err)
+	}
+	demand, err := operator.JS.KeyValue(ctx, bus.BucketDemand)
+	if err != nil {
+		t.Fatalf("operator opens %s: %v", bus.BucketDemand, err)
+	}
+	waitFor(t, 10*time.Second, "the gateway's demand for pool dep", func() bool {
+		_, err := demand.Get(ctx, events.DemandKey("dep", name))
+		return err == nil
+	})
+}
+
+// gatewayRefusals: the gateway's identity writes only its key in
+// fleet-gateway-creds and its demand, appends no event, and its two core
+// NATS messages (a suspect proxy for health, a ban report for the
+// planner) get through; the operator does not read the sealed passwords.
+func (d *deployServer) gatewayRefusals(t *testing.T, admin, gateway, operator *bus.Conn) {
+	t.Helper()
+	for _, subj := range []string{"$KV.fleet-gateway-creds.dep", "$KV.fleet-proxies.dep-forged", "fleet.evt.proxy.dep-forged.ready"} {
+		before := countSubject(t, admin, subj) // the planner sealed and removed dep's password
+		d.refused(t, "gateway publishes "+subj, subj, func(ctx context.Context) error {
+			_, err := gateway.JS.Publish(ctx, subj, []byte(`{}`))
+			return err
+		})
+		if n := countSubject(t, admin, subj); n != before {
+			t.Fatalf("the gateway's refused publish reached %s (%d messages, %d before)", subj, n, before)
+		}
+	}
+	d.refused(t, "gateway reads the event log", "$JS.API.DIRECT.GET."+bus.EventsStream, func(ctx context.Context) error {
+		_, err := gateway.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+bus.EventsStream, []byte(`{"seq":1}`))
+		return err
+	})
+	creds := "KV_" + bus.BucketGatewayCreds
+	d.refused(t, "operator direct-gets a sealed gateway password", "$JS.API.DIRECT.GET."+creds+".$KV."+bus.BucketGatewayCreds+".dep", func(ctx context.Context) error {
+		_, err := operator.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+creds+".$KV."+bus.BucketGatewayCreds+".dep", nil)
+		return err
+	})
+
+	sub, err := admin.NC.SubscribeSync(events.SuspectSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := admin.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := gateway.NC.Publish(events.SuspectSubject, []byte(`{"id":"dep-none","reason":"deploy test"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("the gateway's suspect report did not reach %s: %v", events.SuspectSubject, err)
+	}
+	msg, err := gateway.NC.Request("fleet.api.proxy.report-ban", []byte(`{"id":"dep-none","reason":"deploy test"}`), 10*time.Second)
+	if err != nil {
+		t.Fatalf("the gateway's ban report got no answer from the planner: %v", err)
+	}
+	// The planner's answer, not a permission error: the proxy is unknown.
+	if code := msg.Header.Get("Nats-Service-Error-Code"); code == "" || !strings.Contains(string(msg.Data), `"not_found"`) {
+		t.Fatalf("ban report of an unknown proxy: code %q %s, want the planner's not_found", code, msg.Data)
 	}
 }
 
@@ -321,9 +493,10 @@ func (d *deployServer) connect(t *testing.T, ctx context.Context, identity, inbo
 // startUnit starts service as deploy/systemd/<service>.service does: its
 // ExecStart with ${VARS} from vars, %d a credentials directory holding each
 // LoadCredential= file (copied from the generated secrets; creds maps a
-// unit's source file name to the generated one where they differ), the
+// unit's source file name to the generated one where they differ), each
+// path the unit names that files maps replaced by the test's file, the
 // binary built for the test and the state directory under the test's.
-func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds map[string]string, extra ...string) {
+func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds, files map[string]string, extra ...string) {
 	t := f.t
 	t.Helper()
 	for _, a := range extra {
@@ -377,6 +550,9 @@ func (d *deployServer) startUnit(f *fleet, service, secrets string, vars, creds 
 		})
 		if execLine[i] == "--data-dir" { // execLine[i] is the previous argument
 			a = filepath.Join(f.dir, service)
+		}
+		if p, ok := files[a]; ok {
+			a = p
 		}
 		args = append(args, a)
 	}

@@ -28,7 +28,7 @@ import (
 )
 
 // Fixed identities of deploy/nats; agents add one each.
-var Fixed = []string{"admin", "planner", "health", "operator"}
+var Fixed = []string{"admin", "planner", "health", "gateway", "operator"}
 
 // EnvFile is the file of public keys the server reads its variables from.
 const EnvFile = "nkeys.env"

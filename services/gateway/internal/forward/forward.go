@@ -336,21 +336,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	}
 	resp, err := s.transport.RoundTrip(out)
 	if err != nil {
-		if r.Context().Err() != nil {
-			s.fail(x.Pool, x.ID, "client_gone", start)
-			return true
-		}
-		if ownLimit(err) {
-			s.limited(w, x, err, start)
-			return true
-		}
-		s.suspect(x, "gateway: "+err.Error())
-		s.fail(x.Pool, x.ID, "proxy_unreachable", start)
-		if !last {
-			return false
-		}
-		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s failed: %v", x.ID, err), http.StatusBadGateway)
-		return true
+		return s.unreachable(w, r, x, err, last, start)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if proxyFailed(resp) && !last {
@@ -394,6 +380,27 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		outcome = "proxy_status"
 	}
 	s.stats.done(x, outcome, up, int64(n)+m, time.Since(start))
+	return true
+}
+
+// unreachable handles an attempt whose proxy could not be reached (or
+// broke the connection before answering): it returns true when the
+// request is answered, false when another proxy may be tried.
+func (s *Server) unreachable(w http.ResponseWriter, r *http.Request, x route.Proxy, err error, last bool, start time.Time) bool {
+	switch {
+	case r.Context().Err() != nil:
+		s.fail(x.Pool, x.ID, "client_gone", start)
+		return true
+	case ownLimit(err):
+		s.limited(w, x, err, start)
+		return true
+	}
+	s.suspect(x, "gateway: "+err.Error())
+	s.fail(x.Pool, x.ID, "proxy_unreachable", start)
+	if !last {
+		return false
+	}
+	http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s failed: %v", x.ID, err), http.StatusBadGateway)
 	return true
 }
 
@@ -466,21 +473,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	}
 	up, br, resp, err := s.connect(r.Context(), x, r.Host, auth)
 	if err != nil {
-		if r.Context().Err() != nil {
-			s.fail(x.Pool, x.ID, "client_gone", start)
-			return true
-		}
-		if ownLimit(err) {
-			s.limited(w, x, err, start)
-			return true
-		}
-		s.suspect(x, "gateway: "+err.Error())
-		s.fail(x.Pool, x.ID, "proxy_unreachable", start)
-		if !last {
-			return false
-		}
-		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s failed: %v", x.ID, err), http.StatusBadGateway)
-		return true
+		return s.unreachable(w, r, x, err, last, start)
 	}
 	if resp.StatusCode != http.StatusOK {
 		_ = up.Close()

@@ -27,6 +27,14 @@
 #   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
+#   OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables reach the
+#                         services unchanged (make observe's Jaeger:
+#                         http://127.0.0.1:4318)
+#
+# Each service serves Prometheus metrics on a port from the kernel
+# (--metrics-addr 127.0.0.1:0 unless its *_FLAGS name one); the banner
+# prints the URLs and <run-dir>/metrics-targets.json lists them for
+# Prometheus's file_sd (make observe).
 #
 # make run owns its NATS server: the services ignore the shell's NATS_URL,
 # NATS_CONTEXT and NATS_CREDS. <run-dir>/nats.env points the nats CLI of
@@ -121,6 +129,8 @@ echo $$ >"$PIDFILE"
 rm -f "$REBUILD_RESULT"
 
 declare -A pid=() # service -> pid; every service runs in a session of its own
+declare -A log_from=() # service -> size of its log before this start
+declare -A metrics=()  # service -> the address its /metrics is served on
 order=(planner health local-agent gateway)
 url=""
 
@@ -222,8 +232,39 @@ check_running() {
 start() {
 	local name=$1
 	shift
+	log_from[$name]=$(stat -c %s "$RUN/logs/$name.log" 2>/dev/null || echo 0)
 	setsid "$BIN/$name" "$@" </dev/null >>"$RUN/logs/$name.log" 2>&1 &
 	pid[$name]=$!
+}
+
+# metrics_args FLAG...: --metrics-addr 127.0.0.1:0 unless the service's
+# own flags set the address (an empty one turns its metrics off).
+metrics_args() {
+	local f
+	for f in "$@"; do
+		case "$f" in --metrics-addr | --metrics-addr=* | -metrics-addr | -metrics-addr=*) return 0 ;; esac
+	done
+	echo "--metrics-addr 127.0.0.1:0"
+}
+
+# metrics_addr NAME: the address the service logged its metrics endpoint
+# on since its last start (it logs it before connecting to NATS).
+metrics_addr() {
+	tail -c +$((${log_from[$1]:-0} + 1)) "$RUN/logs/$1.log" 2>/dev/null |
+		sed -n 's/.*"msg":"metrics endpoint serving".*"addr":"\([^"]*\)".*/\1/p' | tail -n 1
+}
+
+# write_metrics_targets writes <run-dir>/metrics-targets.json, the
+# services' metrics endpoints in Prometheus's file_sd format.
+write_metrics_targets() {
+	local name sep="" out="["
+	for name in "${order[@]}"; do
+		[ -n "${metrics[$name]:-}" ] || continue
+		out+="$sep"$'\n'"  {\"targets\":[\"${metrics[$name]}\"],\"labels\":{\"service\":\"$name\"}}"
+		sep=","
+	done
+	printf '%s\n]\n' "$out" >"$RUN/metrics-targets.json.tmp"
+	mv -f "$RUN/metrics-targets.json.tmp" "$RUN/metrics-targets.json"
 }
 
 # natsq runs the pinned nats CLI against make run's server only.
@@ -240,8 +281,12 @@ if [ "${GATEWAY_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${GATEWAY_ADDR%:*}/${GAT
 	exit 1
 fi
 
-rm -f "$RUN"/planner/planner_*.ports
-start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" "${planner_flags[@]}"
+rm -f "$RUN"/planner/planner_*.ports "$RUN/metrics-targets.json"
+read -r -a planner_metrics <<<"$(metrics_args "${planner_flags[@]}")"
+read -r -a health_metrics <<<"$(metrics_args "${health_flags[@]}")"
+read -r -a agent_metrics <<<"$(metrics_args "${agent_flags[@]}")"
+read -r -a gateway_metrics <<<"$(metrics_args "${gateway_flags[@]}")"
+start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" "${planner_metrics[@]}" "${planner_flags[@]}"
 # The embedded server writes its client URL (with the port the kernel
 # chose for port 0) to <data-dir>/<program>_<pid>.ports once it listens.
 ports_file="$RUN/planner/planner_${pid[planner]}.ports"
@@ -260,7 +305,7 @@ printf '{"url":"%s"}\n' "$url" >"$RUN/nats-context.json"
 health_args=(--nats-url "$url" --data-dir "$RUN/health" "${health_flags[@]}")
 
 echo_log_from=$(stat -c %s "$RUN/logs/health.log" 2>/dev/null || echo 0)
-start health "${health_args[@]}" --echo-addr "$ECHO_ADDR"
+start health "${health_args[@]}" "${health_metrics[@]}" --echo-addr "$ECHO_ADDR"
 # The proxies refuse loopback and this host's addresses (docs/egress.md):
 # the agent allows exactly the echo endpoint the probes fetch, so health
 # must say where it listens first. An empty PROXYFLEET_ECHO_ADDR has health
@@ -289,7 +334,7 @@ if [ -n "$ECHO_ADDR" ]; then
 	echo_url="http://$echo_addr/"
 	egress_args=(--egress-allow "$echo_addr")
 fi
-start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_flags[@]}"
+start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_metrics[@]}" "${agent_flags[@]}"
 
 # The banner's commands need an agent: the planner refuses a pool whose
 # provider no agent has announced.
@@ -302,7 +347,7 @@ done
 
 # The gateway, started last: it routes to the proxies health finds ready.
 gateway_log_from=$(stat -c %s "$RUN/logs/gateway.log" 2>/dev/null || echo 0)
-start gateway --nats-url "$url" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_flags[@]}"
+start gateway --nats-url "$url" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_metrics[@]}" "${gateway_flags[@]}"
 gateway_addr=""
 for _ in $(seq 1 600); do
 	gateway_addr=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
@@ -317,6 +362,18 @@ if [ -z "$gateway_addr" ]; then
 fi
 gateway_name=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
 	sed -n 's/.*"msg":"gateway serving".*"name":"\([^"]*\)".*/\1/p' | tail -n 1)
+
+# Every service logs its metrics endpoint before it connects to NATS, so
+# by now the lines are there; a service whose flags turned metrics off
+# has none.
+metrics_urls=""
+for name in "${order[@]}"; do
+	metrics[$name]=$(metrics_addr "$name")
+	if [ -n "${metrics[$name]}" ]; then
+		metrics_urls+="${metrics_urls:+, }$name http://${metrics[$name]}/metrics"
+	fi
+done
+write_metrics_targets
 
 cat >"$RUN/nats.env" <<EOT
 # Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
@@ -333,6 +390,12 @@ cmd() {
 echo
 echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url,"
 echo "crawler gateway at http://$gateway_addr (it accepts any password on loopback; docs/gateway.md)"
+if [ -n "$metrics_urls" ]; then
+	echo "metrics: $metrics_urls"
+fi
+if [ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-}" ]; then
+	echo "traces: OTLP to ${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-$OTEL_EXPORTER_OTLP_ENDPOINT}"
+fi
 echo "In another terminal, in this directory, point the pinned nats CLI at it:"
 echo
 cmd ". $RUN/nats.env" "PATH with ./bin; NATS_URL and NATS_CONTEXT of this server"
@@ -353,6 +416,7 @@ cat <<EOT
 
 Logs: $RUN/logs/<service>.log; each proxy's own log: $RUN/local-agent/proxies/px-…/proxy.log
 (make logs shows the last warnings and errors of every service and proxy).
+make observe in another terminal runs Prometheus and Jaeger on these services (docs/observability.md).
 Press Ctrl-C to stop.
 EOT
 
@@ -370,7 +434,8 @@ rebuild_views() {
 	start health "${health_args[@]}" --rebuild-views
 	reap "${pid[health]}"
 	unset "pid[health]"
-	start health "${health_args[@]}" --echo-addr "${echo_listen:-$ECHO_ADDR}"
+	# The same metrics address as before, so make observe's targets hold.
+	start health "${health_args[@]}" ${metrics[health]:+--metrics-addr "${metrics[health]}"} --echo-addr "${echo_listen:-$ECHO_ADDR}"
 	if [ "$status" -eq 0 ]; then
 		result="ok: views rebuilt from FLEET_EVENTS; health runs again (pid ${pid[health]})"
 	else

@@ -60,6 +60,14 @@ jaeger: $(BIN)/jaeger ## link Jaeger v2 into ./bin/jaeger (built once into ~/.ca
 observe: prometheus-install $(BIN)/jaeger ## next to make run: Prometheus on :9090 scraping its services, Jaeger v2 on :16686 (OTLP :4317/:4318); Ctrl-C stops both
 	@./scripts/observe.sh
 
+# e2e/observe_test.go's TestObserve skips without prometheus or ./bin/jaeger
+# in make test; this tier installs and builds them and forces the gate.
+.PHONY: test-observe
+test-observe: prometheus-install $(BIN)/jaeger $(BIN)/nats ## make observe next to make run: a pool of 3 in Prometheus, its trace in Jaeger (root; installs prometheus, builds jaeger)
+	cd e2e && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test $(GOTEST_FLAGS) -run 'TestObserve|TestRunBannerMetrics' .
+
+TEST_ALL_TIERS += test-observe
+
 .PHONY: test-prometheus-rules
 test-prometheus-rules: prometheus-install ## promtool: check deploy/prometheus's config and rules, run the rules' unit tests (root; installs prometheus)
 	$(PROMTOOL) check config deploy/prometheus/prometheus.yml

@@ -159,7 +159,7 @@ func run() int {
 		return 1
 	}
 	defer base.Close()
-	p, err := planner.New(base.Conn, cfg, base.Log, base.Tel.Tracer)
+	p, err := planner.New(base.Conn, cfg, base.Log, base.Tel.Tracer, base.Tel.Meter)
 	if err != nil {
 		base.Log.Error("planner", "err", err)
 		return 1

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/buildinfo"
@@ -185,12 +186,24 @@ func (p *Planner) startAPI() (micro.Service, error) {
 	return svc, nil
 }
 
-// handler runs fn in the trace the request carries, and writes its reply.
+// handler runs fn in the trace the request carries (a trace of its own
+// when it carries none), writes its reply and counts it. A refusal of the
+// request (4xx) is the API working: only a 5xx marks the span failed.
 func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
+	endpoint := metric.WithAttributes(attribute.String("endpoint", name))
 	return micro.HandlerFunc(func(req micro.Request) {
+		start := time.Now()
 		ctx := telemetry.Extract(context.Background(), nats.Header(req.Headers()))
-		ctx, span := p.tracer.Start(ctx, "planner.api."+name, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span := p.tracer.Start(ctx, "planner.api."+name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(messagingAttrs("process", req.Subject(), "")...),
+			trace.WithAttributes(attribute.String("rpc.system", "nats-micro"), attribute.String("rpc.method", name)))
 		defer span.End()
+		code := "ok"
+		defer func() {
+			span.SetAttributes(attribute.String("proxyfleet.api.code", code))
+			p.m.apiRequests.Add(ctx, 1, endpoint, metric.WithAttributes(attribute.String("code", code)))
+			p.m.apiDuration.Record(ctx, time.Since(start).Seconds(), endpoint)
+		}()
 		ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 		defer cancel()
 		out, aerr := fn(ctx, req.Data())
@@ -199,8 +212,11 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 			body, aerr = p.replyBody(out)
 		}
 		if aerr != nil {
-			span.SetStatus(codes.Error, aerr.Code)
+			code = aerr.status
 			level := p.log.InfoContext
+			if strings.HasPrefix(aerr.status, "5") {
+				span.SetStatus(codes.Error, aerr.Code+": "+aerr.Message)
+			}
 			if aerr.status == "500" {
 				level = p.log.ErrorContext
 			}
@@ -215,6 +231,26 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 			p.log.Warn("reply", "endpoint", name, "err", err)
 		}
 	})
+}
+
+// appendEvent appends one event the API decided, under a producer span
+// whose context the event carries, and counts it.
+func (p *Planner) appendEvent(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error) {
+	ctx, span := p.startPublish(ctx, events.SubjectOf(Source, aggregate, id, typ), events.EventSubject(aggregate, "{id}", typ),
+		attribute.String(aggregate, id))
+	seq, err := p.store.Append(ctx, aggregate, id, typ, msgID, data, expect)
+	switch {
+	case err == nil:
+		p.m.decided(ctx, typ, 1)
+		span.End()
+	case errors.Is(err, bus.ErrConflict):
+		// Re-read and decided again: not a failure.
+		span.AddEvent("conflict: the aggregate changed since it was read")
+		span.End()
+	default:
+		failSpan(span, err)
+	}
+	return seq, err
 }
 
 // replyBody encodes a reply and refuses one over [Planner.replyBudget]: the
@@ -282,7 +318,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 			return nil, internal("could not store the pool's secrets; nothing was applied, retry")
 		}
 		data := events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}
-		seq, err := p.store.Append(ctx, events.AggregatePool, spec.Name, events.PoolApplied,
+		seq, err := p.appendEvent(ctx, events.AggregatePool, spec.Name, events.PoolApplied,
 			decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, &bus.Expect{Seq: cur.LastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, spec.Name); err != nil {
@@ -465,7 +501,7 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 			return p.poolView(req.Name), nil
 		}
 		rev := cur.Revision + 1
-		seq, err := p.store.Append(ctx, events.AggregatePool, req.Name, events.PoolDeleted,
+		seq, err := p.appendEvent(ctx, events.AggregatePool, req.Name, events.PoolDeleted,
 			decisionID(req.Name, events.PoolDeleted, uint64(rev), events.PoolDeletedData{Revision: rev}), events.PoolDeletedData{Revision: rev}, &bus.Expect{Seq: cur.LastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, req.Name); err != nil {
@@ -635,7 +671,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		var err error
 		abandon := func(after uint64) (uint64, error) {
 			d := events.ProxyAbandonedData{Reason: reason}
-			return p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
+			return p.appendEvent(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
 				decisionID(x.ID, events.ProxyAbandoned, after, d), d, &bus.Expect{Seq: after})
 		}
 		switch {
@@ -648,7 +684,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 			seq, err = abandon(x.LastSeq)
 		default:
 			d := events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}
-			seq, err = p.store.Append(ctx, events.AggregateProxy, x.ID, events.ProxyRetiring,
+			seq, err = p.appendEvent(ctx, events.AggregateProxy, x.ID, events.ProxyRetiring,
 				decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d, &bus.Expect{Seq: x.LastSeq})
 			if err == nil && skipCleanup {
 				seq, err = abandon(seq)
@@ -665,6 +701,10 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 			return nil, internal("could not record the decision; retry")
 		}
 		p.log.InfoContext(ctx, "proxy retired by operator", "proxy", x.ID, "pool", x.Pool, "reason", reason)
+		if reasonClass(reason) == "recycled" {
+			// The fill replaces it.
+			p.m.replaced(ctx, x.Pool, reason)
+		}
 		if !skipCleanup {
 			x.Reason = reason
 			cmd := deleteCommand(x, 1)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
@@ -247,7 +249,10 @@ func (p *Planner) autoscale(ctx context.Context) {
 // scale decides that pool pl wants size proxies, for reason.
 func (p *Planner) scale(ctx context.Context, f *flight, pl scalable, size int, reason string) {
 	d := events.PoolScaledData{Size: size, Previous: pl.size, Reason: reason}
-	f.decide(traceCtx(ctx, pl.traceparent), nil, pl.name, events.AggregatePool, pl.name, &bus.Expect{Seq: pl.lastSeq},
+	// Later work of the pool's last request.
+	ctx, span := p.startWork(causedBy(ctx, pl.traceparent), "planner.scale", trace.SpanKindInternal,
+		attribute.String("pool", pl.name), attribute.Int("size", size), attribute.Int("previous", pl.size))
+	f.decide(ctx, span, pl.name, events.AggregatePool, pl.name, &bus.Expect{Seq: pl.lastSeq},
 		[]bus.Decision{{Type: events.PoolScaled, MsgID: decisionID(pl.name, events.PoolScaled, pl.lastSeq, d), Data: d}},
 		[]any{"pool", pl.name, "decision", events.PoolScaled, "size", size, "previous", pl.size, "reason", reason}, nil)
 }

@@ -100,7 +100,7 @@ func startPlanner(tb testing.TB, c *bus.Conn, cfg Config) (p *Planner, took time
 	tb.Helper()
 	conn := dialBench(tb, c)
 	start := time.Now()
-	p, err := New(conn, cfg, testLogger(), nil)
+	p, err := New(conn, cfg, testLogger(), nil, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

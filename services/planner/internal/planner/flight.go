@@ -8,9 +8,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
 )
 
@@ -81,6 +84,8 @@ type flight struct {
 type unit struct {
 	ctx  context.Context
 	span trace.Span
+	// pub is the producer span of appending the decisions.
+	pub  trace.Span
 	pool string // the pool the decisions are about
 	ds   []bus.Decision
 	what string // "<aggregate> <id> <type>", for logs
@@ -100,9 +105,10 @@ type batch struct {
 
 // commandInFlight is one command awaiting its acknowledgement.
 type commandInFlight struct {
-	ctx context.Context
-	pc  pending
-	ack jetstream.PubAckFuture
+	ctx  context.Context
+	span trace.Span // the publish span
+	pc   pending
+	ack  jetstream.PubAckFuture
 }
 
 // newFlight starts the flight of one round.
@@ -118,17 +124,8 @@ func (p *Planner) newFlight(ctx context.Context) *flight {
 func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, id string, expect *bus.Expect, ds []bus.Decision,
 	logArgs []any, stored func(context.Context, uint64)) {
 	p := f.p
-	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + ds[len(ds)-1].Type, log: logArgs, stored: stored}
-	// Each decision continues its own trace, whatever batch carries it.
-	tr := nats.Header{}
-	telemetry.Inject(ctx, tr)
-	for i, d := range ds {
-		d.Aggregate, d.ID, d.Expect, d.Trace = aggregate, id, nil, tr
-		if i == 0 {
-			d.Expect = expect
-		}
-		u.ds = append(u.ds, d)
-	}
+	typ := ds[len(ds)-1].Type
+	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + typ, log: logArgs, stored: stored}
 	l := p.leading.Load()
 	if l == nil {
 		p.log.DebugContext(ctx, "not leading: decision not sent", "decision", u.what)
@@ -141,6 +138,20 @@ func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, i
 			endSpan(span)
 			return
 		}
+	}
+	// Each decision continues its own trace, whatever batch carries it:
+	// its events carry the context of its publish span.
+	pctx, pub := p.startPublish(ctx, events.SubjectOf(Source, aggregate, id, typ), events.EventSubject(aggregate, "{id}", typ),
+		attribute.String(aggregate, id))
+	u.pub = pub
+	tr := nats.Header{}
+	telemetry.Inject(pctx, tr)
+	for i, d := range ds {
+		d.Aggregate, d.ID, d.Expect, d.Trace = aggregate, id, nil, tr
+		if i == 0 {
+			d.Expect = expect
+		}
+		u.ds = append(u.ds, d)
 	}
 	p.fp.beforeDecision(p.log, f.send)
 	key := aggregate + "." + id
@@ -171,7 +182,7 @@ func (f *flight) sendBatch(b *batch) {
 	if l == nil {
 		// Deposed since the units were added.
 		for _, u := range b.units {
-			endSpan(u.span)
+			u.end(nil)
 		}
 		return
 	}
@@ -188,19 +199,26 @@ func (f *flight) sendBatch(b *batch) {
 
 // command publishes a command of a stored decision.
 func (f *flight) command(ctx context.Context, pc pending) {
+	pctx, span := f.p.startCommand(ctx, pc)
+	if !trace.SpanFromContext(ctx).SpanContext().IsValid() {
+		// A new root (see causedBy): a retry from the outbox continues
+		// its trace.
+		ctx = pctx
+	}
 	var ack jetstream.PubAckFuture
 	var err error
 	if pc.create != nil {
-		ack, err = bus.StartCreate(ctx, f.p.conn, Source, *pc.create, 0)
+		ack, err = bus.StartCreate(pctx, f.p.conn, Source, *pc.create, 0)
 	} else {
 		pc.del.Reason = truncate(pc.del.Reason, 200)
-		ack, err = bus.StartDelete(ctx, f.p.conn, Source, *pc.del, 0)
+		ack, err = bus.StartDelete(pctx, f.p.conn, Source, *pc.del, 0)
 	}
 	if err != nil {
+		failSpan(span, err)
 		f.p.keep(ctx, pc, err)
 		return
 	}
-	f.commands = append(f.commands, &commandInFlight{ctx: ctx, pc: pc, ack: ack})
+	f.commands = append(f.commands, &commandInFlight{ctx: ctx, span: span, pc: pc, ack: ack})
 	if len(f.commands) >= 2*batchDecisions {
 		f.settleCommands()
 	}
@@ -233,6 +251,10 @@ func (f *flight) settle(n int) {
 			for _, u := range b.units {
 				end += uint64(len(u.ds))
 				p.log.InfoContext(u.ctx, "decided", u.log...)
+				for _, d := range u.ds {
+					p.m.decided(u.ctx, d.Type, 1)
+				}
+				endSpan(u.pub)
 				if u.stored != nil {
 					u.stored(u.ctx, end)
 				}
@@ -240,6 +262,8 @@ func (f *flight) settle(n int) {
 			}
 			continue
 		case errors.Is(err, bus.ErrConflict) && len(b.units) > 1:
+			// The halves are new appends: each unit's publish span
+			// covers them all.
 			half := len(b.units) / 2
 			f.sendBatch(newBatch(b.units[:half]))
 			f.sendBatch(newBatch(b.units[half:]))
@@ -258,9 +282,26 @@ func (f *flight) settle(n int) {
 		}
 		for _, u := range b.units {
 			f.unstored[u.pool] = true
-			endSpan(u.span)
+			if errors.Is(err, bus.ErrConflict) || f.ctx.Err() != nil {
+				// Decided again from the newer state: not a failure.
+				u.end(nil)
+			} else {
+				u.end(err)
+			}
 		}
 	}
+}
+
+// end ends the unit's spans unsettled: err, if not nil, is why the
+// decisions were not stored.
+func (u *unit) end(err error) {
+	if err != nil {
+		failSpan(u.pub, err)
+		failSpan(u.span, err)
+		return
+	}
+	endSpan(u.pub)
+	endSpan(u.span)
 }
 
 func newBatch(units []*unit) *batch {
@@ -298,8 +339,12 @@ func (f *flight) settleCommands() {
 			}
 		}
 		if err != nil {
+			failSpan(c.span, err)
 			f.p.keep(c.ctx, c.pc, err)
+			continue
 		}
+		f.p.m.commands.Add(c.ctx, 1, metric.WithAttributes(attribute.String("verb", c.pc.verb())))
+		c.span.End()
 	}
 }
 

@@ -251,7 +251,7 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 			Reason:  fmt.Sprintf("instance %s missing from the inventory of %s/%s for more than %s", x.Instance, x.Entry, x.Target, grace),
 			Attempt: x.Attempt,
 		}
-		p.decide(traceCtx(ctx, x.traceparent), f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+		p.decide(causedBy(ctx, x.traceparent), f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 	}
 	f.wait()
 	if ctx.Err() == nil {

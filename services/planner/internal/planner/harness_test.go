@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
@@ -152,6 +153,12 @@ func (h *harness) startPlanner(id string, tracer trace.Tracer) *running {
 // runs.
 func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer, tweaks ...func(*Planner)) *running {
 	h.t.Helper()
+	return h.startPlannerMeasured(cfg, tracer, nil, tweaks...)
+}
+
+// startPlannerMeasured is startPlannerWith reporting metrics on meter.
+func (h *harness) startPlannerMeasured(cfg Config, tracer trace.Tracer, meter metric.Meter, tweaks ...func(*Planner)) *running {
+	h.t.Helper()
 	id := cfg.ID
 	if cfg.ReconcileInterval == 0 {
 		cfg.ReconcileInterval = 100 * time.Millisecond
@@ -160,7 +167,7 @@ func (h *harness) startPlannerWith(cfg Config, tracer trace.Tracer, tweaks ...fu
 		cfg.LeaseTTL = 3 * time.Second
 	}
 	conn := bustest.Dial(h.t, h.c)
-	p, err := New(conn, cfg, testLogger(), tracer)
+	p, err := New(conn, cfg, testLogger(), tracer, meter)
 	if err != nil {
 		h.t.Fatal(err)
 	}

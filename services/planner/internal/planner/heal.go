@@ -87,7 +87,7 @@ func (p *Planner) retireCondemned(ctx context.Context, r *round, f *flight, pool
 		default:
 			continue
 		}
-		p.retire(ctx, r, f, x, why)
+		p.retire(ctx, r, f, x, why, "")
 		retired[x.ID] = true
 	}
 	return retired

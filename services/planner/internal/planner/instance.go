@@ -156,7 +156,7 @@ func (p *Planner) retireInstance(ctx context.Context, id string) (int, *APIError
 			return retirings, nil
 		}
 		d := events.ProxyRetiringData{Reason: instanceDeleteReason}
-		_, err = p.store.Append(ctx, events.AggregateProxy, id, events.ProxyRetiring,
+		_, err = p.appendEvent(ctx, events.AggregateProxy, id, events.ProxyRetiring,
 			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
 		if errors.Is(err, bus.ErrConflict) {
 			continue // re-read: the collector or a repeated request got there first

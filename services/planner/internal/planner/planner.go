@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -161,6 +163,7 @@ type Planner struct {
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
+	m      *metrics
 	now    func() time.Time
 	// ageNow is the clock proxy ages are measured with for rotation; it is
 	// time.Now except in tests, which move it ahead (maxAge is at least a
@@ -238,10 +241,14 @@ type Planner struct {
 	// lowDemand is, per autoscaled pool, its current stretch of demand
 	// below its size (in memory: a new leader starts it again).
 	lowDemand map[string]lowDemand
+	// traced is, per pool, the traceparent of the last request whose
+	// trace a round continued (see tracing.go).
+	traced map[string]string
 }
 
-// New returns a planner replica using conn. log and tracer may be nil.
-func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Planner, error) {
+// New returns a planner replica using conn. log, tracer and meter may be
+// nil (no logs, traces or metrics).
+func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, meter metric.Meter) (*Planner, error) {
 	cfg.defaults()
 	if cfg.ID == "" {
 		return nil, errors.New("planner: Config.ID is required")
@@ -252,8 +259,13 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer) (*Pl
 	if tracer == nil {
 		tracer = noop.NewTracerProvider().Tracer("")
 	}
+	m, err := newMetrics(meter)
+	if err != nil {
+		return nil, fmt.Errorf("planner metrics: %w", err)
+	}
 	log = log.With("planner", cfg.ID)
 	return &Planner{
+		m:          m,
 		conn:       conn,
 		store:      bus.NewEventStore(conn, Source, log),
 		cfg:        cfg,
@@ -298,6 +310,11 @@ func (p *Planner) Run(ctx context.Context) error {
 		return err
 	}
 	p.leaseKV = leaseKV
+	gauges, err := p.registerGauges()
+	if err != nil {
+		return fmt.Errorf("planner metrics: %w", err)
+	}
+	defer func() { _ = gauges.Unregister() }()
 
 	start := time.Now()
 	var fromSnap uint64
@@ -405,7 +422,29 @@ func (p *Planner) onEvent(ev bus.Event) error {
 	if relevant && p.caughtUp.Load() {
 		p.poke()
 	}
+	if ev.Aggregate == events.AggregateProxy && ev.Kind == events.ProxyFailed && p.caughtUp.Load() && p.IsLeader() {
+		p.countDeadLetter(ev)
+	}
 	return nil
+}
+
+// countDeadLetter counts a failure of class dead-letter: a command its
+// agent never acknowledged.
+func (p *Planner) countDeadLetter(ev bus.Event) {
+	var d events.ProxyFailedData
+	if ev.DecodeData(&d) != nil || d.Class != events.ClassDeadLetter {
+		return
+	}
+	by := ev.By
+	if by.IsZero() {
+		p.mu.Lock()
+		if x := p.st.proxies[ev.ID]; x != nil {
+			by = events.Observer{Entry: x.Entry, Target: x.Target}
+		}
+		p.mu.Unlock()
+	}
+	p.m.deadLetters.Add(context.Background(), 1, metric.WithAttributes(
+		attribute.String("entry", by.Entry), attribute.String("target", by.Target)))
 }
 
 // poke asks for a reconcile round soon.

@@ -670,7 +670,7 @@ func TestApplyConflictRereads(t *testing.T) {
 // loops: the test drives it.
 func (h *harness) manualPlanner() *Planner {
 	h.t.Helper()
-	p, err := New(h.c, Config{ID: "manual"}, testLogger(), nil)
+	p, err := New(h.c, Config{ID: "manual"}, testLogger(), nil, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}

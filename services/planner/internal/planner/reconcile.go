@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/bus"
@@ -157,6 +158,7 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
 	p.lowDemand = map[string]lowDemand{}
+	p.noteTraced()
 	p.recoverCommands(ctx)
 	inv := make(chan inventory)
 	gctx, cancel := context.WithCancel(ctx)
@@ -200,11 +202,11 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 				if !ok {
 					continue
 				}
-				p.sealedCreate(traceCtx(ctx, x.traceparent), f, x.ID, x.requested, x.Attempt, sec, r.xkey(x.Entry, x.Target))
+				p.sealedCreate(causedBy(ctx, x.traceparent), f, x.ID, x.requested, x.Attempt, sec, r.xkey(x.Entry, x.Target))
 				n++
 			case x.State == events.ProxyRetiring && !x.SkipCleanup:
 				cmd := deleteCommand(x, x.DeleteAttempt)
-				f.command(traceCtx(ctx, ps.pool.traceparent), pending{del: &cmd})
+				f.command(causedBy(ctx, ps.pool.traceparent), pending{del: &cmd})
 				n++
 			}
 		}
@@ -243,6 +245,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 		// would count without it.
 		return
 	}
+	start := time.Now()
 	if p.timers == nil {
 		p.timers = map[string]poolTimer{}
 	}
@@ -281,6 +284,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 	}
 	if ctx.Err() == nil {
 		p.rounds.Add(1)
+		p.m.reconcile.Record(ctx, time.Since(start).Seconds())
 	}
 }
 
@@ -326,17 +330,22 @@ type poolRound struct {
 // look at it again if no event touches it.
 func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) (t poolTimer) {
 	pool := ps.pool
-	pctx := traceCtx(ctx, pool.traceparent)
+	pctx := p.poolCtx(ctx, pool)
 	var active []Proxy
 	for _, x := range ps.members {
 		age := r.now.Sub(x.UpdatedAt)
 		switch x.State {
 		case events.ProxyFailed:
-			p.retire(pctx, r, f, x, "failed: "+x.FailureClass)
+			replaced := ""
+			if !pool.Deleted {
+				// The fill replaces it.
+				replaced = failedClass(x)
+			}
+			p.retire(pctx, r, f, x, "failed: "+x.FailureClass, replaced)
 		case events.ProxyRetiring:
 			if x.SkipCleanup {
 				ab := events.ProxyAbandonedData{Reason: x.Reason}
-				p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
+				p.decide(pctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
 			} else if age >= p.cfg.RetireTimeout {
 				p.reissueDelete(pctx, f, x)
 			}
@@ -353,7 +362,7 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 		case events.ProxyRunning:
 			active = append(active, x)
 			if age >= p.cfg.ReadyTimeout {
-				p.timedOut(pctx, f, x, fmt.Sprintf("not ready after %s running (no probe through it passed)", p.cfg.ReadyTimeout))
+				p.timedOut(pctx, f, x, fmt.Sprintf("%s%s running (no probe through it passed)", notReadyPrefix, p.cfg.ReadyTimeout))
 			}
 		default:
 			if isActive(x.State) {
@@ -373,13 +382,13 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 	}
 	defer func() {
 		if !pool.Deleted && ctx.Err() == nil {
-			p.updateConditions(ctx, f, pool, want, pr)
+			p.updateConditions(pctx, f, pool, want, pr)
 		}
 		t = p.timerOf(pool, ps.members, pr)
 	}()
 	if want == 0 {
 		for _, x := range active {
-			p.retire(pctx, r, f, x, reason)
+			p.retire(pctx, r, f, x, reason, "")
 		}
 		return
 	}
@@ -426,6 +435,10 @@ func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *f
 	p.rotate(pctx, r, f, pool, pr, want)
 	return t
 }
+
+// notReadyPrefix starts the failure reason of a proxy that ran for
+// ReadyTimeout without one probe through it passing.
+const notReadyPrefix = "not ready after "
 
 // timedOut records that x failed with class timeout for reason; the next
 // round retires it and places its replacement.
@@ -511,7 +524,7 @@ func (p *Planner) scaleDown(ctx context.Context, r *round, f *flight, pool Pool,
 		return a.ID < b.ID
 	})
 	for _, x := range counted[:len(counted)-want] {
-		p.retire(ctx, r, f, x, reason)
+		p.retire(ctx, r, f, x, reason, "")
 	}
 }
 
@@ -664,16 +677,10 @@ func deleteCommand(x Proxy, attempt int) events.DeleteCommand {
 	}
 }
 
-// traceCtx continues the trace whose W3C traceparent is tp.
-func traceCtx(ctx context.Context, tp string) context.Context {
-	if tp == "" {
-		return ctx
-	}
-	return telemetry.Extract(ctx, nats.Header{"traceparent": []string{tp}})
-}
-
-// publishCommand sends a create or delete command.
+// publishCommand sends a create or delete command and waits for its
+// acknowledgement.
 func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
+	ctx, span := p.startCommand(ctx, pc)
 	var err error
 	if pc.create != nil {
 		_, err = bus.PublishCreate(ctx, p.conn, Source, *pc.create, 0)
@@ -681,7 +688,34 @@ func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
 		pc.del.Reason = truncate(pc.del.Reason, 200)
 		_, err = bus.PublishDelete(ctx, p.conn, Source, *pc.del, 0)
 	}
-	return err
+	if err != nil {
+		failSpan(span, err)
+		return err
+	}
+	p.m.commands.Add(ctx, 1, metric.WithAttributes(attribute.String("verb", pc.verb())))
+	span.End()
+	return nil
+}
+
+// verb is the command's verb: create or delete.
+func (pc pending) verb() string {
+	if pc.create != nil {
+		return events.VerbCreate
+	}
+	return events.VerbDelete
+}
+
+// startCommand starts the producer span of publishing pc.
+func (p *Planner) startCommand(ctx context.Context, pc pending) (context.Context, trace.Span) {
+	var id, entry, target string
+	if pc.create != nil {
+		id, entry, target = pc.create.ProxyID, pc.create.Entry, pc.create.Target
+	} else {
+		id, entry, target = pc.del.ProxyID, pc.del.Entry, pc.del.Target
+	}
+	verb := pc.verb()
+	return p.startPublish(ctx, events.CommandSubject(entry, target, verb), events.CommandSubject("{entry}", "{target}", verb),
+		attribute.String("proxy", id), attribute.String("entry", entry), attribute.String("target", target))
 }
 
 func truncate(s string, n int) string {
@@ -701,13 +735,18 @@ func (p *Planner) noteOwn(seq uint64) {
 // sequence; stored, if not nil, runs once it is stored. A conflict means x
 // changed meanwhile; the next round decides again from the newer state.
 func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) {
-	f.decide(ctx, nil, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
+	ctx, span := p.startWork(ctx, "planner."+typ, trace.SpanKindInternal,
+		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool))
+	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target}, stored)
 }
 
-func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason string) {
-	ctx, span := p.tracer.Start(pctx, "planner.retire", trace.WithAttributes(
-		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason)))
+// retire decides that x retires for reason and, once that is stored,
+// sends its delete command. replaced, when not "", is the reason class
+// of the replacement the retirement is counted as (the fill replaces x).
+func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason, replaced string) {
+	ctx, span := p.startWork(pctx, "planner.retire", trace.SpanKindInternal,
+		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason))
 	d := events.ProxyRetiringData{Reason: reason}
 	if isActive(x.State) {
 		// Counted out at once: later placements of this round see it gone
@@ -719,6 +758,9 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target},
 		func(ctx context.Context, _ uint64) {
+			if replaced != "" {
+				p.m.replaced(ctx, x.Pool, replaced)
+			}
 			cmd := deleteCommand(x, 1)
 			f.command(ctx, pending{del: &cmd})
 		})
@@ -726,8 +768,8 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 
 func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 	attempt := x.DeleteAttempt + 1
-	ctx, span := p.tracer.Start(pctx, "planner.redelete", trace.WithAttributes(
-		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
+	ctx, span := p.startWork(pctx, "planner.redelete", trace.SpanKindInternal,
+		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.Int("attempt", attempt))
 	d := events.ProxyRetiringData{Reason: x.Reason}
 	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
@@ -742,7 +784,8 @@ func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 // target's agent is alive the create is issued again with the next attempt;
 // when it is not, the proxy fails (class timeout) and is replaced elsewhere.
 func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool Pool, x Proxy) {
-	ctx = traceCtx(ctx, x.traceparent)
+	// Later work of the request that created x.
+	ctx = causedBy(ctx, x.traceparent)
 	live := false
 	for _, a := range r.agents {
 		if a.Entry == x.Entry && a.Target == x.Target {
@@ -777,8 +820,8 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 		return
 	}
 	attempt := x.Attempt + 1
-	ctx, span := p.tracer.Start(ctx, "planner.recreate", trace.WithAttributes(
-		attribute.String("proxy", x.ID), attribute.Int("attempt", attempt)))
+	ctx, span := p.startWork(ctx, "planner.recreate", trace.SpanKindInternal,
+		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.Int("attempt", attempt))
 	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), Data: x.requested}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRequested, "entry", x.Entry, "target", x.Target, "attempt", attempt},
@@ -810,6 +853,9 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
+			if replaces != "" {
+				p.m.replaced(ctx, pool.Name, why)
+			}
 			p.sealedCreate(ctx, f, req.id, req.data, 1, sec, a.XKey)
 		})
 	return nil
@@ -835,9 +881,9 @@ func newRequest(pool Pool, a agentSeen, replaces, why string) proxyRequest {
 // startRequest opens the span of a request.
 func (p *Planner) startRequest(ctx context.Context, req proxyRequest) (context.Context, trace.Span) {
 	d := req.data
-	return p.tracer.Start(ctx, "planner.create", trace.WithAttributes(
+	return p.startWork(ctx, "planner.create", trace.SpanKindInternal,
 		attribute.String("proxy", req.id), attribute.String("pool", d.Pool), attribute.String("replaces", d.Replaces),
-		attribute.String("entry", d.Entry), attribute.String("target", d.Target)))
+		attribute.String("entry", d.Entry), attribute.String("target", d.Target))
 }
 
 // logArgs are the attributes of the request's "decided" log line.

@@ -19,7 +19,7 @@ func TestValidateReadsFreshHeartbeats(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c := bustest.Start(t)
-	p, err := New(c, Config{ID: "t"}, testLogger(), nil)
+	p, err := New(c, Config{ID: "t"}, testLogger(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

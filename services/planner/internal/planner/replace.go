@@ -51,11 +51,12 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	req := newRequest(pool, a, x.ID, why)
 	ctx, span := p.startRequest(ctx, req)
 	defer span.End()
-	seq, err := p.store.Append(ctx, events.AggregateProxy, req.id, events.ProxyRequested, req.msgID, req.data, &bus.Expect{Seq: 0})
+	seq, err := p.appendEvent(ctx, events.AggregateProxy, req.id, events.ProxyRequested, req.msgID, req.data, &bus.Expect{Seq: 0})
 	if err != nil {
 		return "", 0, err
 	}
 	p.log.InfoContext(ctx, "decided", req.logArgs()...)
+	p.m.replaced(ctx, x.Pool, why)
 	cmd, err := createCommand(req.id, req.data, 1, sec, a.XKey)
 	if err != nil {
 		p.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout", "proxy", req.id, "err", err)

@@ -64,7 +64,7 @@ func roundTrip(t *testing.T, st *state) *state {
 // answer from st.
 func observer(t *testing.T, c *bus.Conn, st *state) *Planner {
 	t.Helper()
-	p, err := New(c, Config{ID: "observer", KeepFinished: testKeep}, testLogger(), nil)
+	p, err := New(c, Config{ID: "observer", KeepFinished: testKeep}, testLogger(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

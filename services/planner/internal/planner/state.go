@@ -56,8 +56,9 @@ type Pool struct {
 
 	// shape is the instance-shaping part of the applied spec.
 	shape string
-	// traceparent is the trace context of the last applied event; commands
-	// the reconciler makes for the pool continue that trace.
+	// traceparent is the trace context of the pool's last request (its
+	// last applied or deleted event): the reconciler's first round after
+	// it continues that trace, later work links to it (see tracing.go).
 	traceparent string
 	// counts is the number of member proxies per state.
 	counts map[string]int
@@ -404,6 +405,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 		}
 		p.Deleted = true
 		p.LastSeq = ev.Seq
+		p.traceparent = ev.Header.Get("traceparent")
 		return true
 	case events.PoolScaled:
 		p := s.pool(ev.ID)

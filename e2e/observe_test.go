@@ -74,7 +74,8 @@ func readMetricsTargets(t *testing.T, runDir string) map[string]string {
 // TestRunBannerMetrics: make run gives every service a metrics endpoint on
 // a port from the kernel, prints their URLs in the banner and lists them
 // in metrics-targets.json; a service whose flags set --metrics-addr keeps
-// its own (here empty: no metrics).
+// its own (here empty: no metrics); health restarted by make rebuild-views
+// serves on the same address.
 func TestRunBannerMetrics(t *testing.T) {
 	r := startRunScript(t,
 		"AGENT_FLAGS=--capacity 2",
@@ -98,10 +99,25 @@ func TestRunBannerMetrics(t *testing.T) {
 		if want := "http://" + targets[name] + "/metrics"; u != want {
 			t.Errorf("%s: banner %s, metrics-targets.json %s", name, u, want)
 		}
-		body, err := scrape(strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/metrics"))
+		body, err := scrape(targets[name])
 		if err != nil || !strings.Contains(body, "target_info") {
 			t.Errorf("%s: GET %s: %v (target_info present: %v)", name, u, err, strings.Contains(body, "target_info"))
 		}
+	}
+
+	// make rebuild-views restarts health on the same metrics address, so
+	// the targets Prometheus has stay right.
+	rebuild := exec.Command(filepath.Join("..", "scripts", "run.sh"), "rebuild-views")
+	rebuild.Env = r.env
+	if out, err := rebuild.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok: views rebuilt") {
+		t.Fatalf("run.sh rebuild-views: %v\n%s", err, out)
+	}
+	waitFor(t, 30*time.Second, "health serving metrics again at "+targets["health"], func() bool {
+		body, err := scrape(targets["health"])
+		return err == nil && strings.Contains(body, "target_info")
+	})
+	if after := readMetricsTargets(t, r.runDir); after["health"] != targets["health"] {
+		t.Errorf("after rebuild-views metrics-targets.json has health at %s; want %s", after["health"], targets["health"])
 	}
 }
 

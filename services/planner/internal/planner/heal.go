@@ -87,7 +87,13 @@ func (p *Planner) retireCondemned(ctx context.Context, r *round, f *flight, pool
 		default:
 			continue
 		}
-		p.retire(ctx, r, f, x, why, "")
+		rctx := ctx
+		if replaced && y.traceparent != "" {
+			// Caused by the request of the replacement (a recycle, a
+			// roll): the retirement links to it.
+			rctx = causedBy(ctx, y.traceparent)
+		}
+		p.retire(rctx, r, f, x, why, "")
 		retired[x.ID] = true
 	}
 	return retired

@@ -73,7 +73,9 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 // TestTracesOfRequestsAndLaterWork: every operator request is a trace of
 // its own. The creates of a pool.apply's fill belong to the apply's trace;
 // the replacement of a proxy that fails later starts new traces linking
-// to the apply; a pool.delete is one trace holding the retirement of the
+// to the apply; a recycle's replacement is in the recycle's trace, and the
+// recycled proxy's retirement, once the replacement is ready, is a new
+// root linking to it; a pool.delete is one trace holding the retirement of the
 // pool's proxy and its delete command, none of it in the apply's trace. A
 // refused request (400) does not mark its span failed; publish spans
 // carry the messaging attributes.
@@ -140,6 +142,33 @@ func TestTracesOfRequestsAndLaterWork(t *testing.T) {
 		}
 	}
 
+	// A recycle is a trace of its own holding the replacement's create;
+	// the retirement of the recycled proxy once its replacement is ready
+	// is a new root linking to it.
+	recycleCtx, recycleOp := tp.Tracer("operator").Start(context.Background(), "operator.recycle")
+	hdr := nats.Header{}
+	telemetry.Inject(recycleCtx, hdr)
+	recycleOp.End()
+	recycle := recycleOp.SpanContext().TraceID()
+	if res := h.request(proxyRecycle, `{"id":"`+second+`"}`, hdr); res.Code != "" {
+		t.Fatalf("proxy.recycle: %+v", res.Error)
+	}
+	ids, _ = h.requested(3)
+	third := ids[2]
+	if s := rec.waitSpan("planner.create", hasAttr("proxy", third)); s.SpanContext().TraceID() != recycle {
+		t.Errorf("the recycle's replacement: trace %s, want the recycle's %s", s.SpanContext().TraceID(), recycle)
+	}
+	h.observe(third, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(third), Attempt: 1})
+	h.observe(third, events.ProxyRunning, 1, events.ProxyRunningData{Address: "127.0.0.1:4000", Attempt: 1})
+	h.observe(third, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4000"})
+	recycled := rec.waitSpan("planner.retire", hasAttr("proxy", second))
+	if recycled.Parent().IsValid() || recycled.SpanContext().TraceID() == recycle {
+		t.Errorf("retirement of the recycled proxy: parent %s, trace %s; want a new root", recycled.Parent().SpanID(), recycled.SpanContext().TraceID())
+	}
+	if links := recycled.Links(); len(links) != 1 || links[0].SpanContext.TraceID() != recycle {
+		t.Errorf("retirement of the recycled proxy: links %+v, want one to the recycle's trace %s", links, recycle)
+	}
+
 	// A refused request is not a failed span.
 	if res := h.request(poolApply, `{"name":`, nil); res.Code != "400" {
 		t.Fatalf("bad request: got code %q, want 400", res.Code)
@@ -152,7 +181,7 @@ func TestTracesOfRequestsAndLaterWork(t *testing.T) {
 	// The pool.delete is one trace: the request, the retirement of the
 	// pool's live proxy and its delete command.
 	ctx, op := tp.Tracer("operator").Start(context.Background(), "operator.delete")
-	hdr := nats.Header{}
+	hdr = nats.Header{}
 	telemetry.Inject(ctx, hdr)
 	op.End()
 	if res := h.request(poolDelete, `{"name":"demo"}`, hdr); res.Code != "" {
@@ -164,8 +193,8 @@ func TestTracesOfRequestsAndLaterWork(t *testing.T) {
 		t.Errorf("pool.delete span: trace %s, parent %s; want the caller's trace %s, parent %s",
 			deleteSpan.SpanContext().TraceID(), deleteSpan.Parent().SpanID(), del, op.SpanContext().SpanID())
 	}
-	retire := rec.waitSpan("planner.retire", hasAttr("proxy", second))
-	cmd := rec.waitSpan("publish fleet.cmd.{entry}.{target}.delete", hasAttr("proxy", second))
+	retire := rec.waitSpan("planner.retire", hasAttr("proxy", third))
+	cmd := rec.waitSpan("publish fleet.cmd.{entry}.{target}.delete", hasAttr("proxy", third))
 	for _, s := range []sdktrace.ReadOnlySpan{retire, cmd} {
 		if s.SpanContext().TraceID() != del {
 			t.Errorf("%s %s: trace %s, want the pool.delete's %s", s.Name(), attrOf(s, "proxy"), s.SpanContext().TraceID(), del)
@@ -178,7 +207,7 @@ func TestTracesOfRequestsAndLaterWork(t *testing.T) {
 	h.waitFor("delete command of the pool's proxy", func() bool {
 		deletes = nil
 		for _, c := range h.commandsOf(events.VerbDelete) {
-			if c.Delete.ProxyID == second {
+			if c.Delete.ProxyID == third {
 				deletes = append(deletes, c)
 			}
 		}

@@ -542,6 +542,13 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		hb.XKey = ""
 	}
 	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
+	if !known {
+		// Each agent's dead-letter series exists from its first
+		// heartbeat, at 0, so an alert on its increase has a series to
+		// compare with and the dashboards find the metric.
+		p.m.deadLetters.Add(context.Background(), 0, metric.WithAttributes(
+			attribute.String("entry", entry), attribute.String("target", target)))
+	}
 	if p.seen[entry] == nil {
 		p.seen[entry] = map[string]bool{}
 	}

@@ -121,12 +121,12 @@ func (r *Runtime) appendTerminated(ctx context.Context, last *bus.Event, proxyID
 	defer span.End()
 	data := events.ProxyFailedData{Class: events.ClassTerminated, Reason: reason, Attempt: attempt}
 	id := events.ProxyEventID(proxyID, events.ProxyFailed, last.Seq) + "." + events.ClassTerminated
-	if _, err := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyFailed, id, data, nil); err != nil {
-		span.RecordError(err)
-		r.log.Warn("recheck: publish failed; the next recheck tries again", "proxy", proxyID, "err", err)
+	if err := r.publish(ctx, proxyID, events.ProxyFailed, id, data); err != nil {
+		spanFailed(ctx, err, "append failed")
+		r.log.WarnContext(ctx, "recheck: publish failed; the next recheck tries again", "proxy", proxyID, "err", err)
 		return
 	}
-	r.log.Warn("proxy failed: its instance no longer runs", "proxy", proxyID, "class", events.ClassTerminated, "reason", reason)
+	r.log.WarnContext(ctx, "proxy failed: its instance no longer runs", "proxy", proxyID, "class", events.ClassTerminated, "reason", reason)
 }
 
 // RecheckFlag registers --recheck-interval on fs, the flag every agent

@@ -62,6 +62,14 @@ type Config struct {
 	// pool's secrets sealed to its public half, announced in heartbeats.
 	// Nil loads it from KeyDir.
 	Key nkeys.KeyPair
+	// Meter makes the runtime's instruments (see docs/observability.md,
+	// "Agents"). Nil takes the global meter provider's, which
+	// telemetry.Setup installs.
+	Meter metric.Meter
+	// ConsumerMetricsInterval is how often the backlog of the command
+	// consumer is read for its gauges (default
+	// [bus.ConsumerMetricsInterval]).
+	ConsumerMetricsInterval time.Duration
 	// KeyDir holds the key's seed file "<entry>.<target>.xk" (0600,
 	// created on first start), so a restarted agent opens the commands
 	// queued for it. Empty with a nil Key makes a key that lives as long
@@ -112,7 +120,9 @@ func HeartbeatKey(entry, target string) string { return entry + "." + target }
 // Runtime runs one agent: one entry, one target, one driver.
 type Runtime struct {
 	conn   *bus.Conn
-	drv    Driver
+	drv    measured // the backend's driver, its calls measured
+	prep   Preparer // the driver's Preparer capability, or nil
+	source string
 	cfg    Config
 	log    *slog.Logger
 	tracer trace.Tracer
@@ -127,17 +137,30 @@ type Runtime struct {
 // metrics are the runtime's OTel instruments (no-ops without a meter
 // provider).
 type metrics struct {
+	meter    metric.Meter
 	commands metric.Int64Counter
 	duration metric.Float64Histogram
+	calls    metric.Float64Histogram
 }
 
-func newMetrics() metrics {
-	m := otel.Meter("proxyfleet/agent")
+// DurationBuckets are the bucket boundaries, in seconds, of the agent's
+// duration histograms: from 5 ms (a local process) to 20 min (a cloud
+// instance installing its proxy), the command timeout's range.
+var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200}
+
+func newMetrics(m metric.Meter) metrics {
+	if m == nil {
+		m = otel.Meter("proxyfleet/agent")
+	}
 	c, _ := m.Int64Counter("proxyfleet_agent_commands_total",
-		metric.WithDescription("Commands handled by the agent, by verb and outcome (done, failed, retried, dropped)."))
+		metric.WithDescription("Commands handled by the agent, by verb and outcome (done, failed, retried, dropped, interrupted)."))
 	d, _ := m.Float64Histogram("proxyfleet_agent_command_duration_seconds",
-		metric.WithDescription("Time from taking a command to its outcome."), metric.WithUnit("s"))
-	return metrics{commands: c, duration: d}
+		metric.WithDescription("Time from taking a command to its outcome."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	calls, _ := m.Float64Histogram("proxyfleet_agent_driver_call_duration_seconds",
+		metric.WithDescription("One call of the backend driver, by op (create, delete, observe, inventory, check, prepare) and outcome (ok, error)."),
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	return metrics{meter: m, commands: c, duration: d, calls: calls}
 }
 
 func (r *Runtime) record(ctx context.Context, verb, outcome string, started time.Time) {
@@ -167,18 +190,23 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 	if err != nil {
 		return nil, err
 	}
+	m := newMetrics(cfg.Meter)
+	prep, _ := drv.(Preparer)
+	source := events.AgentSource(cfg.Info.Entry, cfg.Info.Target)
 	return &Runtime{
 		key:    key,
 		conn:   conn,
-		drv:    drv,
+		drv:    measured{next: drv, calls: m.calls, entry: cfg.Info.Entry, target: cfg.Info.Target},
+		prep:   prep,
+		source: source,
 		cfg:    cfg,
 		log:    log,
 		tracer: tracer,
-		store:  bus.NewEventStore(conn, events.AgentSource(cfg.Info.Entry, cfg.Info.Target), log),
+		store:  bus.NewEventStore(conn, source, log),
 		sem:    make(chan struct{}, cfg.Concurrency),
 		queue:  newKeyedQueue(),
 		start:  time.Now().UTC(),
-		m:      newMetrics(),
+		m:      m,
 	}, nil
 }
 
@@ -220,6 +248,14 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.resume(ctx)
 	recheckDone := make(chan struct{})
 	go func() { defer close(recheckDone); r.recheckLoop(ctx) }()
+	statsDone := make(chan struct{})
+	go func() {
+		defer close(statsDone)
+		err := bus.FollowConsumer(ctx, r.conn, r.m.meter, bus.CommandsStream, bus.AgentConsumerName(info.Entry, info.Target), r.cfg.ConsumerMetricsInterval, nil)
+		if err != nil {
+			r.log.Warn("consumer gauges", "err", err)
+		}
+	}()
 
 	cc, err := cons.Consume(func(msg jetstream.Msg) { r.dispatch(ctx, msg) },
 		jetstream.PullMaxMessages(r.cfg.Concurrency*2))
@@ -230,6 +266,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	<-ctx.Done()
 	cc.Stop()
 	<-recheckDone
+	<-statsDone
 	r.queue.Wait()
 	<-hbDone
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -423,7 +460,7 @@ func keepAlive(ctx context.Context, msg jetstream.Msg) (stop func()) {
 }
 
 func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd events.CreateCommand) string {
-	ctx, span, log, done := r.begin(ctx, msg, events.VerbCreate, cmd.ProxyID, cmd.Pool, cmd.Attempt)
+	ctx, log, done := r.begin(ctx, msg, events.VerbCreate, cmd.ProxyID, cmd.Pool, cmd.Attempt)
 	defer done()
 
 	last, err := r.lastEvent(ctx, cmd.ProxyID)
@@ -434,17 +471,17 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	if last != nil {
 		switch last.Kind {
 		case events.ProxyRetiring, events.ProxyDeleted, events.ProxyAbandoned:
-			log.Info("dropping create: proxy is " + last.Kind)
+			log.InfoContext(ctx, "dropping create: proxy is "+last.Kind)
 			r.ack(ctx, msg, log)
 			return "dropped"
 		case events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
-			log.Info("create already done: proxy is " + last.Kind)
+			log.InfoContext(ctx, "create already done: proxy is "+last.Kind)
 			r.ack(ctx, msg, log)
 			return "dropped"
 		case events.ProxyFailed:
 			var f events.ProxyFailedData
 			if last.DecodeData(&f) == nil && f.Attempt >= cmd.Attempt {
-				log.Info("dropping create: this attempt already failed")
+				log.InfoContext(ctx, "dropping create: this attempt already failed")
 				r.ack(ctx, msg, log)
 				return "dropped"
 			}
@@ -468,8 +505,8 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()
-	if p, ok := r.drv.(Preparer); ok {
-		id, err := p.Prepare(cctx, spec)
+	if r.prep != nil {
+		id, err := r.measure(cctx, "prepare", func() (string, error) { return r.prep.Prepare(cctx, spec) })
 		if err != nil {
 			return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("prepare: %w", err))
 		}
@@ -481,47 +518,78 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 		if spec.ProviderID != providerID && providerID != "" {
 			id += "." + spec.ProviderID
 		}
-		if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyProvisioning, id, prov, nil); err != nil {
+		if err := r.publish(ctx, cmd.ProxyID, events.ProxyProvisioning, id, prov); err != nil {
 			return r.retry(ctx, msg, log, fmt.Errorf("publish provisioning: %w", err))
 		}
 	}
 	inst, err := r.drv.Create(cctx, spec)
 	if err != nil {
-		span.RecordError(err)
 		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("create %s: %w", cmd.Instance, err))
 	}
 	ref := Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: cmp.Or(inst.ProviderID, spec.ProviderID)}
 	inst, err = r.waitRunning(cctx, ref, inst)
 	if err != nil {
-		span.RecordError(err)
 		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
 	if err := r.appendRunning(ctx, cmd.ProxyID, cmd.Attempt, inst); err != nil {
 		return r.retry(ctx, msg, log, fmt.Errorf("publish running: %w", err))
 	}
-	log.Info("proxy running", "instance", inst.Name, "address", inst.Address)
+	log.InfoContext(ctx, "proxy running", "instance", inst.Name, "address", inst.Address)
 	r.ack(ctx, msg, log)
 	return "done"
 }
 
 // begin starts the handling of one command: the trace continues the
-// command's, a span covers the work and the log carries the proxy. done
+// command's, a span covers the work and the log carries the proxy; log
+// with the returned ctx so that each line carries the span's ids. done
 // ends the span. (InProgress is kept up by dispatch, from the moment the
 // command was taken.)
-func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, pool string, attempt int) (context.Context, trace.Span, *slog.Logger, func()) {
+func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, pool string, attempt int) (context.Context, *slog.Logger, func()) {
 	ctx = telemetry.Extract(ctx, msg.Headers())
-	ctx, span := r.tracer.Start(ctx, "agent."+verb, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("pool", pool),
-			attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target), attribute.Int("attempt", attempt)))
+	attrs := []attribute.KeyValue{
+		attribute.String("proxy", proxyID), attribute.String("pool", pool),
+		attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target), attribute.Int("attempt", attempt),
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.destination.name", msg.Subject()),
+		attribute.String("messaging.consumer.group.name", bus.AgentConsumerName(r.cfg.Info.Entry, r.cfg.Info.Target)),
+	}
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		attrs = append(attrs, attribute.String("messaging.message.id", id))
+	}
+	ctx, span := r.tracer.Start(ctx, "agent."+verb, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	log := r.log.With("proxy", proxyID, "pool", pool, "attempt", attempt)
-	return ctx, span, log, func() { span.End() }
+	return ctx, log, func() { span.End() }
+}
+
+// publish appends one observation of proxyID to FLEET_EVENTS under a
+// producer span of its own, which the event carries as its trace context.
+func (r *Runtime) publish(ctx context.Context, proxyID, kind, msgID string, data any) error {
+	ctx, span := r.tracer.Start(ctx, "agent.publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("event", kind),
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", events.SubjectOf(r.source, events.AggregateProxy, proxyID, kind)),
+			attribute.String("messaging.message.id", msgID)))
+	defer span.End()
+	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, kind, msgID, data, nil)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "append "+kind+" failed")
+	}
+	return err
+}
+
+// spanFailed marks the span of ctx as failed with err.
+func spanFailed(ctx context.Context, err error, what string) {
+	span := trace.SpanFromContext(ctx)
+	span.RecordError(err)
+	span.SetStatus(codes.Error, what)
 }
 
 func (r *Runtime) appendRunning(ctx context.Context, proxyID string, attempt int, inst Instance) error {
 	run := events.ProxyRunningData{ProviderID: inst.ProviderID, Address: inst.Address, Attempt: attempt}
-	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyRunning,
-		events.ProxyEventID(proxyID, events.ProxyRunning, uint64(attempt)), run, nil)
-	return err
+	return r.publish(ctx, proxyID, events.ProxyRunning, events.ProxyEventID(proxyID, events.ProxyRunning, uint64(attempt)), run)
 }
 
 // waitRunning polls the driver until the instance is running with an
@@ -549,7 +617,7 @@ func (r *Runtime) waitRunning(ctx context.Context, ref Ref, inst Instance) (Inst
 			if Classify(err) == ClassPermanent {
 				return inst, err
 			}
-			r.log.Debug("watch: get failed, will retry", "proxy", ref.ProxyID, "err", err)
+			r.log.DebugContext(ctx, "watch: get failed, will retry", "proxy", ref.ProxyID, "err", err)
 			continue
 		}
 		inst = got
@@ -557,7 +625,7 @@ func (r *Runtime) waitRunning(ctx context.Context, ref Ref, inst Instance) (Inst
 }
 
 func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd events.DeleteCommand) string {
-	ctx, span, log, done := r.begin(ctx, msg, events.VerbDelete, cmd.ProxyID, cmd.Pool, cmd.Attempt)
+	ctx, log, done := r.begin(ctx, msg, events.VerbDelete, cmd.ProxyID, cmd.Pool, cmd.Attempt)
 	defer done()
 
 	last, err := r.lastEvent(ctx, cmd.ProxyID)
@@ -565,7 +633,7 @@ func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd event
 		return r.retry(ctx, msg, log, fmt.Errorf("read proxy state: %w", err))
 	}
 	if last != nil && events.IsTerminal(last.Kind) {
-		log.Info("delete already done: proxy is " + last.Kind)
+		log.InfoContext(ctx, "delete already done: proxy is "+last.Kind)
 		r.ack(ctx, msg, log)
 		return "dropped"
 	}
@@ -573,15 +641,13 @@ func (r *Runtime) handleDelete(ctx context.Context, msg jetstream.Msg, cmd event
 	defer cancel()
 	err = r.drv.Delete(cctx, Ref{ProxyID: cmd.ProxyID, Name: cmd.Instance, ProviderID: cmd.ProviderID})
 	if err != nil && Classify(err) != ClassNotFound {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "delete failed")
 		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, fmt.Errorf("delete %s: %w", cmd.Instance, err))
 	}
-	if _, err := r.store.Append(ctx, events.AggregateProxy, cmd.ProxyID, events.ProxyDeleted,
-		events.ProxyEventID(cmd.ProxyID, events.ProxyDeleted, uint64(cmd.Attempt)), events.ProxyDeletedData{Attempt: cmd.Attempt}, nil); err != nil {
+	if err := r.publish(ctx, cmd.ProxyID, events.ProxyDeleted,
+		events.ProxyEventID(cmd.ProxyID, events.ProxyDeleted, uint64(cmd.Attempt)), events.ProxyDeletedData{Attempt: cmd.Attempt}); err != nil {
 		return r.retry(ctx, msg, log, fmt.Errorf("publish deleted: %w", err))
 	}
-	log.Info("proxy deleted", "instance", cmd.Instance)
+	log.InfoContext(ctx, "proxy deleted", "instance", cmd.Instance)
 	r.ack(ctx, msg, log)
 	return "done"
 }
@@ -593,7 +659,7 @@ func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	class := Classify(err)
 	if ctx.Err() != nil {
 		// Shutting down: leave the command for redelivery.
-		log.Info("command interrupted by shutdown", "err", err)
+		log.InfoContext(ctx, "command interrupted by shutdown", "err", err)
 		return "interrupted"
 	}
 	evClass := events.ClassPermanent
@@ -607,10 +673,11 @@ func (r *Runtime) fail(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 		}
 		evClass = events.ClassDeadLetter
 	}
-	log.Warn("command failed", "class", evClass, "err", err)
+	spanFailed(ctx, err, "command failed: "+evClass)
+	log.WarnContext(ctx, "command failed", "class", evClass, "err", err)
 	data := events.ProxyFailedData{Class: evClass, Reason: err.Error(), Attempt: attempt}
-	if _, aerr := r.store.Append(ctx, events.AggregateProxy, proxyID, events.ProxyFailed,
-		events.ProxyEventID(proxyID, events.ProxyFailed, uint64(attempt)), data, nil); aerr != nil {
+	if aerr := r.publish(ctx, proxyID, events.ProxyFailed,
+		events.ProxyEventID(proxyID, events.ProxyFailed, uint64(attempt)), data); aerr != nil {
 		return r.retry(ctx, msg, log, fmt.Errorf("publish failed: %w", aerr))
 	}
 	r.ack(ctx, msg, log)
@@ -627,7 +694,8 @@ func (r *Runtime) retry(ctx context.Context, msg jetstream.Msg, log *slog.Logger
 	if md, merr := msg.Metadata(); merr == nil {
 		delay = backoff(md.NumDelivered)
 	}
-	log.Warn("command will be retried", "in", delay.String(), "err", err)
+	spanFailed(ctx, err, "command will be retried")
+	log.WarnContext(ctx, "command will be retried", "in", delay.String(), "err", err)
 	_ = msg.NakWithDelay(delay)
 	return "retried"
 }
@@ -647,7 +715,7 @@ func (r *Runtime) ack(ctx context.Context, msg jetstream.Msg, log *slog.Logger) 
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := msg.DoubleAck(actx); err != nil {
-		log.Warn("ack failed; the command may be redelivered and will be found done", "err", err)
+		log.WarnContext(ctx, "ack failed; the command may be redelivered and will be found done", "err", err)
 	}
 }
 

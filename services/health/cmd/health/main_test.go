@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -109,7 +111,8 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	appendEv(events.AggregateProxy, "demo-a", events.ProxyReady, events.ProxyReadyData{Address: addr})
 
 	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
-		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s")
+		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s",
+		"--metrics-addr", "127.0.0.1:0")
 	out := &syncBuf{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -154,6 +157,38 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 
 	eventually("demo-a unhealthy", func() bool { return state("demo-a") == events.ProxyUnhealthy })
 	eventually("demo-b requested", func() bool { return state("demo-b") == events.ProxyRequested })
+
+	// The metrics docs/observability.md lists for health, as scraped.
+	metricsAddr := ""
+	eventually("the metrics endpoint's address in the log", func() bool {
+		metricsAddr = logValue(out.String(), "metrics endpoint serving", "addr")
+		return metricsAddr != ""
+	})
+	want := []string{
+		`proxyfleet_health_probes_total{`, `outcome="fail"`,
+		`proxyfleet_health_probe_duration_seconds_bucket{`, `le="0.005"`,
+		`proxyfleet_health_transitions_total{`, `kind="unhealthy"`,
+		`proxyfleet_health_projection_events_total{`, `aggregate="proxy"`,
+		// Once the views caught up with the log.
+		`proxyfleet_health_projection_lag_events{`, `} 0`,
+		`proxyfleet_consumer_pending_messages{`, `consumer="health-projection"`,
+		`proxyfleet_consumer_ack_pending_messages{`, `stream="FLEET_EVENTS"`,
+		`go_goroutines `, ``,
+		`process_resident_memory_bytes `, ``,
+	}
+	var scraped string
+	eventually("health's metrics", func() bool {
+		scraped = scrape(t, metricsAddr)
+		for i := 0; i < len(want); i += 2 {
+			if !hasMetric(scraped, want[i], want[i+1]) {
+				return false
+			}
+		}
+		return true
+	})
+	if strings.Contains(scraped, "proxyfleet_health_probe_latency") || strings.Contains(scraped, "milliseconds") {
+		t.Errorf("health still exports milliseconds:\n%s", scraped)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -325,4 +360,41 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 		t.Fatalf("members after health-2 stopped: %v (%v), want health-1 alone", keys, err)
 	}
 	eventually("health-1 probing every proxy", func() bool { return probing()["health-1"] == n })
+}
+
+// logValue returns the value of key in the last JSON log line of out whose
+// message is msg, or "".
+func logValue(out, msg, key string) string {
+	v := ""
+	for _, l := range strings.Split(out, "\n") {
+		var r map[string]any
+		if json.Unmarshal([]byte(l), &r) == nil && r["msg"] == msg {
+			v, _ = r[key].(string)
+		}
+	}
+	return v
+}
+
+// scrape reads the Prometheus endpoint at addr ("" when it does not answer).
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// hasMetric reports whether a line of body starts with prefix and holds
+// part.
+func hasMetric(body, prefix, part string) bool {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) && strings.Contains(l, part) {
+			return true
+		}
+	}
+	return false
 }

@@ -255,7 +255,7 @@ func (env *benchEnv) runProbers(b *testing.B, cfgs []probe.Config, warmUp, atLea
 	for i, cfg := range cfgs {
 		readers[i] = metric.NewManualReader()
 		mp := metric.NewMeterProvider(metric.WithReader(readers[i]), metric.WithView(metric.NewView(
-			metric.Instrument{Name: "proxyfleet.health.probe.lateness"},
+			metric.Instrument{Name: "proxyfleet_health_probe_lateness_seconds"},
 			metric.Stream{Aggregation: metric.AggregationBase2ExponentialHistogram{MaxSize: 320, MaxScale: 20}},
 		)))
 		defer func() { _ = mp.Shutdown(context.Background()) }()
@@ -346,7 +346,8 @@ func (env *benchEnv) runProbers(b *testing.B, cfgs []probe.Config, warmUp, atLea
 	for i := range each {
 		share = min(share, float64(each[i]-first[i])/float64(n))
 	}
-	return proberFigures{rate: float64(n) / elapsed.Seconds(), p99: end.lateness.quantile(0.99), max: mx, minShare: share}
+	// The instrument is in seconds; the figures are in ms.
+	return proberFigures{rate: float64(n) / elapsed.Seconds(), p99: 1000 * end.lateness.quantile(0.99), max: 1000 * mx, minShare: share}
 }
 
 // cpuTime is the CPU time the process has used: the prober, the proxies,
@@ -404,17 +405,17 @@ func collect(b *testing.B, r *metric.ManualReader) metricsNow {
 		for _, x := range sm.Metrics {
 			switch d := x.Data.(type) {
 			case metricdata.Sum[int64]:
-				if x.Name != "proxyfleet.health.probes" {
+				if x.Name != "proxyfleet_health_probes_total" {
 					continue
 				}
 				for _, p := range d.DataPoints {
 					m.probes += int(p.Value)
-					if v, _ := p.Attributes.Value("result"); v.AsString() != "ok" {
+					if v, _ := p.Attributes.Value("outcome"); v.AsString() != "ok" {
 						m.failed += int(p.Value)
 					}
 				}
 			case metricdata.ExponentialHistogram[float64]:
-				if x.Name == "proxyfleet.health.probe.lateness" && len(d.DataPoints) == 1 {
+				if x.Name == "proxyfleet_health_probe_lateness_seconds" && len(d.DataPoints) == 1 {
 					m.lateness = expHist(d.DataPoints[0])
 				}
 			}

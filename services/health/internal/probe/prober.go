@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -205,15 +206,16 @@ func New(c *bus.Conn, cfg Config, log *slog.Logger, tel *telemetry.Telemetry) (*
 		egress:  newEgressIndex(),
 		shard:   shard,
 	}
-	p.probes, _ = meter.Int64Counter("proxyfleet.health.probes",
-		metric.WithDescription("probes through proxies, by result (ok, fail)"))
-	p.latency, _ = meter.Float64Histogram("proxyfleet.health.probe.latency",
-		metric.WithDescription("latency of the plain HTTP check through a proxy"), metric.WithUnit("ms"))
-	p.lateness, _ = meter.Float64Histogram("proxyfleet.health.probe.lateness",
-		metric.WithDescription("how long after its due time a probe started"), metric.WithUnit("ms"),
-		metric.WithExplicitBucketBoundaries(0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000))
-	p.transitions, _ = meter.Int64Counter("proxyfleet.health.transitions",
-		metric.WithDescription("ready and unhealthy events appended, by kind"))
+	p.probes, _ = meter.Int64Counter("proxyfleet_health_probes_total",
+		metric.WithDescription("Probes through proxies, by outcome (ok, fail)."))
+	p.latency, _ = meter.Float64Histogram("proxyfleet_health_probe_duration_seconds",
+		metric.WithDescription("Latency of the plain HTTP check of a probe through a proxy, by outcome (ok, fail)."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	p.lateness, _ = meter.Float64Histogram("proxyfleet_health_probe_lateness_seconds",
+		metric.WithDescription("How long after its due time a probe started."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	p.transitions, _ = meter.Int64Counter("proxyfleet_health_transitions_total",
+		metric.WithDescription("Ready and unhealthy events appended, by kind."))
 	return p, nil
 }
 
@@ -478,7 +480,7 @@ func (p *Prober) dropStaleRecords(ctx context.Context, b buckets, known map[stri
 // start launches the probe of the scheduler's ticket t; the probe hands
 // the ticket back with the proxy's next due time when it ends.
 func (p *Prober) start(ctx context.Context, b buckets, t ticket, wg *sync.WaitGroup) {
-	p.lateness.Record(ctx, float64(t.late.Microseconds())/1000)
+	p.lateness.Record(ctx, t.late.Seconds())
 	begin := time.Now()
 	p.mu.Lock()
 	tr := p.proxies[t.id]
@@ -519,10 +521,9 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 	if !res.OK() {
 		result = "fail"
 	}
-	p.probes.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result)))
-	if res.HTTP == nil {
-		p.latency.Record(ctx, float64(res.HTTPLatency.Microseconds())/1000)
-	}
+	outcome := metric.WithAttributes(attribute.String("outcome", result))
+	p.probes.Add(ctx, 1, outcome)
+	p.latency.Record(ctx, res.HTTPLatency.Seconds(), outcome)
 
 	p.mu.Lock()
 	t := p.proxies[id]
@@ -582,30 +583,39 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 
 	if kind != "" {
 		msgID := events.ProxyEventID(id, kind, cur.Seq)
-		// The transition continues the trace of the operator request that
-		// asked for the proxy, carried by its requested event.
-		tctx := ctx
-		if req, err := p.store.LastOf(ctx, events.AggregateProxy, id, events.ProxyRequested); err == nil && req != nil {
-			tctx = telemetry.Extract(ctx, req.Header)
+		// A transition may come days after the operator request that asked
+		// for the proxy: it starts a trace of its own, linked to the
+		// request's (carried by the requested event), rather than being
+		// appended to it.
+		opts := []trace.SpanStartOption{
+			trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind),
+				attribute.String("messaging.system", "nats"),
+				attribute.String("messaging.operation.type", "send"),
+				attribute.String("messaging.destination.name", events.SubjectOf(events.SourceHealth, events.AggregateProxy, id, kind)),
+				attribute.String("messaging.message.id", msgID)),
 		}
-		sctx, span := p.tracer.Start(tctx, "health.transition", trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind)))
+		if req, err := p.store.LastOf(ctx, events.AggregateProxy, id, events.ProxyRequested); err == nil && req != nil {
+			if sc := trace.SpanContextFromContext(telemetry.Extract(ctx, req.Header)); sc.IsValid() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("link", "requested")}}))
+			}
+		}
+		sctx, span := p.tracer.Start(ctx, "health.transition", opts...)
 		_, err := p.store.Append(sctx, events.AggregateProxy, id, kind, msgID, data, nil)
 		if err != nil {
 			span.RecordError(err)
-		}
-		span.End()
-		if err != nil {
-			p.log.Warn("append transition; will retry on the next probe", "proxy", id, "event", kind, "err", err)
+			span.SetStatus(codes.Error, "append "+kind+" failed")
+			p.log.WarnContext(sctx, "append transition; will retry on the next probe", "proxy", id, "event", kind, "err", err)
 		} else {
 			p.transitions.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
-			p.log.Info("proxy "+kind, "proxy", id, "pool", cur.Pool, "address", cur.Address, "streak", rec.Streak, "err", rec.LastError)
+			p.log.InfoContext(sctx, "proxy "+kind, "proxy", id, "pool", cur.Pool, "address", cur.Address, "streak", rec.Streak, "err", rec.LastError)
 			p.mu.Lock()
 			if t := p.proxies[id]; t != nil {
 				t.emitted = mark
 			}
 			p.mu.Unlock()
 		}
+		span.End()
 	}
 }
 

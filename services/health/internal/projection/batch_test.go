@@ -290,7 +290,7 @@ func appliedEvents(t *testing.T, reader *sdkmetric.ManualReader) int64 {
 	var n int64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "proxyfleet.health.projection.events" {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "proxyfleet_health_projection_events_total" {
 				for _, dp := range sum.DataPoints {
 					n += dp.Value
 				}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -128,8 +129,12 @@ type Projector struct {
 	conn    *bus.Conn
 	log     *slog.Logger
 	tracer  trace.Tracer
+	meter   metric.Meter
 	applied metric.Int64Counter
-	rejects *bus.Rejects
+	// statsEvery is how often Run reads the consumer's backlog and the
+	// log's last sequence for the gauges.
+	statsEvery time.Duration
+	rejects    *bus.Rejects
 	// misplaced reports observations by an agent other than the one a
 	// proxy was placed on; the fold uses it, prepare uses rejects.
 	misplaced *bus.Rejects
@@ -161,11 +166,11 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	if tel != nil {
 		tracer, meter = tel.Tracer, tel.Meter
 	}
-	applied, _ := meter.Int64Counter("proxyfleet.health.projection.events",
-		metric.WithDescription("events read by the projection, by aggregate"))
+	applied, _ := meter.Int64Counter("proxyfleet_health_projection_events_total",
+		metric.WithDescription("Events folded into the views, by aggregate."))
 	log = log.With("component", "projection")
 	return &Projector{
-		conn: c, log: log, tracer: tracer, applied: applied, rejects: bus.NewRejects(log, 0), misplaced: bus.NewRejects(log, 0),
+		conn: c, log: log, tracer: tracer, meter: meter, applied: applied, statsEvery: bus.ConsumerMetricsInterval, rejects: bus.NewRejects(log, 0), misplaced: bus.NewRejects(log, 0),
 		proxies: newBucket[Proxy](bus.BucketProxies, log), pools: newBucket[Pool](bus.BucketPools, log),
 		replayKeys: replayKeyLimit,
 	}
@@ -188,8 +193,15 @@ func (p *Projector) bind() error {
 }
 
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
-// rebuild, or a NATS outage) is recreated after a short pause.
+// rebuild, or a NATS outage) is recreated after a short pause. Meanwhile
+// it reports the consumer's backlog and the projection's lag (see
+// [Projector.followLag]).
 func (p *Projector) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { p.followLag(ctx) })
 	for {
 		err := p.follow(ctx)
 		if errors.Is(err, errCrashed) {
@@ -749,4 +761,43 @@ func (s *source) forgotten() {
 	// The unsubscribe is sent before the PING, so the server has
 	// processed it when the PONG comes back.
 	_ = s.nc.FlushTimeout(stopWait)
+}
+
+// followLag exports, until ctx ends, the backlog gauges of the projection's
+// consumer and proxyfleet_health_projection_lag_events: the events of
+// FLEET_EVENTS not yet in the views, the log's last sequence minus the
+// consumer's acknowledgement floor (the projection acknowledges an event
+// once its writes are durable). All replicas report the same figures.
+func (p *Projector) followLag(ctx context.Context) {
+	var lag atomic.Int64
+	lag.Store(-1) // unknown until the first refresh
+	gauge, err := p.meter.Int64ObservableGauge("proxyfleet_health_projection_lag_events",
+		metric.WithDescription("Events of FLEET_EVENTS not yet folded into the views."))
+	if err == nil {
+		var reg metric.Registration
+		reg, err = p.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			if n := lag.Load(); n >= 0 {
+				o.ObserveInt64(gauge, n)
+			}
+			return nil
+		}, gauge)
+		if err == nil {
+			defer func() { _ = reg.Unregister() }()
+		}
+	}
+	if err != nil {
+		p.log.Warn("projection lag gauge", "err", err)
+	}
+	err = bus.FollowConsumer(ctx, p.conn, p.meter, bus.EventsStream, ConsumerName, p.statsEvery,
+		func(ctx context.Context, info *jetstream.ConsumerInfo) {
+			st, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+			if err != nil {
+				return
+			}
+			last, floor := st.CachedInfo().State.LastSeq, info.AckFloor.Stream
+			lag.Store(int64(max(last, floor) - floor))
+		})
+	if err != nil {
+		p.log.Warn("projection consumer gauges", "err", err)
+	}
 }

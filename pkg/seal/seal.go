@@ -28,8 +28,10 @@ func NewKey() (nkeys.KeyPair, error) { return nkeys.CreateCurveKeys() }
 
 // LoadOrCreate returns the curve key whose seed is in path, creating the
 // file (0600, its directory 0700) with a new key when it does not exist.
-// Two processes starting at once on one path end with the same key: the
-// file is created exclusively and the loser reads the winner's.
+// Two processes starting at once on one path end with the same key, and a
+// crash never leaves a partial file: the seed is written and synced to a
+// temporary file first, which is then hard-linked to path (link(2) fails
+// when path exists, so the loser reads the winner's whole file).
 func LoadOrCreate(path string) (nkeys.KeyPair, error) {
 	kp, err := Load(path)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
@@ -46,17 +48,20 @@ func LoadOrCreate(path string) (nkeys.KeyPair, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("key directory: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return Load(path)
-	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".new-*")
 	if err != nil {
 		return nil, fmt.Errorf("create key file: %w", err)
 	}
+	tmp := f.Name()
+	defer func() { _ = os.Remove(tmp) }()
 	_, werr := f.Write(append(seed, '\n'))
-	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
-		_ = os.Remove(path)
+	if err := errors.Join(werr, f.Chmod(0o600), f.Sync(), f.Close()); err != nil {
 		return nil, fmt.Errorf("write key file %s: %w", path, err)
+	}
+	if err := os.Link(tmp, path); errors.Is(err, fs.ErrExist) {
+		return Load(path)
+	} else if err != nil {
+		return nil, fmt.Errorf("create key file %s: %w", path, err)
 	}
 	return kp, nil
 }

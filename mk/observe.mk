@@ -90,3 +90,11 @@ test-otel-config: $(OTELCOL_BIN) ## validate deploy/otel/collector.yaml with a r
 	$(OTELCOL_BIN) validate --config deploy/otel/collector.yaml
 
 TEST_ALL_TIERS += test-otel-config
+
+# make pictures remakes the images of docs/observability.md from a real
+# run (scripts/pictures.sh): make run with traces, make observe, a pool with
+# traffic through the gateway, headless Chromium (Debian's chromium).
+.PHONY: pictures
+pictures: prometheus-install $(BIN)/jaeger $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## the images of docs/observability.md from a real run (needs chromium; about 4 minutes)
+	@command -v chromium >/dev/null || { echo "chromium is missing: apt-get install chromium" >&2; exit 1; }
+	@./scripts/pictures.sh docs/img

@@ -121,17 +121,6 @@ func TestRunBannerMetrics(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback address with a port no one listens on now.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // getJSON GETs u and decodes its JSON body into v.
 func getJSON(u string, v any) error {
 	c := &http.Client{Timeout: 10 * time.Second}
@@ -157,6 +146,13 @@ func getJSON(u string, v any) error {
 // and health; SIGTERM stops both. make test-observe installs prometheus,
 // builds jaeger and runs it with the gate forced open.
 func TestObserve(t *testing.T) {
+	// Prometheus and Jaeger listen where they are told, so the test runs
+	// in a network namespace of its own, where their default ports are
+	// free by construction: make test-observe starts it there (unshare
+	// --net) and sets PROXYFLEET_OBSERVE=netns.
+	if os.Getenv("PROXYFLEET_OBSERVE") != "netns" {
+		t.Skip("PROXYFLEET_OBSERVE is not netns; make test-observe runs this test in a network namespace of its own")
+	}
 	testgate.NeedFile(t, "/usr/bin/prometheus", "Debian's prometheus (make prometheus-install)")
 	jaeger, err := filepath.Abs(filepath.Join("..", "bin", "jaeger"))
 	if err != nil {
@@ -165,7 +161,7 @@ func TestObserve(t *testing.T) {
 	testgate.NeedFile(t, jaeger, "Jaeger v2 (make jaeger)")
 	testgate.NeedBinary(t, "curl", "observe.sh waits with it (apt-get install curl)")
 
-	promAddr, jaegerAddr, otlpGRPC, otlpHTTP := freePort(t), freePort(t), freePort(t), freePort(t)
+	promAddr, jaegerAddr, otlpGRPC, otlpHTTP := "127.0.0.1:9090", "127.0.0.1:16686", "127.0.0.1:4317", "127.0.0.1:4318"
 	r := startRunScript(t,
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://"+otlpHTTP,
 		"PLANNER_FLAGS=--reconcile-interval 200ms",

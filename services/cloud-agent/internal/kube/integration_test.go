@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -184,7 +185,30 @@ func (e *kubeEnv) namespace(prefix string) string {
 	must(e.t, err)
 	_, err = e.admin.RbacV1().RoleBindings(ns).Create(ctx, &binding, metav1.CreateOptions{})
 	must(e.t, err)
+	e.waitAllowed(ns)
 	return ns
+}
+
+// waitAllowed waits until the apiserver's authorizer lets the agent create
+// Pods in ns: it learns of a new RoleBinding through its own watch, a
+// moment after the create returned (longer on a loaded machine).
+func (e *kubeEnv) waitAllowed(ns string) {
+	e.t.Helper()
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: agentSubject, Groups: agentGroups,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"},
+	}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := e.admin.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), review, metav1.CreateOptions{})
+		if err == nil && got.Status.Allowed {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the agent may still not create pods in %s 30s after its RoleBinding: %v %+v", ns, err, got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // bareNamespace creates a restricted namespace where the agent holds no right.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -719,15 +718,7 @@ func TestDashboardsAndRulesMatchEmittedMetrics(t *testing.T) {
 		}
 	}
 
-	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/limited" {
-			w.WriteHeader(http.StatusTooManyRequests)
-			io.WriteString(w, "slow down")
-			return
-		}
-		io.WriteString(w, "fine")
-	}))
-	t.Cleanup(site.Close)
+	site := limitedSite(t)
 	f := newFleet(t)
 	f.allow(site)
 	f.dumpLogsOnFailure()

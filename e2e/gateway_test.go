@@ -202,11 +202,9 @@ func TestGatewayNoRequestFailsWhenAProxyDies(t *testing.T) {
 	}
 }
 
-// TestGatewayBanRuleRetiresAndReplaces is a local origin answering 429
-// on a path: past the pool's rule's threshold, the gateway reports the
-// proxy and the planner retires it with reason "banned: <rule>" and
-// replaces it.
-func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
+// limitedSite is a local origin answering 429 on /limited and 200
+// elsewhere.
+func limitedSite(t *testing.T) *httptest.Server {
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/limited" {
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -216,6 +214,15 @@ func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
 		io.WriteString(w, "fine")
 	}))
 	t.Cleanup(site.Close)
+	return site
+}
+
+// TestGatewayBanRuleRetiresAndReplaces is a local origin answering 429
+// on a path: past the pool's rule's threshold, the gateway reports the
+// proxy and the planner retires it with reason "banned: <rule>" and
+// replaces it.
+func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
+	site := limitedSite(t)
 	f := newFleet(t)
 	f.allow(site)
 	f.dumpLogsOnFailure()

@@ -11,8 +11,22 @@ NATSCLI_VERSION := v0.5.0
 STATICCHECK_VERSION := v0.8.2
 GOTEST_FLAGS ?= -race -count=1 -timeout 35m
 
-# Tiers added by mk/*.mk files; each appends its target to TEST_ALL_TIERS.
+# Tiers added by mk/*.mk files; each appends its target to TEST_ALL_TIERS
+# and says what it needs beyond the Go toolchain (mk/README).
 TEST_ALL_TIERS :=
+
+# The Debian packages the tiers install, appended by each tier file, so
+# `make packages` installs them all in one apt-get run (CI does, first).
+# Those that the kvm tiers' scripts install with their recommended
+# packages (libvirt's dnsmasq and firewall tools) go in the second list.
+APT_INSTALL := $(CURDIR)/scripts/apt-install.sh
+DEBIAN_PACKAGES :=
+DEBIAN_PACKAGES_RECOMMENDS :=
+
+# The cached prerequisites (mk/README): each tier file appends a name to
+# PREREQS and defines PREREQ_TARGET_<name> (the make target that builds it)
+# and PREREQ_CHECK_<name> (a command that succeeds when it is cached).
+PREREQS :=
 
 .PHONY: help
 help: ## list the targets
@@ -56,9 +70,10 @@ NATSCLI_BIN := $(CACHE_DIR)/nats-$(NATSCLI_VERSION)
 
 $(NATSCLI_BIN):
 	@mkdir -p $(CACHE_DIR)
-	@echo "building the nats CLI $(NATSCLI_VERSION) into $(CACHE_DIR) (once per machine)"
-	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.nats-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
-		GOBIN="$$tmp" $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \
+	@exec 9>$@.lock; flock 9; if [ -x $@ ]; then exit 0; fi; set -e; \
+		echo "building the nats CLI $(NATSCLI_VERSION) into $(CACHE_DIR) (once per machine)"; \
+		tmp=$$(mktemp -d $(CACHE_DIR)/.nats-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+		GOBIN="$$tmp" $(GO) install -trimpath -ldflags '-s -w' github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \
 		mv -f "$$tmp/nats" $@
 
 # The pinned nats-server (the version pkg/go.mod embeds), built once per
@@ -67,6 +82,10 @@ $(NATSCLI_BIN):
 # its rule is read, and cluster.mk is read before deploy.mk.
 NATSSERVER_VERSION := $(shell awk '$$1=="github.com/nats-io/nats-server/v2"{print $$2; exit}' pkg/go.mod)
 NATSSERVER_BIN     := $(CACHE_DIR)/nats-server-$(NATSSERVER_VERSION)
+
+PREREQS += nats-cli
+PREREQ_TARGET_nats-cli := nats
+PREREQ_CHECK_nats-cli  := test -x $(NATSCLI_BIN)
 
 $(BIN)/nats: $(NATSCLI_BIN)
 	@mkdir -p $(BIN)
@@ -123,8 +142,49 @@ fuzz: ## run each fuzz target for FUZZTIME (60s), one after another (FUZZ=regexp
 # Tier files must be read before test-all expands TEST_ALL_TIERS.
 -include mk/*.mk
 
+.PHONY: print-modules
+print-modules:
+	@echo $(MODULES)
+
+.PHONY: ci
+ci: ## what CI runs (.ci/run): lint, tidy-check, test and every tier, prerequisites built meanwhile, a table of seconds at the end (root)
+	@PROXYFLEET_REQUIRE_INTEGRATION=1 ./scripts/ci.sh
+
 .PHONY: test-all
 test-all: test $(TEST_ALL_TIERS) ## test plus the real-component tiers (needs root; installs Debian packages)
+
+.PHONY: packages
+packages: ## install every Debian package the tiers use, in one apt-get run (root; starts no service)
+	@$(APT_INSTALL) $(sort $(DEBIAN_PACKAGES))
+	@$(APT_INSTALL) --with-recommends $(sort $(DEBIAN_PACKAGES_RECOMMENDS))
+
+PREREQS += debian-packages
+PREREQ_TARGET_debian-packages := packages
+PREREQ_CHECK_debian-packages  := ! dpkg-query -W -f='$${db:Status-Status}\n' $(sort $(DEBIAN_PACKAGES) $(DEBIAN_PACKAGES_RECOMMENDS)) 2>/dev/null | grep -qv '^installed$$'
+
+# The modules of the workspace and of the tools built into the cache.
+TOOL_MODULES := $(KUBE_MODULE) $(OTEL_MODULE)
+
+.PHONY: mod-download
+mod-download: ## download every Go module the workspace and the cached tools need
+	@for m in $(MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
+	@for m in $(TOOL_MODULES); do (cd $$m && GOWORK=off $(GO) mod download) || exit 1; done
+
+PREREQS += go-modules
+PREREQ_TARGET_go-modules := mod-download
+PREREQ_CHECK_go-modules  := test -n "$$(ls -A "$$($(GO) env GOMODCACHE)/cache/download" 2>/dev/null)"
+
+# ci-plan is what .ci/run reads: the tiers with what each needs, and the
+# cached prerequisites with the target that builds each; prereq-cached-<name>
+# succeeds when that prerequisite is already in the cache.
+.PHONY: ci-plan
+ci-plan:
+	@$(foreach t,$(TEST_ALL_TIERS),echo 'tier $(t) $(TIER_NEEDS_$(t))';)
+	@$(foreach p,$(PREREQS),echo 'prereq $(p) $(PREREQ_TARGET_$(p))';)
+
+.PHONY: $(addprefix prereq-cached-,$(PREREQS))
+$(addprefix prereq-cached-,$(PREREQS)): prereq-cached-%:
+	@$(PREREQ_CHECK_$*)
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck on every module

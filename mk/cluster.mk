@@ -16,3 +16,4 @@ test-cluster: $(NATSSERVER_BIN) ## the system on a 3-node nats-server cluster: R
 		$(GO) test -count=1 -run '^$$' -bench 'BenchmarkProbeReplicas' -benchtime 20000x ./internal/probe/ | grep -E '^(Benchmark|ok|FAIL)'
 
 TEST_ALL_TIERS += test-cluster
+TIER_NEEDS_test-cluster := nats-server

@@ -18,14 +18,19 @@ DEPLOY_HOSTS  ?= localhost,127.0.0.1,::1
 
 $(NATSSERVER_BIN):
 	@mkdir -p $(CACHE_DIR)
-	@echo "building nats-server $(NATSSERVER_VERSION) into $(CACHE_DIR) (once per machine)"
-	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.nats-server-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+	@exec 9>$@.lock; flock 9; if [ -x $@ ]; then exit 0; fi; set -e; \
+		echo "building nats-server $(NATSSERVER_VERSION) into $(CACHE_DIR) (once per machine)"; \
+		tmp=$$(mktemp -d $(CACHE_DIR)/.nats-server-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 		GOBIN="$$tmp" $(GO) install github.com/nats-io/nats-server/v2@$(NATSSERVER_VERSION); \
 		mv -f "$$tmp/nats-server" $@
 
 .PHONY: nats-server
 nats-server: $(NATSSERVER_BIN) ## build the pinned nats-server into the cache (for deploy/nats and make test-deploy)
 	@echo $(NATSSERVER_BIN)
+
+PREREQS += nats-server
+PREREQ_TARGET_nats-server := nats-server
+PREREQ_CHECK_nats-server  := test -x $(NATSSERVER_BIN)
 
 .PHONY: deploy-secrets
 deploy-secrets: ## nkeys, nkeys.env and TLS certificates for deploy/nats: DIR=... [AGENTS="local/t1 kvm/host1"] [HOSTS=nats.example,10.0.0.5]
@@ -38,3 +43,4 @@ test-deploy: $(NATSSERVER_BIN) $(NATSCLI_BIN) ## the shipped deploy/nats and sys
 		$(GO) test -tags deploy $(GOTEST_FLAGS) -run 'TestDeploy' ./...
 
 TEST_ALL_TIERS += test-deploy
+TIER_NEEDS_test-deploy := nats-server nats-cli

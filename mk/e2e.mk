@@ -7,3 +7,4 @@ test-e2e-squid: squid-install ## the pool flow end to end with real Squid proxie
 		$(GO) test $(GOTEST_FLAGS) -run 'Squid' ./...
 
 TEST_ALL_TIERS += test-e2e-squid
+TIER_NEEDS_test-e2e-squid := debian-packages

@@ -7,11 +7,9 @@ SCRAPY ?= /usr/bin/scrapy
 .PHONY: scrapy-install
 scrapy-install: ## install Debian's Scrapy for the gateway tier (root)
 	@if [ -x $(SCRAPY) ]; then echo "scrapy present: $$($(SCRAPY) version 2>/dev/null)"; exit 0; fi; \
-	set -e; \
-	export DEBIAN_FRONTEND=noninteractive; \
-	apt-get -o DPkg::Lock::Timeout=600 update -q; \
-	apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends python3-scrapy; \
-	$(SCRAPY) version
+	$(APT_INSTALL) python3-scrapy && $(SCRAPY) version
+
+DEBIAN_PACKAGES += python3-scrapy
 
 .PHONY: test-gateway-scrapy
 test-gateway-scrapy: scrapy-install $(BIN)/nats ## Scrapy crawls a local site of 200 pages through make run's gateway (root; installs python3-scrapy)
@@ -19,3 +17,4 @@ test-gateway-scrapy: scrapy-install $(BIN)/nats ## Scrapy crawls a local site of
 		$(GO) test $(GOTEST_FLAGS) -run TestGatewayScrapy ./...
 
 TEST_ALL_TIERS += test-gateway-scrapy
+TIER_NEEDS_test-gateway-scrapy := debian-packages nats-cli

@@ -8,17 +8,35 @@ test-kvm: ## kvm-agent against a real libvirtd + QEMU in a network namespace (ro
 	@$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -race -tags integration -count=1 -timeout 12m -v ./integration/'
 
 TEST_ALL_TIERS += test-kvm
+TIER_NEEDS_test-kvm := debian-packages
 
-# The boot test's guest disk, built from Debian packages by build-guest.sh.
-KVM_GUEST_DIR ?= $(CURDIR)/bin/kvm-guest
+# What libvirt-tier.sh, build-guest.sh and build-cloud-image.sh install
+# when missing (with recommended packages, as they do).
+DEBIAN_PACKAGES_RECOMMENDS += libvirt-daemon-system qemu-system-x86 qemu-utils ovmf iproute2 tini \
+	syslinux syslinux-common mtools dosfstools fdisk kmod cpio \
+	mmdebstrap grub-common grub-efi-amd64-bin
+
+# The boot test's guest disk, built from Debian packages by build-guest.sh
+# into the cache (build-guest.sh keeps it while its recipe is unchanged),
+# so fresh clones reuse it.
+KVM_GUEST_DIR ?= $(CACHE_DIR)/kvm-guest
+
+.PHONY: kvm-guest
+kvm-guest: ## build the boot test's guest disk (busybox initramfs, Debian kernel) into ~/.cache/proxyfleet, once per recipe (root)
+	@mkdir -p $(KVM_GUEST_DIR)
+	@exec 9>$(KVM_GUEST_DIR).lock; flock 9; $(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR)
+
+PREREQS += guest-image
+PREREQ_TARGET_guest-image := kvm-guest
+PREREQ_CHECK_guest-image  := $(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR) --check
 
 .PHONY: e2e-kvm
-e2e-kvm: ## boot a guest through the kvm-agent under TCG, get its address, HTTP through its proxy (root)
-	@$(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR)
+e2e-kvm: kvm-guest ## boot a guest through the kvm-agent under TCG, get its address, HTTP through its proxy (root)
 	@KVM_TEST_GUEST_IMAGE=$(KVM_GUEST_DIR)/guest.qcow2 KVM_TEST_GATEWAY=192.168.150.1 \
 		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 15m -run "TestGuestBootsAndProxies|TestDestroyedDomainIsReplaced" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm
+TIER_NEEDS_e2e-kvm := debian-packages guest-image
 
 .PHONY: bench-kvm
 bench-kvm: ## kvm-agent numbers against a real libvirtd: upload throughput vs virsh vol-upload, create overhead, idle RSS (root)
@@ -34,12 +52,17 @@ CLOUD_IMAGE := $(CACHE_DIR)/debian-12-cloud-$(shell sha256sum $(CLOUD_IMAGE_SCRI
 
 $(CLOUD_IMAGE):
 	@mkdir -p $(CACHE_DIR)
-	@echo "building the Debian 12 cloud image into $@ (about 9 minutes cold)"
-	@$(CLOUD_IMAGE_SCRIPT) $@
+	@exec 9>$(CACHE_DIR)/.cloud-image.lock; flock 9; if [ -e $@ ]; then exit 0; fi; \
+	echo "building the Debian 12 cloud image into $@ (about 9 minutes cold)"; \
+	$(CLOUD_IMAGE_SCRIPT) $@
 
 .PHONY: cloud-image
 cloud-image: $(CLOUD_IMAGE) ## build the Debian 12 cloud image (cloud-init, Squid, qemu-guest-agent, UEFI) into ~/.cache/proxyfleet, once per recipe (root)
 	@echo "cloud image: $(CLOUD_IMAGE)"
+
+PREREQS += cloud-image
+PREREQ_TARGET_cloud-image := cloud-image
+PREREQ_CHECK_cloud-image  := test -e $(CLOUD_IMAGE)
 
 .PHONY: e2e-kvm-cloud
 e2e-kvm-cloud: cloud-image ## proxies from the Debian cloud image through planner, health and the kvm-agent under TCG: default cloud-config with auth, operator cloud-config, shell user-data (root)
@@ -47,3 +70,4 @@ e2e-kvm-cloud: cloud-image ## proxies from the Debian cloud image through planne
 		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 25m -parallel 3 -run "TestCloudImageProxies" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm-cloud
+TIER_NEEDS_e2e-kvm-cloud := debian-packages cloud-image

@@ -6,55 +6,51 @@
 PROMETHEUS ?= /usr/bin/prometheus
 PROMTOOL   ?= /usr/bin/promtool
 
-# Jaeger v2 (the OpenTelemetry-collector-based jaeger binary), built once
-# per machine into the cache like the nats CLI; ./bin/jaeger links to it.
-JAEGER_VERSION := v1.76.0
-JAEGER_BIN     := $(CACHE_DIR)/jaeger-$(JAEGER_VERSION)
-# `go install …@version` refuses a module whose go.mod replaces modules, so
-# it is built in a module of its own that repeats jaeger's one replace.
-JAEGER_REPLACE := github.com/Shopify/sarama=github.com/Shopify/sarama@v1.33.0
+# Jaeger v2 (the OpenTelemetry-collector-based jaeger binary, v1.76.0) and
+# the core collector of deploy/otel/otelcorecol are pinned by one module,
+# deploy/otel (its go.mod repeats jaeger's one replace), and built by one
+# go build into the cache, named by the hash of that recipe: the collector
+# packages both are made of (at Jaeger's collector release) are compiled
+# once, and -s -w spares the linker the DWARF of two large binaries.
+# ./bin/jaeger links to the cached jaeger.
+OTEL_MODULE := deploy/otel
+OTEL_RECIPE := $(shell cat $(OTEL_MODULE)/go.mod $(OTEL_MODULE)/go.sum $(OTEL_MODULE)/otelcorecol/main.go 2>/dev/null | sha256sum | cut -c1-16)
+OTEL_BINS   := $(CACHE_DIR)/otel-$(OTEL_RECIPE)
+JAEGER_BIN  := $(OTEL_BINS)/jaeger
+OTELCOL_BIN := $(OTEL_BINS)/otelcorecol
 
-# The core collector distribution's components at one release, built once
-# per machine from deploy/otel/otelcorecol (a main and a go.mod) into the
-# cache, named by the hash of that recipe.
-OTELCOL_DIR := deploy/otel/otelcorecol
-OTELCOL_BIN := $(CACHE_DIR)/otelcorecol-$(shell cat $(OTELCOL_DIR)/go.mod $(OTELCOL_DIR)/go.sum $(OTELCOL_DIR)/main.go 2>/dev/null | sha256sum | cut -c1-16)
+$(OTEL_BINS)/.built:
+	@mkdir -p $(CACHE_DIR)
+	@exec 9>$(CACHE_DIR)/.otel.lock; flock 9; if [ -e $@ ]; then exit 0; fi; set -e; \
+	echo "building jaeger (v2) and the core OpenTelemetry Collector into $(OTEL_BINS) (one go build, once per recipe; minutes)"; \
+	tmp=$$(mktemp -d $(CACHE_DIR)/.otel-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+	(cd $(OTEL_MODULE) && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$$tmp"/ \
+		./otelcorecol github.com/jaegertracing/jaeger/cmd/jaeger); \
+	rm -rf $(OTEL_BINS); mv "$$tmp" $(OTEL_BINS); touch $@
+
+$(JAEGER_BIN) $(OTELCOL_BIN): $(OTEL_BINS)/.built
+
+PREREQS += otel
+PREREQ_TARGET_otel := otelcol
+PREREQ_CHECK_otel  := test -e $(OTEL_BINS)/.built
 
 .PHONY: prometheus-install
 prometheus-install: ## install Debian's prometheus and promtool (root; no system prometheus is started)
 	@if [ -x $(PROMETHEUS) ] && [ -x $(PROMTOOL) ]; then echo "prometheus present: $$($(PROMETHEUS) --version 2>&1 | head -1)"; exit 0; fi; \
-	set -e; \
-	backup=""; \
-	if [ -e /usr/sbin/policy-rc.d ]; then backup=$$(mktemp /usr/sbin/policy-rc.d.pf.XXXXXX); cp -p /usr/sbin/policy-rc.d "$$backup"; fi; \
-	restore() { if [ -n "$$backup" ]; then mv -f "$$backup" /usr/sbin/policy-rc.d; else rm -f /usr/sbin/policy-rc.d; fi; }; \
-	trap restore EXIT; \
-	printf '#!/bin/sh\n# installed by make prometheus-install: keep package scripts from starting services\nexit 101\n' > /usr/sbin/policy-rc.d; \
-	chmod 755 /usr/sbin/policy-rc.d; \
-	export DEBIAN_FRONTEND=noninteractive; \
-	apt-get -o DPkg::Lock::Timeout=600 update -q; \
-	apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends prometheus; \
+	set -e; $(APT_INSTALL) prometheus; \
 	if command -v systemctl >/dev/null && systemctl is-enabled prometheus >/dev/null 2>&1; then \
 		systemctl disable --now prometheus >/dev/null 2>&1 || true; \
 	fi; \
 	$(PROMETHEUS) --version 2>&1 | head -1
 
-$(JAEGER_BIN):
-	@mkdir -p $(CACHE_DIR)
-	@echo "building jaeger $(JAEGER_VERSION) (v2) into $(CACHE_DIR) (once per machine; minutes)"
-	@set -e; tmp=$$(mktemp -d $(CACHE_DIR)/.jaeger-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
-		cd "$$tmp"; export GOWORK=off GOFLAGS=-mod=mod; \
-		$(GO) mod init proxyfleet.invalid/jaeger-build >/dev/null 2>&1; \
-		$(GO) mod edit -replace $(JAEGER_REPLACE); \
-		$(GO) get github.com/jaegertracing/jaeger@$(JAEGER_VERSION); \
-		$(GO) build -trimpath -o jaeger github.com/jaegertracing/jaeger/cmd/jaeger; \
-		mv -f jaeger $@
+DEBIAN_PACKAGES += prometheus
 
 $(BIN)/jaeger: $(JAEGER_BIN)
 	@mkdir -p $(BIN)
 	@ln -sfn $(JAEGER_BIN) $@
 
 .PHONY: jaeger
-jaeger: $(BIN)/jaeger ## link Jaeger v2 into ./bin/jaeger (built once into ~/.cache/proxyfleet)
+jaeger: $(BIN)/jaeger ## link Jaeger v2 into ./bin/jaeger (built once, with the core collector, into ~/.cache/proxyfleet)
 
 .PHONY: observe
 observe: prometheus-install $(BIN)/jaeger ## next to make run: Prometheus on :9090 scraping its services, Jaeger v2 on :16686 (OTLP :4317/:4318); Ctrl-C stops both
@@ -72,6 +68,7 @@ test-observe: prometheus-install $(BIN)/jaeger $(BIN)/nats ## make observe next 
 	cd e2e && unshare --net sh -c 'ip link set lo up && PROXYFLEET_OBSERVE=netns PROXYFLEET_REQUIRE_INTEGRATION=1 $(BIN)/e2e-observe.test -test.run "^TestObserve$$" -test.count 1 -test.v'
 
 TEST_ALL_TIERS += test-observe
+TIER_NEEDS_test-observe := debian-packages otel nats-cli
 
 .PHONY: test-prometheus-rules
 test-prometheus-rules: prometheus-install ## promtool: check deploy/prometheus's config and rules, run the rules' unit tests (root; installs prometheus)
@@ -80,21 +77,17 @@ test-prometheus-rules: prometheus-install ## promtool: check deploy/prometheus's
 	cd deploy/prometheus/rules && $(PROMTOOL) test rules *_test.yml
 
 TEST_ALL_TIERS += test-prometheus-rules
-
-$(OTELCOL_BIN): $(OTELCOL_DIR)/go.mod $(OTELCOL_DIR)/go.sum $(OTELCOL_DIR)/main.go
-	@mkdir -p $(CACHE_DIR)
-	@echo "building the core OpenTelemetry Collector components into $(CACHE_DIR) (once per recipe; minutes)"
-	@set -e; tmp=$$(mktemp $(CACHE_DIR)/.otelcorecol.XXXXXX); trap 'rm -f "$$tmp"' EXIT; \
-		cd $(OTELCOL_DIR) && GOWORK=off $(GO) build -trimpath -o "$$tmp" . && mv -f "$$tmp" $@
+TIER_NEEDS_test-prometheus-rules := debian-packages
 
 .PHONY: otelcol
-otelcol: $(OTELCOL_BIN) ## build the core collector of deploy/otel/otelcorecol into ~/.cache/proxyfleet
+otelcol: $(OTELCOL_BIN) ## build the core collector of deploy/otel/otelcorecol (with jaeger) into ~/.cache/proxyfleet
 
 .PHONY: test-otel-config
 test-otel-config: $(OTELCOL_BIN) ## validate deploy/otel/collector.yaml with a real core collector build (built once)
 	$(OTELCOL_BIN) validate --config deploy/otel/collector.yaml
 
 TEST_ALL_TIERS += test-otel-config
+TIER_NEEDS_test-otel-config := otel
 
 # make pictures remakes the images of docs/observability.md from a real
 # run (scripts/pictures.sh): make run with traces, make observe, a pool with

@@ -5,10 +5,9 @@
 
 .PHONY: test-systemd
 test-systemd: ## score the systemd units with systemd-analyze security (installs Debian's systemd when missing)
-	@command -v systemd-analyze >/dev/null || { \
-		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get -o DPkg::Lock::Timeout=600 update -q && \
-		apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends systemd; }
+	@command -v systemd-analyze >/dev/null || $(APT_INSTALL) systemd
 	cd e2e && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test $(GOTEST_FLAGS) -run 'TestSystemdUnitsHardened' .
 
 TEST_ALL_TIERS += test-systemd
+TIER_NEEDS_test-systemd := debian-packages
+DEBIAN_PACKAGES += systemd

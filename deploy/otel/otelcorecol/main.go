@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/collector/exporter/otlpexporter"
 	"go.opentelemetry.io/collector/exporter/otlphttpexporter"
 	"go.opentelemetry.io/collector/otelcol"
+	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/batchprocessor"
 	"go.opentelemetry.io/collector/processor/memorylimiterprocessor"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
@@ -29,7 +30,7 @@ func components() (otelcol.Factories, error) {
 	if f.Receivers, err = otelcol.MakeFactoryMap(otlpreceiver.NewFactory()); err != nil {
 		return f, err
 	}
-	if f.Processors, err = otelcol.MakeFactoryMap(batchprocessor.NewFactory(), memorylimiterprocessor.NewFactory()); err != nil {
+	if f.Processors, err = otelcol.MakeFactoryMap[processor.Factory](batchprocessor.NewFactory(), memorylimiterprocessor.NewFactory()); err != nil {
 		return f, err
 	}
 	if f.Exporters, err = otelcol.MakeFactoryMap(otlpexporter.NewFactory(), otlphttpexporter.NewFactory(), debugexporter.NewFactory()); err != nil {
@@ -39,7 +40,7 @@ func components() (otelcol.Factories, error) {
 }
 
 func main() {
-	info := component.BuildInfo{Command: "otelcorecol", Description: "proxyfleet's core-only OpenTelemetry Collector", Version: "0.165.0"}
+	info := component.BuildInfo{Command: "otelcorecol", Description: "proxyfleet's core-only OpenTelemetry Collector", Version: "0.140.0"}
 	set := otelcol.CollectorSettings{
 		BuildInfo: info,
 		Factories: components,

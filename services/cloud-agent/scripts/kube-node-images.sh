@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kube-node-images.sh DIR: builds the two images of the Kubernetes node tier
+# kube-node-images.sh DIR [--check]: builds the two images of the Kubernetes node tier
 # into DIR (a cache, keyed by the hash of this recipe) unless they are there:
 #
 #   squid-oci.tar  localhost/proxyfleet/squid:<hash>  Debian 12 with Debian's
@@ -9,7 +9,8 @@
 #
 # Both are OCI image-layout tars (tools/ociimage) that `ctr -n k8s.io images
 # import` loads without a registry; DIR/<hash>/images.env names them, and
-# is the last line the script prints. MIRROR
+# is the last line the script prints. With --check it builds nothing and
+# says by its exit status whether they are cached. MIRROR
 # (http://deb.debian.org/debian) and SECURITY_MIRROR pick the archive.
 set -euo pipefail
 
@@ -25,12 +26,20 @@ hash=$(cat "$0" $(ls "$here"/tools/ociimage/*.go "$here"/tools/pause/*.go | grep
 	<(echo "$mirror $security $suite $packages") |
 	sha256sum | cut -c1-12)
 dir=$out/$hash
+if [ "${2:-}" = --check ]; then
+	[ -s "$dir/images.env" ]
+	exit
+fi
+mkdir -p "$out"
+# One build at a time: a second run waits for the first and finds its
+# images.
+exec 9>"$out/.lock"
+flock 9
 if [ -s "$dir/images.env" ]; then
 	echo "kube-node images $hash: cached in $dir"
 	echo "$dir/images.env"
 	exit 0
 fi
-mkdir -p "$out"
 tmp=$(mktemp -d "$out/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 

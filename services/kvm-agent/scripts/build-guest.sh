@@ -7,14 +7,25 @@
 # forward proxy rides along. The disk boots under BIOS with syslinux
 # (installed with mtools, no loop mounts) and is written as qcow2.
 #
-# Usage: build-guest.sh OUTDIR   (writes OUTDIR/guest.qcow2; reuses it when
-# it was built by this version of the script)
+# Usage: build-guest.sh OUTDIR [--check]   (writes OUTDIR/guest.qcow2;
+# reuses it when it was built by this version of the script and of the
+# proxy; --check only says whether it would, by its exit status)
 set -euo pipefail
 
-OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR}")
+OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR [--check]}")
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-RECIPE=$(sha256sum "$0" "$HERE/testdata/guest/fwdproxy"/*.go | sha256sum | cut -c1-16)
+# The recipe is the content of the script and of the proxy's sources, not
+# their paths, so every clone on a machine shares one cached disk.
+RECIPE=$(cat "$0" "$HERE/testdata/guest/fwdproxy"/*.go | sha256sum | cut -c1-16)
+cached=false
 if [ -s "$OUT/guest.qcow2" ] && [ "$(cat "$OUT/guest.recipe" 2>/dev/null)" = "$RECIPE" ]; then
+	cached=true
+fi
+if [ "${2:-}" = --check ]; then
+	$cached
+	exit
+fi
+if $cached; then
 	echo "guest image: $OUT/guest.qcow2 (cached, recipe $RECIPE)"
 	exit 0
 fi
@@ -154,6 +165,7 @@ mcopy -i disk.raw@@1M initrd.gz ::initrd.gz
 mcopy -i disk.raw@@1M syslinux.cfg ::syslinux.cfg
 mkdir -p "$OUT"
 qemu-img convert -q -O qcow2 disk.raw "$OUT/guest.qcow2.tmp"
+rm -f "$OUT/guest.recipe"
 mv "$OUT/guest.qcow2.tmp" "$OUT/guest.qcow2"
 echo "$RECIPE" >"$OUT/guest.recipe"
 echo "guest image: $OUT/guest.qcow2 ($(stat -c %s "$OUT/guest.qcow2") bytes, kernel $KVER)"

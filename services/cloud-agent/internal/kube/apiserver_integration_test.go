@@ -32,7 +32,7 @@ import (
 	"proxyfleet/pkg/testnet"
 )
 
-// KubeVersion is the kube-apiserver the tier builds (services/cloud-agent/tools/kube-apiserver).
+// KubeVersion is the kube-apiserver the tier builds (services/cloud-agent/tools/kube).
 const KubeVersion = "v1.34.2"
 
 // cacheDir is where `make test-kube` keeps kube-apiserver and etcd, outside
@@ -70,7 +70,7 @@ func TestMain(m *testing.M) {
 // or fail it under PROXYFLEET_REQUIRE_INTEGRATION=1.
 func adminConfig(t *testing.T) *rest.Config {
 	t.Helper()
-	apiserver := envOr("KUBE_APISERVER", filepath.Join(cacheDir(), "kube-apiserver-"+KubeVersion))
+	apiserver := envOr("KUBE_APISERVER", filepath.Join(cacheDir(), "kube-"+KubeVersion, "kube-apiserver"))
 	etcd := envOr("ETCD", filepath.Join(cacheDir(), "etcd-root", "usr", "bin", "etcd"))
 	testgate.NeedFile(t, apiserver, "kube-apiserver "+KubeVersion+"; `make test-kube` builds it")
 	testgate.NeedFile(t, etcd, "etcd from Debian's etcd-server; `make test-kube` fetches it")

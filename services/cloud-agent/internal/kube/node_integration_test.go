@@ -51,11 +51,11 @@ func nodeTierEnv(t *testing.T) nodeTier {
 		squidImage: os.Getenv("PFKUBE_SQUID_IMAGE")}
 	testgate.Need(t, n.netns != "" && n.cri != "" && n.squidImage != "",
 		"no node tier around the test (PFKUBE_* unset); run `make test-kube-node`")
-	bins := filepath.Join(cacheDir(), "kube-node-"+KubeVersion)
+	bins := filepath.Join(cacheDir(), "kube-"+KubeVersion)
 	n.kubelet = envOr("KUBELET", filepath.Join(bins, "kubelet"))
 	n.scheduler = envOr("KUBE_SCHEDULER", filepath.Join(bins, "kube-scheduler"))
-	testgate.NeedFile(t, n.kubelet, "kubelet "+KubeVersion+"; `make kube-node-bins` builds it")
-	testgate.NeedFile(t, n.scheduler, "kube-scheduler "+KubeVersion+"; `make kube-node-bins` builds it")
+	testgate.NeedFile(t, n.kubelet, "kubelet "+KubeVersion+"; `make kube-bins` builds it")
+	testgate.NeedFile(t, n.scheduler, "kube-scheduler "+KubeVersion+"; `make kube-bins` builds it")
 	return n
 }
 

@@ -174,12 +174,13 @@ PREREQS += go-modules
 PREREQ_TARGET_go-modules := mod-download
 PREREQ_CHECK_go-modules  := test -n "$$(ls -A "$$($(GO) env GOMODCACHE)/cache/download" 2>/dev/null)"
 
-# ci-plan is what .ci/run reads: the tiers with what each needs, and the
+# ci-plan is what .ci/run reads: the tiers with their lane (TIER_LANE_<tier>,
+# main unless a tier file says otherwise) and what each needs, and the
 # cached prerequisites with the target that builds each; prereq-cached-<name>
 # succeeds when that prerequisite is already in the cache.
 .PHONY: ci-plan
 ci-plan:
-	@$(foreach t,$(TEST_ALL_TIERS),echo 'tier $(t) $(TIER_NEEDS_$(t))';)
+	@$(foreach t,$(TEST_ALL_TIERS),echo 'tier $(t) $(or $(TIER_LANE_$(t)),main) $(TIER_NEEDS_$(t))';)
 	@$(foreach p,$(PREREQS),echo 'prereq $(p) $(PREREQ_TARGET_$(p))';)
 
 .PHONY: $(addprefix prereq-cached-,$(PREREQS))

@@ -9,6 +9,10 @@ test-kvm: ## kvm-agent against a real libvirtd + QEMU in a network namespace (ro
 
 TEST_ALL_TIERS += test-kvm
 TIER_NEEDS_test-kvm := debian-packages
+# The kvm tiers take turns on one libvirtd (libvirt-tier.sh's lock) and
+# spend their time in QEMU under TCG: in CI they run in a lane of their
+# own, beside the others.
+TIER_LANE_test-kvm := kvm
 
 # What libvirt-tier.sh, build-guest.sh and build-cloud-image.sh install
 # when missing (with recommended packages, as they do).
@@ -37,6 +41,7 @@ e2e-kvm: kvm-guest ## boot a guest through the kvm-agent under TCG, get its addr
 
 TEST_ALL_TIERS += e2e-kvm
 TIER_NEEDS_e2e-kvm := debian-packages guest-image
+TIER_LANE_e2e-kvm  := kvm
 
 .PHONY: bench-kvm
 bench-kvm: ## kvm-agent numbers against a real libvirtd: upload throughput vs virsh vol-upload, create overhead, idle RSS (root)
@@ -71,3 +76,4 @@ e2e-kvm-cloud: cloud-image ## proxies from the Debian cloud image through planne
 
 TEST_ALL_TIERS += e2e-kvm-cloud
 TIER_NEEDS_e2e-kvm-cloud := debian-packages cloud-image
+TIER_LANE_e2e-kvm-cloud  := kvm

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The whole of CI (.ci/run): lint, tidy-check, `make test` module by module
-# and every tier of `make test-all`, with the cached prerequisites the tiers
-# need (Debian packages, Go modules, kube binaries, images, Jaeger, ...)
-# built meanwhile by a second make at the lowest CPU priority, so they use
-# the cycles the tests leave idle instead of running after them.
+# and every tier of `make test-all`, on a machine whose caches may be empty.
 #
-# The tiers run in the order `make ci-plan` lists them, except that one
-# whose prerequisites are still being built gives way to the next one that
-# is ready. A prerequisite a tier needs is built once: every cached build
-# holds a lock, and a tier that reaches one still building waits for it.
-# Ends with a table of every step's seconds and of where each prerequisite
-# came from (the cache, or built by this run).
+# - The cached prerequisites the tiers need (Debian packages, Go modules,
+#   kube binaries, images, Jaeger, ...; `make ci-plan` lists them) are
+#   built by a second make at the lowest CPU priority from the start, so
+#   they use the cycles the tests leave idle instead of running after them.
+# - After lint and tidy-check, make test's modules (lane "test") and the
+#   tiers (lane "main", and the lanes tier files name with TIER_LANE_<tier>)
+#   run side by side, each lane one step at a time; a tier runs as soon as
+#   what it needs is built, and one still waiting gives way to the next
+#   that is ready. Every cached build holds a lock, so a tier that reaches
+#   one still being built waits for it rather than building it again.
+# - It ends with a table of every step's seconds and of where each
+#   prerequisite came from (the cache, or built by this run), also when a
+#   step fails.
 #
-# Knobs: CI_STATE (a directory for the builder's log and marks; a new one
-# in /tmp by default), CI_PREREQ_NICE (19).
+# Knobs: CI_STATE (a directory for the logs and marks; a new one in /tmp by
+# default), CI_PREREQ_NICE (19).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,11 +29,15 @@ builder=""
 
 # The plan: tiers and what each needs, prerequisites and their targets.
 plan=$(make -s --no-print-directory ci-plan) || { echo "ci: make ci-plan failed" >&2; exit 1; }
-declare -A needs=() target=() origin=()
+declare -A needs=() lane=() target=() origin=()
 tiers=() prereqs=()
 while read -r kind name rest; do
 	case $kind in
-	tier) tiers+=("$name"); needs[$name]=$rest ;;
+	tier)
+		tiers+=("$name")
+		lane[$name]=${rest%% *}
+		needs[$name]=${rest#"${lane[$name]}"}
+		;;
 	prereq) prereqs+=("$name"); target[$name]=$rest ;;
 	esac
 done <<<"$plan"
@@ -49,7 +57,7 @@ if [ -n "$(ls -A "$gocache" 2>/dev/null)" ]; then gocache_origin=cached; else go
 # The builder: Debian packages and Go modules first (the network, while
 # lint and the first tests use the CPU), then the builds in the order the
 # tiers want them. Each mark lands in $STATE/done or $STATE/failed.
-order=(debian-packages go-modules nats-cli nats-server guest-image kube-binaries etcd cloud-image kube-node-images otel)
+order=(debian-packages go-modules nats-cli nats-server guest-image kube-binaries etcd kube-node-images otel cloud-image)
 for p in "${prereqs[@]}"; do
 	case " ${order[*]} " in *" $p "*) ;; *) order+=("$p") ;; esac
 done
@@ -67,7 +75,9 @@ build_prereqs() {
 	done
 	return $failed
 }
-setsid nice -n "${CI_PREREQ_NICE:-19}" bash -c "$(declare -f build_prereqs); $(declare -p order target STATE); build_prereqs" \
+# GOGC=400: the compiler spends less of the builds' CPU collecting garbage
+# (the builds only; the tests keep the default).
+setsid nice -n "${CI_PREREQ_NICE:-19}" env GOGC=400 bash -c "$(declare -f build_prereqs); $(declare -p order target STATE); build_prereqs" \
 	>"$STATE/prereqs.log" 2>&1 &
 builder=$!
 echo "ci: building prerequisites in the background (pid $builder, log $STATE/prereqs.log)"
@@ -76,12 +86,12 @@ table() {
 	local rc=$1 name secs result waited
 	echo
 	echo "ci: steps (seconds; a tier's wait for its prerequisites is part of its seconds)"
-	printf '  %-24s %7s  %-6s %s\n' step seconds result prerequisites
-	while IFS=$'\t' read -r name secs result waited; do
+	printf '  %-28s %7s  %-6s %-5s %s\n' step seconds result lane prerequisites
+	while IFS=$'\t' read -r name secs result waited ln; do
 		local pre="" p
 		for p in ${needs[$name]:-}; do pre+="${pre:+, }$p (${origin[$p]})"; done
 		[ -n "$waited" ] && [ "$waited" != 0 ] && pre+="; waited ${waited}s"
-		printf '  %-24s %7s  %-6s %s\n' "$name" "$secs" "$result" "$pre"
+		printf '  %-28s %7s  %-6s %-5s %s\n' "$name" "$secs" "$result" "${ln:--}" "$pre"
 	done <"$STATE/steps.tsv"
 	echo "ci: prerequisites (built by the background make unless cached; seconds at nice ${CI_PREREQ_NICE:-19})"
 	printf '  %-24s %-7s %7s\n' prerequisite origin seconds
@@ -118,7 +128,7 @@ step() {
 	start=$(date +%s)
 	"$@"
 	rc=$?
-	printf '%s\t%s\t%s\t%s\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" "${waited:-}" >>"$STATE/steps.tsv"
+	printf '%s\t%s\t%s\t\t\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" >>"$STATE/steps.tsv"
 	[ $rc = 0 ] || exit $rc
 }
 
@@ -132,33 +142,93 @@ ready() { # ready TIER: every prerequisite it needs is built (or failed: then th
 go version
 step lint make --no-print-directory lint
 step tidy-check make --no-print-directory tidy-check
-for m in $(make -s --no-print-directory print-modules); do
-	step "test $m" make --no-print-directory test MODULES="$m"
-done
 
-remaining=("${tiers[@]}")
-while [ ${#remaining[@]} -gt 0 ]; do
-	pick=""
-	for t in "${remaining[@]}"; do
-		if ready "$t"; then pick=$t; break; fi
-	done
-	waited=0
-	if [ -z "$pick" ]; then
-		pick=${remaining[0]}
-		start=$(date +%s)
-		echo "== ci: waiting for the prerequisites of $pick (${needs[$pick]})"
-		until ready "$pick"; do
-			kill -0 "$builder" 2>/dev/null || break
-			sleep 2
-		done
-		waited=$(($(date +%s) - start))
+# run_lane LANE STEP...: runs the lane's steps (tiers, or test:<module> for
+# one module of make test) one after another, each as soon as what it
+# needs is built (a tier still waiting gives way to the next one that is
+# ready). Lanes run side by side, so a step's output is printed whole when
+# it ends; the first failure stops every lane at its next step.
+run_lane() {
+	local lane=$1 pick t start waited rc secs next log
+	shift
+	local remaining=("$@")
+	if [ -n "${lane_after[$lane]:-}" ]; then
+		until [ -e "$STATE/lane-${lane_after[$lane]}.done" ] || [ -e "$STATE/stop" ]; do sleep 2; done
 	fi
-	step "$pick" make --no-print-directory "$pick"
-	waited=""
-	next=()
-	for t in "${remaining[@]}"; do [ "$t" = "$pick" ] || next+=("$t"); done
-	remaining=("${next[@]}")
+	while [ ${#remaining[@]} -gt 0 ]; do
+		[ -e "$STATE/stop" ] && return 1
+		pick=""
+		for t in "${remaining[@]}"; do
+			if ready "$t"; then pick=$t; break; fi
+		done
+		waited=0
+		if [ -z "$pick" ]; then
+			pick=${remaining[0]}
+			start=$(date +%s)
+			until ready "$pick"; do
+				kill -0 "$builder" 2>/dev/null || break
+				sleep 2
+			done
+			waited=$(($(date +%s) - start))
+		fi
+		start=$(date +%s)
+		log=$STATE/step-${pick//\//_}.log
+		case $pick in
+		test:*) make --no-print-directory test MODULES="${pick#test:}" >"$log" 2>&1 ;;
+		*) make --no-print-directory "$pick" >"$log" 2>&1 ;;
+		esac
+		rc=$?
+		secs=$(($(date +%s) - start + waited))
+		printf '%s\t%s\t%s\t%s\t%s\n' "$pick" "$secs" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$waited" "$lane" >>"$STATE/steps.tsv"
+		{
+			flock 7
+			echo
+			echo "== ci: $pick (lane $lane; ${secs}s, of which ${waited}s waiting for prerequisites; $([ $rc = 0 ] && echo ok || echo FAILED))"
+			cat "$log"
+		} 7>"$STATE/out.lock"
+		if [ $rc != 0 ]; then
+			touch "$STATE/stop"
+			return $rc
+		fi
+		next=()
+		for t in "${remaining[@]}"; do [ "$t" = "$pick" ] || next+=("$t"); done
+		remaining=("${next[@]}")
+	done
+	touch "$STATE/lane-$lane.done"
+}
+
+# make test's modules in a lane of their own, then the tiers by lane, in
+# plan order; every lane at once. Most tiers spend their time waiting on
+# processes, VMs and timers: run one after another they leave the CPU
+# idle more than half the time.
+# A lane may wait for another to end first: the kvm tiers boot VMs under
+# TCG, whose boot deadlines (minutes) are not meant to share the CPU with
+# make test's compiles as well as with the other tiers.
+declare -A lane_tiers=() lane_after=([kvm]=test)
+lanes=(test)
+for m in $(make -s --no-print-directory print-modules); do
+	lane_tiers[test]+=" test:$m"
+	needs[test:$m]=""
 done
+for t in "${tiers[@]}"; do
+	l=${lane[$t]}
+	[ -n "${lane_tiers[$l]:-}" ] || lanes+=("$l")
+	lane_tiers[$l]+=" $t"
+done
+echo
+echo "== ci: make test and the tiers in ${#lanes[@]} lanes: $(for l in "${lanes[@]}"; do printf '%s:%s; ' "$l" "${lane_tiers[$l]}"; done)"
+lane_pids=()
+for l in "${lanes[@]}"; do
+	# shellcheck disable=SC2086 # the list is words
+	run_lane "$l" ${lane_tiers[$l]} &
+	lane_pids+=($!)
+done
+failed=0
+for pid in "${lane_pids[@]}"; do
+	wait "$pid" || failed=1
+done
+[ $failed = 0 ] || exit 1
+
 # Every prerequisite is some tier's, so the builder is done by now; its
 # status is CI's too.
 wait "$builder"

@@ -28,6 +28,11 @@ DEBIAN_PACKAGES_RECOMMENDS :=
 # and PREREQ_CHECK_<name> (a command that succeeds when it is cached).
 PREREQS :=
 
+# $(call cache_lock,LOCKFILE) opens a cached build's recipe: it takes the
+# lock and stops if the target appeared while it waited, so two makes (CI's
+# prerequisite builder and a tier that needs the same thing) build it once.
+cache_lock = exec 9>$(1); flock 9; if [ -e $@ ]; then exit 0; fi; set -e;
+
 .PHONY: help
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -70,7 +75,7 @@ NATSCLI_BIN := $(CACHE_DIR)/nats-$(NATSCLI_VERSION)
 
 $(NATSCLI_BIN):
 	@mkdir -p $(CACHE_DIR)
-	@exec 9>$@.lock; flock 9; if [ -x $@ ]; then exit 0; fi; set -e; \
+	@$(call cache_lock,$@.lock) \
 		echo "building the nats CLI $(NATSCLI_VERSION) into $(CACHE_DIR) (once per machine)"; \
 		tmp=$$(mktemp -d $(CACHE_DIR)/.nats-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 		GOBIN="$$tmp" $(GO) install -trimpath -ldflags '-s -w' github.com/nats-io/natscli/nats@$(NATSCLI_VERSION); \

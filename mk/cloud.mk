@@ -38,12 +38,9 @@ KUBELET_BIN        := $(KUBE_BINS)/kubelet
 KUBE_SCHEDULER_BIN := $(KUBE_BINS)/kube-scheduler
 KUBE_ETCD_BIN      := $(KUBE_CACHE)/etcd-root/usr/bin/etcd
 
-# Every cached build takes a lock named after its target and looks again
-# once it holds it, so two makes (CI's prerequisite builder and a tier that
-# needs the same thing) build it once: the second waits for the first.
 $(KUBE_STAMP):
 	@mkdir -p $(KUBE_CACHE)
-	@exec 9>$(KUBE_CACHE)/.kube.lock; flock 9; if [ -e $@ ]; then exit 0; fi; set -e; \
+	@$(call cache_lock,$(KUBE_CACHE)/.kube.lock) \
 	echo "building kube-apiserver, kubelet and kube-scheduler $(KUBE_VERSION) into $(KUBE_BINS) (one go build; about 12 minutes on a cold module cache)"; \
 	tmp=$$(mktemp -d $(KUBE_CACHE)/.kube-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 	(cd $(KUBE_MODULE) && GOWORK=off $(GO) build $(KUBE_BUILD_FLAGS) -o "$$tmp"/ \
@@ -61,7 +58,7 @@ PREREQ_CHECK_kube-binaries  := test -e $(KUBE_STAMP)
 
 $(KUBE_ETCD_BIN):
 	@mkdir -p $(KUBE_CACHE)
-	@exec 9>$(KUBE_CACHE)/.etcd.lock; flock 9; if [ -x $@ ]; then exit 0; fi; set -e; \
+	@$(call cache_lock,$(KUBE_CACHE)/.etcd.lock) \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(APT_INSTALL) --lists; cd "$$tmp" && apt-get download etcd-server; \
 	rm -rf $(KUBE_CACHE)/etcd-root && dpkg -x "$$tmp"/etcd-server_*.deb $(KUBE_CACHE)/etcd-root; \

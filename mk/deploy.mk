@@ -18,7 +18,7 @@ DEPLOY_HOSTS  ?= localhost,127.0.0.1,::1
 
 $(NATSSERVER_BIN):
 	@mkdir -p $(CACHE_DIR)
-	@exec 9>$@.lock; flock 9; if [ -x $@ ]; then exit 0; fi; set -e; \
+	@$(call cache_lock,$@.lock) \
 		echo "building nats-server $(NATSSERVER_VERSION) into $(CACHE_DIR) (once per machine)"; \
 		tmp=$$(mktemp -d $(CACHE_DIR)/.nats-server-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 		GOBIN="$$tmp" $(GO) install github.com/nats-io/nats-server/v2@$(NATSSERVER_VERSION); \

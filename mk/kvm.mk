@@ -57,7 +57,7 @@ CLOUD_IMAGE := $(CACHE_DIR)/debian-12-cloud-$(shell sha256sum $(CLOUD_IMAGE_SCRI
 
 $(CLOUD_IMAGE):
 	@mkdir -p $(CACHE_DIR)
-	@exec 9>$(CACHE_DIR)/.cloud-image.lock; flock 9; if [ -e $@ ]; then exit 0; fi; \
+	@$(call cache_lock,$(CACHE_DIR)/.cloud-image.lock) \
 	echo "building the Debian 12 cloud image into $@ (about 9 minutes cold)"; \
 	$(CLOUD_IMAGE_SCRIPT) $@
 

@@ -21,7 +21,7 @@ OTELCOL_BIN := $(OTEL_BINS)/otelcorecol
 
 $(OTEL_BINS)/.built:
 	@mkdir -p $(CACHE_DIR)
-	@exec 9>$(CACHE_DIR)/.otel.lock; flock 9; if [ -e $@ ]; then exit 0; fi; set -e; \
+	@$(call cache_lock,$(CACHE_DIR)/.otel.lock) \
 	echo "building jaeger (v2) and the core OpenTelemetry Collector into $(OTEL_BINS) (one go build, once per recipe; minutes)"; \
 	tmp=$$(mktemp -d $(CACHE_DIR)/.otel-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
 	(cd $(OTEL_MODULE) && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$$tmp"/ \

@@ -277,7 +277,7 @@ func TestURLPasswordNeverLogged(t *testing.T) {
 		out.WriteString(sc.Text() + "\n")
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Errorf("planner after SIGTERM: %v", err)
+		t.Errorf("planner after SIGTERM: %v\n%s", err, &out)
 	}
 	if strings.Contains(out.String(), password) {
 		t.Fatalf("the password reached the planner's output:\n%s", &out)

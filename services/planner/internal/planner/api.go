@@ -24,6 +24,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // ServiceName is the micro service every planner replica serves.
@@ -648,7 +649,7 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 	if len(reason) > maxBanReason {
 		return nil, invalid([]events.FieldError{{Field: "reason", Reason: fmt.Sprintf("must be at most %d bytes", maxBanReason)}})
 	}
-	if x, aerr := p.lookupProxy(ctx, req.ID); aerr == nil && isActive(x.State) {
+	if x, aerr := p.lookupProxy(ctx, req.ID); aerr == nil && decide.IsActive(x.State) {
 		if _, _, err := p.requestReplacement(ctx, x, "banned: "+reason); err != nil {
 			p.log.WarnContext(ctx, "no replacement for a banned proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
 		}

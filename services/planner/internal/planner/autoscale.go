@@ -193,7 +193,7 @@ func (p *Planner) autoscale(ctx context.Context) {
 	var pools []scalable
 	for _, pl := range p.st.pools {
 		if !pl.Deleted && pl.Revision > 0 && pl.Spec.Autoscale != nil {
-			pools = append(pools, scalable{name: pl.Name, auto: *pl.Spec.Autoscale, size: pl.size(), lastSeq: pl.LastSeq, traceparent: pl.traceparent})
+			pools = append(pools, scalable{name: pl.Name, auto: *pl.Spec.Autoscale, size: pl.Size(), lastSeq: pl.LastSeq, traceparent: pl.traceparent})
 		}
 	}
 	p.mu.Unlock()

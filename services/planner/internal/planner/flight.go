@@ -15,6 +15,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // Pipelined decisions.
@@ -210,7 +211,7 @@ func (f *flight) command(ctx context.Context, pc pending) {
 	if pc.create != nil {
 		ack, err = bus.StartCreate(pctx, f.p.conn, Source, *pc.create, 0)
 	} else {
-		pc.del.Reason = truncate(pc.del.Reason, 200)
+		pc.del.Reason = decide.Truncate(pc.del.Reason, 200)
 		ack, err = bus.StartDelete(pctx, f.p.conn, Source, *pc.del, 0)
 	}
 	if err != nil {

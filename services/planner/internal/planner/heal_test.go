@@ -8,6 +8,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // skewedLeader starts a leader whose proxy-age clock (rotation and
@@ -241,8 +242,8 @@ func TestRollAndRotationCompleteWithAnUnhealthyMember(t *testing.T) {
 		prefix              string
 	}{
 		{"roll", `{"name":"p","provider":"local","size":3,"image":"img-a","unhealthyAfter":"1h"}`,
-			`{"name":"p","provider":"local","size":3,"image":"img-b","unhealthyAfter":"1h"}`, 0, rolledPrefix},
-		{"rotation", `{"name":"p","provider":"local","size":3,"maxAge":"1m","unhealthyAfter":"1h"}`, "", 2 * time.Minute, rotatedPrefix},
+			`{"name":"p","provider":"local","size":3,"image":"img-b","unhealthyAfter":"1h"}`, 0, decide.RolledPrefix},
+		{"rotation", `{"name":"p","provider":"local","size":3,"maxAge":"1m","unhealthyAfter":"1h"}`, "", 2 * time.Minute, decide.RotatedPrefix},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)

@@ -115,7 +115,7 @@ func (p *Planner) registerGauges() (metric.Registration, error) {
 				continue
 			}
 			pool := attribute.String("pool", pl.Name)
-			desired := pl.size()
+			desired := pl.Size()
 			if pl.Deleted {
 				desired = 0
 			}
@@ -165,14 +165,4 @@ func reasonClass(reason string) string {
 		return s
 	}
 	return "other"
-}
-
-// failedClass is the replacement reason class of failed proxy x: a proxy
-// that timed out running without one probe through it passing never got
-// ready; any other failure is "failed".
-func failedClass(x Proxy) string {
-	if x.FailureClass == events.ClassTimeout && strings.HasPrefix(x.Reason, notReadyPrefix) {
-		return "never-ready"
-	}
-	return "failed"
 }

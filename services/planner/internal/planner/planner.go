@@ -42,6 +42,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // Source is the CloudEvents source of everything the planner writes.
@@ -156,6 +157,11 @@ type agentSeen struct {
 	XKey string
 }
 
+// target is what placement reads of the agent's target.
+func (a agentSeen) target() decide.Target {
+	return decide.Target{Entry: a.Entry, Target: a.Target, Images: a.Images, Profiles: a.Profiles, Capacity: a.Capacity, XKey: a.XKey}
+}
+
 // Planner is one planner replica. Create it with [New] and call [Planner.Run].
 type Planner struct {
 	conn   *bus.Conn
@@ -226,13 +232,16 @@ type Planner struct {
 	scaleRounds atomic.Int64
 	kick        chan struct{}
 
+	// rules is the rules' tuning, from cfg.
+	rules decide.Config
+
 	// reconciler-only state (one goroutine).
 	ownSeq   uint64
 	outbox   map[string]pending
 	noTarget map[string]time.Time // pool → when "no target" was last logged
 	// timers says when a round looks at a pool no event touched again;
 	// lastSweep is when a round last looked at every pool.
-	timers    map[string]poolTimer
+	timers    map[string]decide.When
 	lastSweep time.Time
 	// orphanSince and missingSince are the garbage collector's "seen
 	// since" times, in memory only: a new leader starts the grace again.
@@ -265,10 +274,12 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 	}
 	log = log.With("planner", cfg.ID)
 	return &Planner{
-		m:          m,
-		conn:       conn,
-		store:      bus.NewEventStore(conn, Source, log),
-		cfg:        cfg,
+		m:     m,
+		conn:  conn,
+		store: bus.NewEventStore(conn, Source, log),
+		cfg:   cfg,
+		rules: decide.Config{CreateTimeout: cfg.CreateTimeout, ProvisionTimeout: cfg.ProvisionTimeout, ReadyTimeout: cfg.ReadyTimeout,
+			RetireTimeout: cfg.RetireTimeout, QuotaAvoid: cfg.QuotaAvoid, MaxCreateAttempts: cfg.MaxCreateAttempts},
 		log:        log,
 		tracer:     tracer,
 		now:        time.Now,

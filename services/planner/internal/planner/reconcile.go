@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // pending is a command whose publish failed after its decision was
@@ -30,21 +32,28 @@ type pending struct {
 	trace  nats.Header
 }
 
-// poolSnap is a copy of one pool and its non-terminal proxies, taken under
-// the lock so decisions run without it.
+// poolSnap is a copy of one pool and its non-terminal proxies (what the
+// rules read of them, in id order), taken under the lock so decisions run
+// without it.
 type poolSnap struct {
 	pool    Pool
-	members []Proxy
+	members []decide.Proxy
 }
 
 // round is what one reconcile pass decides from.
 type round struct {
-	now    time.Time
-	pools  []poolSnap
-	byID   map[string]Proxy
-	agents []agentSeen
+	now        time.Time
+	quotaAvoid time.Duration
+	pools      []poolSnap
+	// byID holds the proxies the pools' members are, those their
+	// ReplacedBy names and those the outbox names, whole.
+	byID map[string]Proxy
+	// targets are the live agents' targets, in key order.
+	targets []decide.Target
+	// known lists, per entry of a copied pool, every target ever known.
+	known map[string][]string
 	// avoid is the state's avoidance per "<entry>.<target>".
-	avoid map[string]avoidance
+	avoid map[string]decide.Avoidance
 	// onTarget counts active proxies per "<entry>.<target>", all pools.
 	onTarget map[string]int
 	// poolOnTarget counts active proxies per pool and target.
@@ -52,15 +61,52 @@ type round struct {
 	secrets      map[string]events.PoolSecrets
 }
 
-func targetKey(entry, target string) string { return entry + "." + target }
+func targetKey(entry, target string) string { return decide.TargetKey(entry, target) }
 
-func (r *round) count(x Proxy, delta int) {
-	k := targetKey(x.Entry, x.Target)
+// count adds delta to the load of target key k, overall and for pool.
+func (r *round) count(pool, k string, delta int) {
 	r.onTarget[k] += delta
-	if r.poolOnTarget[x.Pool] == nil {
-		r.poolOnTarget[x.Pool] = map[string]int{}
+	if r.poolOnTarget[pool] == nil {
+		r.poolOnTarget[pool] = map[string]int{}
 	}
-	r.poolOnTarget[x.Pool][k] += delta
+	r.poolOnTarget[pool][k] += delta
+}
+
+// placement is the view placement reads for a proxy of pool (of entry):
+// the round's live targets and their load as the round's decisions so far
+// left it.
+func (r *round) placement(pool, entry string) *decide.Placement {
+	if r.poolOnTarget[pool] == nil {
+		r.poolOnTarget[pool] = map[string]int{}
+	}
+	return &decide.Placement{Now: r.now, Targets: r.targets, Avoid: r.avoid, Known: r.known[entry], QuotaAvoid: r.quotaAvoid,
+		Load: decide.Load{All: r.onTarget, Pool: r.poolOnTarget[pool]}}
+}
+
+// replacementsOf returns the proxies members' ReplacedBy names, by id.
+func (r *round) replacementsOf(members []decide.Proxy) map[string]decide.Proxy {
+	var out map[string]decide.Proxy
+	for _, x := range members {
+		if x.ReplacedBy == "" {
+			continue
+		}
+		if y, ok := r.byID[x.ReplacedBy]; ok {
+			if out == nil {
+				out = map[string]decide.Proxy{}
+			}
+			out[y.ID] = y.Proxy
+		}
+	}
+	return out
+}
+
+// replacement returns the live proxy requested to replace x, if any.
+func (r *round) replacement(x Proxy) (Proxy, bool) {
+	y, ok := decide.Replacement(r.replacementsOf([]decide.Proxy{x.Proxy}), x.Proxy)
+	if !ok {
+		return Proxy{}, false
+	}
+	return r.byID[y.ID], true
 }
 
 // snapshot copies every pool: the input of a round that looks at the
@@ -78,16 +124,18 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 	defer p.mu.Unlock()
 	r := &round{
 		now:          p.now(),
+		quotaAvoid:   p.cfg.QuotaAvoid,
+		known:        map[string][]string{},
 		byID:         map[string]Proxy{},
-		avoid:        make(map[string]avoidance, len(p.st.avoid)),
+		avoid:        make(map[string]decide.Avoidance, len(p.st.avoid)),
 		onTarget:     make(map[string]int, len(p.st.onTarget)),
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
 	}
-	r.agents = p.liveAgentsLocked(r.now)
-	sort.Slice(r.agents, func(i, j int) bool {
-		return targetKey(r.agents[i].Entry, r.agents[i].Target) < targetKey(r.agents[j].Entry, r.agents[j].Target)
-	})
+	for _, a := range p.liveAgentsLocked(r.now) {
+		r.targets = append(r.targets, a.target())
+	}
+	sort.Slice(r.targets, func(i, j int) bool { return r.targets[i].Key() < r.targets[j].Key() })
 	for k, a := range p.st.avoid {
 		r.avoid[k] = a
 	}
@@ -114,11 +162,15 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 		clear(p.st.dirty)
 	}
 	for _, pl := range pools {
-		ps := poolSnap{pool: *pl, members: make([]Proxy, 0, len(pl.members))}
+		ps := poolSnap{pool: *pl, members: make([]decide.Proxy, 0, len(pl.members))}
 		ps.pool.counts, ps.pool.members, ps.pool.onTarget = nil, nil, nil
 		for _, x := range pl.members {
-			ps.members = append(ps.members, *x)
+			ps.members = append(ps.members, x.Proxy)
 			r.byID[x.ID] = *x
+		}
+		if _, ok := r.known[pl.Spec.Provider]; !ok {
+			known, _ := p.knownTargetsLocked(pl.Spec.Provider)
+			r.known[pl.Spec.Provider] = slices.Sorted(maps.Keys(known))
 		}
 		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
 		load := make(map[string]int, len(pl.onTarget))
@@ -153,7 +205,7 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.ownSeq = 0
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
-	p.timers = map[string]poolTimer{}
+	p.timers = map[string]decide.When{}
 	p.lastSweep = time.Time{}
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
@@ -195,7 +247,8 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 	f := p.newFlight(ctx)
 	n := 0
 	for _, ps := range r.pools {
-		for _, x := range ps.members {
+		for _, m := range ps.members {
+			x := r.byID[m.ID]
 			switch {
 			case x.State == events.ProxyRequested:
 				sec, ok := p.poolSecrets(ctx, r, ps.pool)
@@ -222,16 +275,6 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 // touched and the pools whose timers came due.
 const sweepInterval = time.Minute
 
-// poolTimer is when a round must look at a pool again although no event
-// touched it: retry (now: a proxy it needs could not be placed, or a
-// decision was not stored), at due on the wall clock (a create, provision
-// or retire timeout), or at ageDue on the clock proxy ages are measured
-// with (an unhealthy proxy turning sick, a proxy reaching maxAge).
-type poolTimer struct {
-	retry       bool
-	due, ageDue time.Time
-}
-
 // reconcile runs one pass over the pools that need one: those events
 // touched since the last pass, those whose timers came due, and every pool
 // once a sweepInterval (and in a leader's first pass). Its work is
@@ -247,7 +290,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 	}
 	start := time.Now()
 	if p.timers == nil {
-		p.timers = map[string]poolTimer{}
+		p.timers = map[string]decide.When{}
 	}
 	now, ageNow := p.now(), p.ageNow()
 	var names map[string]bool
@@ -256,7 +299,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 	} else {
 		names = map[string]bool{}
 		for pool, t := range p.timers {
-			if t.retry || !t.due.IsZero() && !now.Before(t.due) || !t.ageDue.IsZero() && !ageNow.Before(t.ageDue) {
+			if t.IsDue(now, ageNow) {
 				names[pool] = true
 			}
 		}
@@ -270,7 +313,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 		}
 		p.looked.Add(1)
 		t := p.reconcilePool(ctx, r, ps, f)
-		if t == (poolTimer{}) {
+		if t == (decide.When{}) {
 			delete(p.timers, ps.pool.Name)
 		} else {
 			p.timers[ps.pool.Name] = t
@@ -279,7 +322,7 @@ func (p *Planner) reconcile(ctx context.Context) {
 	f.wait()
 	for pool := range f.unstored {
 		t := p.timers[pool]
-		t.retry = true
+		t.Retry = true
 		p.timers[pool] = t
 	}
 	if ctx.Err() == nil {
@@ -302,284 +345,90 @@ func (p *Planner) flushOutbox(ctx context.Context, r *round, f *flight) {
 	}
 }
 
-// retireRank orders excess proxies: unhealthy first, then those not yet
-// running, then the rest; within a rank, outdated proxies go first.
-func retireRank(s string) int {
-	switch s {
-	case events.ProxyUnhealthy:
-		return 0
-	case events.ProxyRequested, events.ProxyProvisioning:
-		return 1
-	}
-	return 2
-}
-
-// poolRound is what one pass over a pool found, for its conditions.
-type poolRound struct {
-	// miss is why a proxy the pool needs could not be placed this round.
-	miss *placeMiss
-	// active counts the live members that are not failed or retiring,
-	// ready those of them that are ready.
-	active, ready int
-	// counted are the active members that count toward size; condemned
-	// are being replaced.
-	counted, condemned []Proxy
-}
-
-// reconcilePool decides what one pool needs and returns when a round must
-// look at it again if no event touches it.
-func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) (t poolTimer) {
+// reconcilePool decides what one pool needs (see package decide), has
+// the writer apply it, and returns when a round must look at the pool
+// again if no event touches it.
+func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) decide.When {
 	pool := ps.pool
 	pctx := p.poolCtx(ctx, pool)
-	var active []Proxy
-	for _, x := range ps.members {
-		age := r.now.Sub(x.UpdatedAt)
-		switch x.State {
-		case events.ProxyFailed:
-			replaced := ""
-			if !pool.Deleted {
-				// The fill replaces it.
-				replaced = failedClass(x)
-			}
-			p.retire(pctx, r, f, x, "failed: "+x.FailureClass, replaced)
-		case events.ProxyRetiring:
-			if x.SkipCleanup {
-				ab := events.ProxyAbandonedData{Reason: x.Reason}
-				p.decide(pctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
-			} else if age >= p.cfg.RetireTimeout {
-				p.reissueDelete(pctx, f, x)
-			}
-		case events.ProxyRequested:
-			active = append(active, x)
-			if age >= p.cfg.CreateTimeout {
-				p.reissueCreate(ctx, r, f, pool, x)
-			}
-		case events.ProxyProvisioning:
-			active = append(active, x)
-			if age >= p.cfg.ProvisionTimeout {
-				p.timedOut(pctx, f, x, fmt.Sprintf("no address after %s of provisioning", p.cfg.ProvisionTimeout))
-			}
-		case events.ProxyRunning:
-			active = append(active, x)
-			if age >= p.cfg.ReadyTimeout {
-				p.timedOut(pctx, f, x, fmt.Sprintf("%s%s running (no probe through it passed)", notReadyPrefix, p.cfg.ReadyTimeout))
-			}
-		default:
-			if isActive(x.State) {
-				active = append(active, x)
-			}
-		}
+	in := &decide.Input{
+		Now: r.now, AgeNow: p.ageNow(), Config: p.rules, Pool: pool.Pool, Members: ps.members,
+		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.Provider),
 	}
-	want, reason := pool.size(), "scaled down"
-	if pool.Deleted {
-		want, reason = 0, "pool deleted"
+	plan := decide.Reconcile(in)
+	found := plan.Found
+	if miss := p.applyPlan(pctx, r, f, pool, plan); miss != nil {
+		found.Miss = miss
 	}
-	pr := &poolRound{active: len(active)}
-	for _, x := range active {
-		if x.State == events.ProxyReady {
-			pr.ready++
-		}
+	if m := plan.Found.Miss; m != nil {
+		p.noPlace(r, pool, *m, plan.Found.Missing)
 	}
-	defer func() {
-		if !pool.Deleted && ctx.Err() == nil {
-			p.updateConditions(pctx, f, pool, want, pr)
-		}
-		t = p.timerOf(pool, ps.members, pr)
-	}()
-	if want == 0 {
-		for _, x := range active {
-			p.retire(pctx, r, f, x, reason, "")
-		}
-		return
+	if !pool.Deleted && ctx.Err() == nil {
+		p.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, p.ageNow())))
 	}
-	now := p.ageNow()
-	after := pool.Spec.UnhealthyAfterOrDefault()
-	for _, x := range active {
-		if _, replaced := r.replacement(x); replaced || isSick(x, now, after) {
-			pr.condemned = append(pr.condemned, x)
-		} else {
-			pr.counted = append(pr.counted, x)
-		}
-	}
-	retired := p.retireCondemned(pctx, r, f, pool, pr, want, now, after)
-	if len(pr.counted) > want {
-		p.scaleDown(pctx, r, f, pool, pr.counted, want, reason)
-		return
-	}
-	// Sick proxies without a live replacement get one first: they do not
-	// count toward size, so the fill below creates it, naming them.
-	var sick []Proxy
-	for _, x := range pr.condemned {
-		if _, replaced := r.replacement(x); !replaced && !retired[x.ID] {
-			sick = append(sick, x)
-		}
-	}
-	sort.Slice(sick, func(i, j int) bool { return sick[i].UnhealthySince.Before(sick[j].UnhealthySince) })
-	for n := len(pr.counted); n < want && ctx.Err() == nil; n++ {
-		a, ok := p.place(r, pool)
-		if !ok {
-			p.noPlace(r, pool, pr, want-n)
-			return
-		}
-		delete(p.noTarget, pool.Name)
-		replaces, why := "", ""
-		if len(sick) > 0 {
-			replaces, why = sick[0].ID, unhealthyReason(sick[0])
-			sick = sick[1:]
-		}
-		if miss := p.create(pctx, r, f, pool, a, replaces, why); miss != nil {
-			pr.miss = miss
-			return
-		}
-	}
-	p.rotate(pctx, r, f, pool, pr, want)
-	return t
+	return decide.Timer(p.rules, &pool.Pool, ps.members, found.Miss != nil, p.ageNow())
 }
 
-// notReadyPrefix starts the failure reason of a proxy that ran for
-// ReadyTimeout without one probe through it passing.
-const notReadyPrefix = "not ready after "
-
-// timedOut records that x failed with class timeout for reason; the next
-// round retires it and places its replacement.
-func (p *Planner) timedOut(ctx context.Context, f *flight, x Proxy, reason string) {
-	fd := events.ProxyFailedData{Class: events.ClassTimeout, Reason: reason, Attempt: x.Attempt}
-	p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
-}
-
-// timerOf says when a round must look at pool again although no event
-// touches it: at once while something it needs could not be placed; at the
-// first create, provision, ready or retire timeout of its members; when an
-// unhealthy member turns sick (unhealthyAfter) or is retired regardless
-// (twice that), and when a member reaches maxAge (plus its jitter). What
-// waits on an event (a replacement getting ready, a rotation's turn) is
-// looked at when the event arrives.
-func (p *Planner) timerOf(pool Pool, members []Proxy, pr *poolRound) poolTimer {
-	t := poolTimer{retry: pr.miss != nil}
-	ageNow := p.ageNow()
-	earliest := func(at *time.Time, when time.Time) {
-		if at.IsZero() || when.Before(*at) {
-			*at = when
+// applyPlan hands one pool's decisions to the writer, in order. A create
+// the writer refuses (the pool's secrets cannot be read, or cannot be
+// sealed to the chosen target's agent) ends the pool's creates for this
+// round; applyPlan returns why, for the pool's Placed condition.
+func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool, plan decide.Plan) *decide.Miss {
+	var miss *decide.Miss
+	for _, d := range plan.Decisions {
+		if pctx.Err() != nil {
+			break
 		}
-	}
-	// ahead keeps an age-clock time only while it is still to come.
-	ahead := func(when time.Time) {
-		if when.After(ageNow) {
-			earliest(&t.ageDue, when)
-		}
-	}
-	after := pool.Spec.UnhealthyAfterOrDefault()
-	maxAge := time.Duration(pool.Spec.MaxAge)
-	for _, x := range members {
-		switch x.State {
-		case events.ProxyRequested:
-			earliest(&t.due, x.UpdatedAt.Add(p.cfg.CreateTimeout))
-		case events.ProxyProvisioning:
-			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ProvisionTimeout))
-		case events.ProxyRunning:
-			earliest(&t.due, x.UpdatedAt.Add(p.cfg.ReadyTimeout))
-		case events.ProxyRetiring:
-			if !x.SkipCleanup {
-				earliest(&t.due, x.UpdatedAt.Add(p.cfg.RetireTimeout))
-			}
-		case events.ProxyUnhealthy:
-			if !x.UnhealthySince.IsZero() {
-				ahead(x.UnhealthySince.Add(after))
-				ahead(x.UnhealthySince.Add(2 * after))
+		x := r.byID[d.Proxy.ID]
+		ctx := pctx
+		if d.CausedBy != "" {
+			if y, ok := r.byID[d.CausedBy]; ok && y.traceparent != "" {
+				ctx = causedBy(pctx, y.traceparent)
 			}
 		}
-		if maxAge > 0 && isActive(x.State) {
-			ahead(x.CreatedAt.Add(maxAge + rotationJitter(x.ID, maxAge) + time.Nanosecond))
+		if d.Note != "" && d.Kind != decide.Create {
+			p.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince,
+				"unhealthyAfter", pool.Spec.UnhealthyAfterOrDefault().String())
+		}
+		switch d.Kind {
+		case decide.Retire:
+			p.retire(ctx, r, f, x, d.Reason, d.Class)
+		case decide.Abandon:
+			ab := events.ProxyAbandonedData{Reason: d.Reason}
+			p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
+		case decide.Redelete:
+			p.reissueDelete(ctx, f, x)
+		case decide.Recreate:
+			p.reissueCreate(ctx, r, f, pool, x)
+		case decide.Fail:
+			fd := events.ProxyFailedData{Class: d.Class, Reason: d.Reason, Attempt: x.Attempt}
+			p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+		case decide.Create:
+			if miss != nil {
+				continue
+			}
+			if miss = p.create(ctx, r, f, pool, d.Target, d.Proxy.ID, d.Reason); miss != nil {
+				continue
+			}
+			delete(p.noTarget, pool.Name)
+			if d.Note != "" {
+				p.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", d.Proxy.ID,
+					"why", d.Reason, "age", p.ageNow().Sub(d.Proxy.CreatedAt).Round(time.Second).String(),
+					"proxyRevision", d.Proxy.Revision, "shapeRevision", pool.ShapeRevision)
+			}
 		}
 	}
-	return t
+	return miss
 }
 
-// noPlace records that the pool's missing proxies cannot be placed now and
-// logs it at most once a minute.
-func (p *Planner) noPlace(r *round, pool Pool, pr *poolRound, missing int) {
-	m := p.placeWhy(r, pool)
-	pr.miss = &m
+// noPlace logs, at most once a minute per pool, that the pool's missing
+// proxies cannot be placed now.
+func (p *Planner) noPlace(r *round, pool Pool, m decide.Miss, missing int) {
 	if last, logged := p.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
 		p.noTarget[pool.Name] = r.now
 		p.log.Warn("no live target can take a proxy of this pool now; retrying every round",
-			"pool", pool.Name, "entry", pool.Spec.Provider, "missing", missing, "reason", m.reason, "detail", m.message)
+			"pool", pool.Name, "entry", pool.Spec.Provider, "missing", missing, "reason", m.Reason, "detail", m.Message)
 	}
-}
-
-// scaleDown retires the excess of counted: unhealthy first, then those not
-// yet running, outdated before current, oldest first.
-func (p *Planner) scaleDown(ctx context.Context, r *round, f *flight, pool Pool, counted []Proxy, want int, reason string) {
-	sort.SliceStable(counted, func(i, j int) bool {
-		a, b := counted[i], counted[j]
-		if ra, rb := retireRank(a.State), retireRank(b.State); ra != rb {
-			return ra < rb
-		}
-		if oa, ob := pool.isOutdated(a), pool.isOutdated(b); oa != ob {
-			return oa
-		}
-		if !a.CreatedAt.Equal(b.CreatedAt) {
-			return a.CreatedAt.Before(b.CreatedAt)
-		}
-		return a.ID < b.ID
-	})
-	for _, x := range counted[:len(counted)-want] {
-		p.retire(ctx, r, f, x, reason, "")
-	}
-}
-
-// placeMiss is why a proxy of a pool cannot be placed: a condition reason
-// and a message naming the targets considered.
-type placeMiss struct {
-	reason, message string
-}
-
-// place picks the target for one new proxy of pool: a live target of the
-// pool's entry (and of pool.Spec.Targets when set) offering its image and
-// profile, with capacity left and no recent quota failure or stuck create;
-// fewest proxies of this pool first, then fewest overall, then by name.
-func (p *Planner) place(r *round, pool Pool) (agentSeen, bool) {
-	var best agentSeen
-	found := false
-	var bestPool, bestAll int
-	for _, a := range r.agents {
-		if !p.offers(r, pool, a) {
-			continue
-		}
-		k := targetKey(a.Entry, a.Target)
-		np, na := r.poolOnTarget[pool.Name][k], r.onTarget[k]
-		if !found || np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))) {
-			best, bestPool, bestAll, found = a, np, na, true
-		}
-	}
-	return best, found
-}
-
-// offers reports whether live target a can take a new proxy of pool now.
-func (p *Planner) offers(r *round, pool Pool, a agentSeen) bool {
-	if !eligible(pool, a) {
-		return false
-	}
-	if pool.Spec.Image != "" && !slices.Contains(a.Images, pool.Spec.Image) {
-		return false
-	}
-	if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
-		return false
-	}
-	k := targetKey(a.Entry, a.Target)
-	if a.Capacity > 0 && r.onTarget[k] >= a.Capacity {
-		return false
-	}
-	if av, ok := r.avoid[k]; ok && r.now.Sub(av.at) < p.cfg.QuotaAvoid {
-		return false
-	}
-	return true
-}
-
-// eligible reports whether target a belongs to the pool's entry and, when
-// the pool names targets, is one of them.
-func eligible(pool Pool, a agentSeen) bool {
-	return a.Entry == pool.Spec.Provider && (len(pool.Spec.Targets) == 0 || slices.Contains(pool.Spec.Targets, a.Target))
 }
 
 // poolSecrets reads the pool's secrets from fleet-secrets, checking they
@@ -646,7 +495,7 @@ var errNoAgentKey = errors.New("the agent announced no curve key to seal the poo
 
 // xkey returns the curve key the agent of entry/target announced, or "".
 func (r *round) xkey(entry, target string) string {
-	for _, a := range r.agents {
+	for _, a := range r.targets {
 		if a.Entry == entry && a.Target == target {
 			return a.XKey
 		}
@@ -685,7 +534,7 @@ func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
 	if pc.create != nil {
 		_, err = bus.PublishCreate(ctx, p.conn, Source, *pc.create, 0)
 	} else {
-		pc.del.Reason = truncate(pc.del.Reason, 200)
+		pc.del.Reason = decide.Truncate(pc.del.Reason, 200)
 		_, err = bus.PublishDelete(ctx, p.conn, Source, *pc.del, 0)
 	}
 	if err != nil {
@@ -718,13 +567,6 @@ func (p *Planner) startCommand(ctx context.Context, pc pending) (context.Context
 		attribute.String("proxy", id), attribute.String("entry", entry), attribute.String("target", target))
 }
 
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
-
 func (p *Planner) noteOwn(seq uint64) {
 	if seq > p.ownSeq {
 		p.ownSeq = seq
@@ -748,10 +590,10 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 	ctx, span := p.startWork(pctx, "planner.retire", trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason))
 	d := events.ProxyRetiringData{Reason: reason}
-	if isActive(x.State) {
+	if decide.IsActive(x.State) {
 		// Counted out at once: later placements of this round see it gone
 		// (a refused retire is decided again next round).
-		r.count(x, -1)
+		r.count(x.Pool, targetKey(x.Entry, x.Target), -1)
 	}
 	x.Reason = reason
 	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
@@ -780,35 +622,10 @@ func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 		})
 }
 
-// reissueCreate handles a proxy that stayed requested too long: when its
-// target's agent is alive the create is issued again with the next attempt;
-// when it is not, the proxy fails (class timeout) and is replaced elsewhere.
+// reissueCreate issues the create of x, requested too long, again with the
+// next attempt (decide chose to: its agent is alive and attempts are
+// left). It waits while the pool's secrets cannot be sealed to the agent.
 func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool Pool, x Proxy) {
-	// Later work of the request that created x.
-	ctx = causedBy(ctx, x.traceparent)
-	live := false
-	for _, a := range r.agents {
-		if a.Entry == x.Entry && a.Target == x.Target {
-			live = true
-		}
-	}
-	if !live {
-		fd := events.ProxyFailedData{
-			Class: events.ClassTimeout, Reason: fmt.Sprintf("no agent took the create within %s and target %s/%s is not alive", p.cfg.CreateTimeout, x.Entry, x.Target), Attempt: x.Attempt,
-		}
-		p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
-		return
-	}
-	if x.Attempt >= p.cfg.MaxCreateAttempts {
-		// The agent is alive but never starts this create: fail it, so it is
-		// replaced, and keep new proxies off the target for a while.
-		fd := events.ProxyFailedData{
-			Class: events.ClassStuck, Attempt: x.Attempt,
-			Reason: fmt.Sprintf("create issued %d times on %s/%s without reaching provisioning", x.Attempt, x.Entry, x.Target),
-		}
-		p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
-		return
-	}
 	sec, ok := p.poolSecrets(ctx, r, pool)
 	if !ok {
 		return
@@ -835,21 +652,21 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 // if any, and why says why (the replaced proxy's retiring reason once this
 // one is ready). It returns why nothing was decided: the pool's secrets
 // cannot be read, or the target's agent announced no key to seal them to.
-func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a agentSeen, replaces, why string) *placeMiss {
+func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a decide.Target, replaces, why string) *decide.Miss {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
-		return &placeMiss{reason: events.ReasonSecretsUnavailable,
-			message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
+		return &decide.Miss{Reason: events.ReasonSecretsUnavailable,
+			Message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
 	}
 	if !sec.Empty() && a.XKey == "" {
-		return &placeMiss{reason: events.ReasonSecretsUnavailable,
-			message: fmt.Sprintf("target %s/%s: its agent announced no curve key to seal the pool's password and user-data to (an agent older than sealed commands?); creates wait until it does", a.Entry, a.Target)}
+		return &decide.Miss{Reason: events.ReasonSecretsUnavailable,
+			Message: fmt.Sprintf("target %s/%s: its agent announced no curve key to seal the pool's password and user-data to (an agent older than sealed commands?); creates wait until it does", a.Entry, a.Target)}
 	}
 	req := newRequest(pool, a, replaces, why)
 	ctx, span := p.startRequest(pctx, req)
 	// Counted at once, so the next placement of this round spreads (a
 	// refused create is decided again next round).
-	r.count(Proxy{ProxyView: events.ProxyView{ID: req.id, Pool: pool.Name, Entry: a.Entry, Target: a.Target}}, 1)
+	r.count(pool.Name, a.Key(), 1)
 	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
@@ -872,7 +689,7 @@ type proxyRequest struct {
 
 // newRequest decides a new proxy of pool on target a, replacing replaces
 // (for why) if set.
-func newRequest(pool Pool, a agentSeen, replaces, why string) proxyRequest {
+func newRequest(pool Pool, a decide.Target, replaces, why string) proxyRequest {
 	id := events.NewProxyID(pool.Name)
 	return proxyRequest{id: id, data: requestedData(id, pool, a, replaces, why),
 		msgID: events.ProxyEventID(id, events.ProxyRequested, 1), why: why}
@@ -894,7 +711,7 @@ func (req proxyRequest) logArgs() []any {
 }
 
 // requestedData is the decision to create proxy id of pool on target a.
-func requestedData(id string, pool Pool, a agentSeen, replaces, why string) events.ProxyRequestedData {
+func requestedData(id string, pool Pool, a decide.Target, replaces, why string) events.ProxyRequestedData {
 	d := events.ProxyRequestedData{
 		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
 		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,

@@ -10,6 +10,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // errNoTarget means no live target can take a replacement now.
@@ -36,10 +37,11 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 	if !found || pool.Deleted {
 		return "", 0, errors.New("the proxy's pool is deleted; nothing replaces it")
 	}
-	a, ok := p.place(r, pool)
+	pl := r.placement(pool.Name, pool.Spec.Provider)
+	a, ok := decide.Place(pl, &pool.Pool)
 	if !ok {
-		m := p.placeWhy(r, pool)
-		return "", 0, fmt.Errorf("%w (%s: %s)", errNoTarget, m.reason, m.message)
+		m := decide.Why(pl, &pool.Pool)
+		return "", 0, fmt.Errorf("%w (%s: %s)", errNoTarget, m.Reason, m.Message)
 	}
 	sec, ok := p.poolSecrets(ctx, r, pool)
 	if !ok {
@@ -78,7 +80,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	if !isActive(x.State) {
+	if !decide.IsActive(x.State) {
 		return x.ProxyView, nil
 	}
 	_, seq, err := p.requestReplacement(ctx, x, "recycled by operator")

@@ -8,6 +8,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // rolledReasons returns the retiring reason of every retired proxy.
@@ -53,7 +54,7 @@ func (h *harness) foldSurge(pool string, size int, readyFloor bool) {
 		}
 		active, ready := 0, 0
 		for _, s := range state {
-			if isActive(s) {
+			if decide.IsActive(s) {
 				active++
 			}
 			if s == events.ProxyReady {

@@ -9,47 +9,8 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
-
-func TestRotationJitterIsDeterministicAndBounded(t *testing.T) {
-	const maxAge = 72 * time.Hour
-	distinct := map[time.Duration]bool{}
-	for range 50 {
-		id := events.NewProxyID("demo")
-		j := rotationJitter(id, maxAge)
-		if again := rotationJitter(id, maxAge); again != j {
-			t.Fatalf("jitter of %s: got %s then %s, want the same", id, j, again)
-		}
-		if j < 0 || j > maxAge/10 {
-			t.Errorf("jitter of %s: got %s, want within [0, %s]", id, j, maxAge/10)
-		}
-		distinct[j] = true
-	}
-	if len(distinct) < 40 {
-		t.Errorf("jitter spread: got %d distinct values of 50, want proxies spread", len(distinct))
-	}
-	if j := rotationJitter("demo-aaaaaaaaaa", 0); j != 0 {
-		t.Errorf("jitter without maxAge: got %s, want 0", j)
-	}
-
-	// A proxy is aged exactly past maxAge plus its jitter.
-	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	x := Proxy{ProxyView: events.ProxyView{ID: "demo-bbbbbbbbbb", CreatedAt: created}}
-	edge := created.Add(maxAge + rotationJitter(x.ID, maxAge))
-	cases := []struct {
-		now  time.Time
-		want bool
-	}{
-		{created.Add(maxAge), false},
-		{edge, false},
-		{edge.Add(time.Nanosecond), true},
-	}
-	for _, tc := range cases {
-		if got := isAged(x, maxAge, tc.now); got != tc.want {
-			t.Errorf("isAged at created+%s: got %v, want %v", tc.now.Sub(created), got, tc.want)
-		}
-	}
-}
 
 // driver plays agent and health service for a rotation test: it brings up
 // every requested proxy to ready and reports every retiring one deleted.
@@ -170,7 +131,7 @@ func TestRotationIsSurgeFirst(t *testing.T) {
 		switch e.Kind {
 		case events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
 			// As the planner folds them: progress moves active proxies only.
-			if isActive(state[e.ID]) {
+			if decide.IsActive(state[e.ID]) {
 				state[e.ID] = e.Kind
 			}
 		default:
@@ -178,7 +139,7 @@ func TestRotationIsSurgeFirst(t *testing.T) {
 		}
 		active, ready := 0, 0
 		for _, s := range state {
-			if isActive(s) {
+			if decide.IsActive(s) {
 				active++
 			}
 			if s == events.ProxyReady {

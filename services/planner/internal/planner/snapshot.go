@@ -15,6 +15,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // Snapshots.
@@ -165,7 +166,7 @@ func (s *state) image() *image {
 		img.trailer.Targets[entry] = list
 	}
 	for k, a := range s.avoid {
-		img.trailer.Avoid[k] = snapAvoid{Class: a.class, At: a.at}
+		img.trailer.Avoid[k] = snapAvoid{Class: a.Class, At: a.At}
 	}
 	img.trailer.Finished = s.finished.list()
 	img.trailer.Abandoned = make([]string, 0, len(s.abandoned))
@@ -237,9 +238,10 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 			counts = map[string]int{}
 		}
 		s.pools[sp.Name] = &Pool{
-			Name: sp.Name, Spec: sp.Spec, Revision: sp.Revision, SecretsDigest: sp.SecretsDigest, Deleted: sp.Deleted,
-			LastSeq: sp.LastSeq, ShapeRevision: sp.ShapeRevision, Conditions: sp.Conditions,
-			Autoscaled: sp.Autoscaled, ScaleReason: sp.ScaleReason, shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
+			Pool: decide.Pool{Name: sp.Name, Spec: sp.Spec, Revision: sp.Revision, Deleted: sp.Deleted,
+				LastSeq: sp.LastSeq, ShapeRevision: sp.ShapeRevision, Conditions: sp.Conditions,
+				Autoscaled: sp.Autoscaled, ScaleReason: sp.ScaleReason},
+			SecretsDigest: sp.SecretsDigest, shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
 		}
 	}
 	for i := range h.Proxies {
@@ -255,7 +257,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		if pl == nil {
 			return nil, fmt.Errorf("proxy record %d: pool %q has no record", i, sx.View.Pool)
 		}
-		x := &Proxy{ProxyView: sx.View, LastSeq: sx.LastSeq, DeleteAttempt: sx.DeleteAttempt,
+		x := &Proxy{Proxy: decide.Proxy{ProxyView: sx.View, LastSeq: sx.LastSeq, DeleteAttempt: sx.DeleteAttempt},
 			traceparent: sx.Traceparent, requested: sx.Requested}
 		s.proxies[id] = x
 		if !events.IsTerminal(x.State) {
@@ -277,7 +279,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		}
 	}
 	for k, a := range t.Avoid {
-		s.avoid[k] = avoidance{class: a.Class, at: a.At}
+		s.avoid[k] = decide.Avoidance{Class: a.Class, At: a.At}
 	}
 	for _, id := range t.Abandoned {
 		s.abandoned[id] = struct{}{}

@@ -20,6 +20,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // testKeep is how many finished proxies the snapshot tests keep in
@@ -645,7 +646,7 @@ func (r *running) proxies(pool string) []Proxy {
 	var out []Proxy
 	if p := r.st.pools[pool]; p != nil {
 		for _, x := range p.members {
-			if isActive(x.State) {
+			if decide.IsActive(x.State) {
 				out = append(out, *x)
 			}
 		}
@@ -662,7 +663,7 @@ func checkLoad(t *testing.T, st *state) {
 	for _, pl := range st.pools {
 		per[pl.Name] = map[string]int{}
 		for _, x := range pl.members {
-			if isActive(x.State) {
+			if decide.IsActive(x.State) {
 				k := targetKey(x.Entry, x.Target)
 				all[k]++
 				per[pl.Name][k]++

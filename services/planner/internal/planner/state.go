@@ -6,23 +6,18 @@ import (
 	"encoding/json"
 	"log/slog"
 	"sort"
-	"time"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // Proxy is the planner's view of one proxy aggregate, folded from its
-// events: the shared [events.ProxyView] (what fleet.api.proxy.get answers
-// and fleet-proxies holds) and the planner's own bookkeeping.
+// events: what the rules read ([decide.Proxy]: the shared
+// [events.ProxyView] that fleet.api.proxy.get answers and fleet-proxies
+// holds, with the planner's bookkeeping) and what only effects need.
 type Proxy struct {
-	events.ProxyView
-	// LastSeq is the sequence of the aggregate's last event, applied or
-	// not: the planner's decisions on the proxy expect it.
-	LastSeq uint64 `json:"-"`
-	// DeleteAttempt counts the retiring decisions: the next delete
-	// command's attempt.
-	DeleteAttempt int `json:"-"`
+	decide.Proxy
 
 	// traceparent is the W3C trace context of the requested event.
 	traceparent string
@@ -31,28 +26,11 @@ type Proxy struct {
 	requested events.ProxyRequestedData
 }
 
-// Pool is the planner's view of one pool aggregate.
+// Pool is the planner's view of one pool aggregate: what the rules read
+// ([decide.Pool]) and the projection's bookkeeping.
 type Pool struct {
-	Name          string          `json:"name"`
-	Spec          events.PoolSpec `json:"spec"`
-	Revision      int             `json:"revision"`
-	SecretsDigest string          `json:"-"`
-	Deleted       bool            `json:"deleted"`
-	LastSeq       uint64          `json:"lastSeq"`
-	// ShapeRevision is the revision at which the instance-shaping part of
-	// the spec (see [shapeOf]) last changed. A proxy requested at an older
-	// revision is outdated and is rolled.
-	ShapeRevision int `json:"shapeRevision"`
-	// Conditions say why the pool differs from its spec, folded from
-	// condition events.
-	Conditions []events.Condition `json:"conditions,omitempty"`
-	// Autoscaled is the number of proxies an autoscaled pool wants, as
-	// its last applied or scaled event left it; 0 for a pool without
-	// autoscale. See [Pool.size].
-	Autoscaled int `json:"autoscaled,omitempty"`
-	// ScaleReason is the reason of the last scaled event since the pool
-	// became autoscaled.
-	ScaleReason string `json:"scaleReason,omitempty"`
+	decide.Pool
+	SecretsDigest string `json:"-"`
 
 	// shape is the instance-shaping part of the applied spec.
 	shape string
@@ -88,33 +66,6 @@ func shapeOf(spec events.PoolSpec, secretsDigest string) string {
 	return string(b)
 }
 
-// size is the number of proxies the pool wants: its spec's size, or for
-// an autoscaled pool the size autoscaling set (never outside [min, max]).
-func (p *Pool) size() int {
-	a := p.Spec.Autoscale
-	switch {
-	case a == nil:
-		return p.Spec.Size
-	case p.Autoscaled == 0:
-		return a.Clamp(p.Spec.Size)
-	}
-	return a.Clamp(p.Autoscaled)
-}
-
-// isOutdated reports whether proxy x was requested before the last change
-// of its pool's instance shape.
-func (p *Pool) isOutdated(x Proxy) bool { return x.Revision < p.ShapeRevision }
-
-// isActive reports whether a proxy in state s counts toward its pool's
-// size.
-func isActive(s string) bool {
-	switch s {
-	case events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
-		return true
-	}
-	return false
-}
-
 // state is the projection of FLEET_EVENTS. Applying one event costs O(1).
 // It is not safe for concurrent use; the [Planner] guards it with its mutex.
 type state struct {
@@ -144,7 +95,7 @@ type state struct {
 	// avoid holds, per "<entry>.<target>", the last failure that keeps new
 	// proxies off a target for a while: quota, or a create stuck for
 	// MaxCreateAttempts attempts.
-	avoid map[string]avoidance
+	avoid map[string]decide.Avoidance
 	// onTarget counts the active proxies of every pool per
 	// "<entry>.<target>": placement's view of each target's load, kept as
 	// events arrive so a round need not count the fleet.
@@ -156,13 +107,6 @@ type state struct {
 	dirty map[string]struct{}
 	// rejects reports events that break the event contract.
 	rejects *bus.Rejects
-}
-
-// avoidance is one failure that keeps placement off a target: its class
-// (quota or stuck) and when it was recorded.
-type avoidance struct {
-	class string
-	at    time.Time
 }
 
 // defaultKeepFinished is how many finished proxies stay in memory unless
@@ -179,7 +123,7 @@ func newState(log *slog.Logger, keep int) *state {
 		keepFinished: max(keep, 0),
 		abandoned:    map[string]struct{}{},
 		targets:      map[string]map[string]bool{},
-		avoid:        map[string]avoidance{},
+		avoid:        map[string]decide.Avoidance{},
 		onTarget:     map[string]int{},
 		dirty:        map[string]struct{}{},
 		rejects:      bus.NewRejects(log, 0),
@@ -264,7 +208,7 @@ func (s *state) noteTarget(entry, target string) {
 func (s *state) pool(name string) *Pool {
 	p := s.pools[name]
 	if p == nil {
-		p = &Pool{Name: name, Deleted: true, counts: map[string]int{}, members: map[string]*Proxy{}, onTarget: map[string]int{}}
+		p = &Pool{Pool: decide.Pool{Name: name, Deleted: true}, counts: map[string]int{}, members: map[string]*Proxy{}, onTarget: map[string]int{}}
 		s.pools[name] = p
 	}
 	s.dirty[name] = struct{}{}
@@ -278,7 +222,9 @@ type slot struct {
 	active bool
 }
 
-func slotOf(x *Proxy) slot { return slot{key: targetKey(x.Entry, x.Target), active: isActive(x.State)} }
+func slotOf(x *Proxy) slot {
+	return slot{key: targetKey(x.Entry, x.Target), active: decide.IsActive(x.State)}
+}
 
 // move moves a proxy of pool p from slot from to slot to in the load
 // counts.
@@ -382,7 +328,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 		}
 		// A re-apply keeps the size autoscaling reached (within the new
 		// bounds); a pool that stops autoscaling returns to its size.
-		p.Autoscaled = d.Spec.SizeAfterApply(prev, p.size())
+		p.Autoscaled = d.Spec.SizeAfterApply(prev, p.Size())
 		if d.Spec.Autoscale == nil {
 			p.Autoscaled, p.ScaleReason = 0, ""
 		}
@@ -482,7 +428,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		// whatever the proxy's state.
 		var d events.ProxyFailedData
 		if ev.DecodeData(&d) == nil && (d.Class == events.ClassQuota || d.Class == events.ClassStuck) {
-			s.avoid[x.Entry+"."+x.Target] = avoidance{class: d.Class, at: ev.Time}
+			s.avoid[x.Entry+"."+x.Target] = decide.Avoidance{Class: d.Class, At: ev.Time}
 		}
 	}
 	// The lifecycle is events.Transition, shared with health's projection.
@@ -505,8 +451,7 @@ func (s *state) applyProxy(ev bus.Event) bool {
 			return s.skip(ev, err)
 		}
 		x = &Proxy{
-			ProxyView:   events.NewProxyView(ev.ID, ev.Envelope.ID, ev.Seq, ev.Time, d),
-			LastSeq:     ev.Seq,
+			Proxy:       decide.Proxy{ProxyView: events.NewProxyView(ev.ID, ev.Envelope.ID, ev.Seq, ev.Time, d), LastSeq: ev.Seq},
 			traceparent: ev.Header.Get("traceparent"), requested: d,
 		}
 		x.State = ""
@@ -573,9 +518,9 @@ type PoolView struct {
 
 func (p *Pool) view() PoolView {
 	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision,
-		Size: p.size(), ScaleReason: p.ScaleReason, States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
+		Size: p.Size(), ScaleReason: p.ScaleReason, States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
 	for _, x := range p.members {
-		if isActive(x.State) && p.isOutdated(*x) {
+		if decide.IsActive(x.State) && p.IsOutdated(x.Proxy) {
 			v.Outdated++
 		}
 	}
@@ -584,7 +529,7 @@ func (p *Pool) view() PoolView {
 			continue
 		}
 		v.States[k] = n
-		if isActive(k) {
+		if decide.IsActive(k) {
 			v.Active += n
 		}
 	}

@@ -1,7 +1,6 @@
-package planner
+package decide
 
 import (
-	"context"
 	"strings"
 	"time"
 
@@ -28,72 +27,80 @@ import (
 // time of the health service's event, and which proxy replaces which is in
 // the requested event. A new leader decides the same.
 
-// isSick reports whether x has been unhealthy for at least after at now.
-func isSick(x Proxy, now time.Time, after time.Duration) bool {
+// IsSick reports whether x has been unhealthy for at least after at now.
+func IsSick(x Proxy, now time.Time, after time.Duration) bool {
 	return x.State == events.ProxyUnhealthy && !x.UnhealthySince.IsZero() && now.Sub(x.UnhealthySince) >= after
 }
 
-// unhealthyReason is the retiring reason of a sick proxy: its reason is
+// UnhealthyReason is the retiring reason of a sick proxy: its reason is
 // the last probe error.
-func unhealthyReason(x Proxy) string {
+func UnhealthyReason(x Proxy) string {
 	if x.Reason == "" {
 		return "unhealthy"
 	}
-	return "unhealthy: " + truncate(x.Reason, 160)
+	return "unhealthy: " + Truncate(x.Reason, 160)
 }
 
-// replacement returns the live proxy requested to replace x, if any.
-func (r *round) replacement(x Proxy) (Proxy, bool) {
+// Truncate cuts s to at most n bytes.
+func Truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// Replacement returns the live proxy requested to replace x, if any:
+// replacements holds the proxies members' ReplacedBy name, by id.
+func Replacement(replacements map[string]Proxy, x Proxy) (Proxy, bool) {
 	if x.ReplacedBy == "" {
 		return Proxy{}, false
 	}
-	y, ok := r.byID[x.ReplacedBy]
-	if !ok || !isActive(y.State) {
+	y, ok := replacements[x.ReplacedBy]
+	if !ok || !IsActive(y.State) {
 		return Proxy{}, false
 	}
 	return y, true
 }
 
-// retireCondemned retires the pool's condemned proxies that may go: those
-// whose replacement is ready, all of them once the counted members alone
-// hold want ready proxies, and sick ones unhealthy for twice unhealthyAfter
-// whatever became of their replacement. It returns the ids it retired.
-func (p *Planner) retireCondemned(ctx context.Context, r *round, f *flight, pool Pool, pr *poolRound, want int, now time.Time, after time.Duration) map[string]bool {
+// retireCondemned decides the retirements of the pool's condemned proxies
+// that may go: those whose replacement is ready, all of them once the
+// counted members alone hold want ready proxies, and sick ones unhealthy
+// for twice unhealthyAfter whatever became of their replacement.
+func (c *pass) retireCondemned(now time.Time, after time.Duration) map[string]bool {
 	ready := 0
-	for _, x := range pr.counted {
+	for _, x := range c.found.Counted {
 		if x.State == events.ProxyReady {
 			ready++
 		}
 	}
 	retired := map[string]bool{}
-	for _, x := range pr.condemned {
+	for _, x := range c.found.Condemned {
 		// The replacement says why (rolled, rotated, recycled); a sick
 		// proxy's reason carries its last probe error.
 		why := x.ReplaceReason
-		sick2 := isSick(x, now, 2*after)
+		sick2 := IsSick(x, now, 2*after)
 		switch {
 		case x.State == events.ProxyUnhealthy && (sick2 || why == "" || strings.HasPrefix(why, "unhealthy")):
-			why = unhealthyReason(x)
+			why = UnhealthyReason(x)
 		case why == "":
 			why = "replaced"
 		}
-		y, replaced := r.replacement(x)
+		y, replaced := Replacement(c.in.Replacements, x)
+		d := Decision{Kind: Retire, Proxy: x, Reason: why}
 		switch {
 		case sick2:
-			p.log.InfoContext(ctx, "retiring a proxy unhealthy for twice unhealthyAfter; no replacement became ready",
-				"pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince, "unhealthyAfter", after.String())
+			d.Note = "retiring a proxy unhealthy for twice unhealthyAfter; no replacement became ready"
 		case replaced && y.State == events.ProxyReady:
-		case ready >= want:
+		case ready >= c.want:
 		default:
 			continue
 		}
-		rctx := ctx
-		if replaced && y.traceparent != "" {
+		if replaced {
 			// Caused by the request of the replacement (a recycle, a
 			// roll): the retirement links to it.
-			rctx = causedBy(ctx, y.traceparent)
+			d.CausedBy = y.ID
 		}
-		p.retire(rctx, r, f, x, why, "")
+		c.retire(d)
 		retired[x.ID] = true
 	}
 	return retired

@@ -1,0 +1,82 @@
+package decide
+
+import (
+	"fmt"
+	"time"
+
+	"proxyfleet/pkg/events"
+)
+
+// Conditions are the pool's conditions after a pass that wanted want
+// proxies and found f (with the writer's miss, if it refused a create):
+// Ready, Placed and Progressing, in that order. See docs/operator-guide.md,
+// "Pool conditions".
+func Conditions(pool *Pool, want int, f *Found, ageNow time.Time) []events.PoolConditionData {
+	ready := events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady,
+		Message: fmt.Sprintf("%d of %d proxies ready", want, want)}
+	if f.Ready < want {
+		ready.Status, ready.Reason = events.ConditionFalse, events.ReasonNotEnoughReady
+		ready.Message = fmt.Sprintf("fewer than %d proxies ready", want)
+	}
+
+	placed := events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced,
+		Message: "every proxy the pool needs has a target"}
+	if f.Miss != nil {
+		placed.Status, placed.Reason, placed.Message = events.ConditionFalse, f.Miss.Reason, f.Miss.Message
+	}
+
+	progressing := events.PoolConditionData{Type: events.ConditionProgressing, Status: events.ConditionFalse, Reason: events.ReasonSettled,
+		Message: "the pool matches its spec"}
+	maxAge := time.Duration(pool.Spec.MaxAge)
+	outdated, aged, pending := 0, 0, 0
+	for _, x := range f.Counted {
+		switch {
+		case pool.IsOutdated(x):
+			outdated++
+		case maxAge > 0 && IsAged(x, maxAge, ageNow):
+			aged++
+		}
+		switch x.State {
+		case events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning:
+			pending++
+		}
+	}
+	for _, x := range f.Condemned {
+		if pool.IsOutdated(x) {
+			outdated++
+		}
+	}
+	set := func(reason, msg string) {
+		progressing.Status, progressing.Reason, progressing.Message = events.ConditionTrue, reason, msg
+	}
+	switch {
+	case outdated > 0:
+		set(events.ReasonRolling, fmt.Sprintf("rolling to spec revision %d", pool.ShapeRevision))
+	case len(f.Condemned) > 0:
+		ids := make([]string, 0, len(f.Condemned))
+		for _, x := range f.Condemned {
+			ids = append(ids, x.ID)
+		}
+		set(events.ReasonReplacing, "replacing "+JoinNames(ids))
+	case aged > 0:
+		set(events.ReasonRotating, "rotating proxies older than maxAge "+maxAge.String())
+	case want == 0 && f.Active > 0, want > 0 && (len(f.Counted) != want || pending > 0):
+		set(events.ReasonScaling, fmt.Sprintf("scaling to %d proxies", want))
+	}
+	return []events.PoolConditionData{ready, placed, progressing}
+}
+
+// Changed returns the conditions of cs whose status, reason or message
+// differs from what the pool's log holds: conditions change on
+// transitions only, never once per round.
+func Changed(pool *Pool, cs []events.PoolConditionData) []events.PoolConditionData {
+	var out []events.PoolConditionData
+	for _, d := range cs {
+		if cur, ok := events.FindCondition(pool.Conditions, d.Type); ok &&
+			cur.Status == d.Status && cur.Reason == d.Reason && cur.Message == d.Message {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}

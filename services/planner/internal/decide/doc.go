@@ -1,0 +1,29 @@
+// Package decide holds the planner's rules as pure functions: given a
+// read-only view of one pool (its spec, its live members, the live
+// targets and their load) and the current time, they return what the
+// pool needs (decisions) and what the round found (for the pool's
+// conditions and for when to look at it again).
+//
+// Nothing here talks to NATS, starts goroutines, reads a clock or logs:
+// the planner's reconciler builds the [Input] from its projection, calls
+// [Pool], hands the [Decision]s to its one writer (which checks what only
+// effects can know, such as whether the pool's secrets can be read and
+// sealed to the chosen agent), and then calls [Conditions] and [Timer]
+// with what the writer found. So every rule is a table test, and every
+// replica, replaying the same log, decides the same.
+//
+// The rules, in the order a round applies them to one pool:
+//
+//   - failed members are retired (the fill replaces them);
+//   - retiring members: with skipCleanup they are abandoned, otherwise
+//     their delete is re-issued after RetireTimeout;
+//   - timeouts: a create re-issued after CreateTimeout (or the proxy
+//     failed, when its agent is gone or the create was issued
+//     MaxCreateAttempts times), provisioning and running (never ready)
+//     members failed with class timeout;
+//   - heal: sick and replaced members are condemned and retired once
+//     their replacement is ready ([Condemned]);
+//   - scale-down in [RetireOrder], or the fill: one new proxy per missing
+//     one, each placed by [Place], replacing the sick first;
+//   - rotation: one outdated or aged member replaced, surge first.
+package decide

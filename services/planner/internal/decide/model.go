@@ -1,0 +1,135 @@
+package decide
+
+import (
+	"time"
+
+	"proxyfleet/pkg/events"
+)
+
+// Config is the rules' tuning: the planner's timeouts.
+type Config struct {
+	// CreateTimeout: a proxy requested this long has its create issued
+	// again.
+	CreateTimeout time.Duration
+	// ProvisionTimeout: a proxy provisioning this long fails (timeout).
+	ProvisionTimeout time.Duration
+	// ReadyTimeout: a proxy running this long without one passed probe
+	// fails (timeout).
+	ReadyTimeout time.Duration
+	// RetireTimeout: a proxy retiring this long has its delete issued
+	// again.
+	RetireTimeout time.Duration
+	// QuotaAvoid: how long a target that answered quota, or where a
+	// create got stuck, takes no new proxy.
+	QuotaAvoid time.Duration
+	// MaxCreateAttempts: a create issued this many times without reaching
+	// provisioning fails the proxy (stuck).
+	MaxCreateAttempts int
+}
+
+// Pool is the view of one pool the rules read.
+type Pool struct {
+	Name     string          `json:"name"`
+	Spec     events.PoolSpec `json:"spec"`
+	Revision int             `json:"revision"`
+	Deleted  bool            `json:"deleted"`
+	// LastSeq is the sequence of the pool's last event: decisions about
+	// the pool (its conditions) expect it.
+	LastSeq uint64 `json:"lastSeq"`
+	// ShapeRevision is the revision at which the instance-shaping part of
+	// the spec last changed. A proxy requested at an older revision is
+	// outdated and is rolled.
+	ShapeRevision int `json:"shapeRevision"`
+	// Conditions are the pool's conditions as the log holds them.
+	Conditions []events.Condition `json:"conditions,omitempty"`
+	// Autoscaled is the number of proxies an autoscaled pool wants, as
+	// its last applied or scaled event left it; 0 for a pool without
+	// autoscale. See [Pool.Size].
+	Autoscaled int `json:"autoscaled,omitempty"`
+	// ScaleReason is the reason of the last scaled event since the pool
+	// became autoscaled.
+	ScaleReason string `json:"scaleReason,omitempty"`
+}
+
+// Size is the number of proxies the pool wants: its spec's size, or for
+// an autoscaled pool the size autoscaling set (never outside [min, max]).
+func (p *Pool) Size() int {
+	a := p.Spec.Autoscale
+	switch {
+	case a == nil:
+		return p.Spec.Size
+	case p.Autoscaled == 0:
+		return a.Clamp(p.Spec.Size)
+	}
+	return a.Clamp(p.Autoscaled)
+}
+
+// Want is how many proxies the pool wants now: none once it is deleted.
+func (p *Pool) Want() int {
+	if p.Deleted {
+		return 0
+	}
+	return p.Size()
+}
+
+// IsOutdated reports whether proxy x was requested before the last change
+// of the pool's instance shape.
+func (p *Pool) IsOutdated(x Proxy) bool { return x.Revision < p.ShapeRevision }
+
+// Proxy is the view of one proxy the rules read.
+type Proxy struct {
+	events.ProxyView
+	// LastSeq is the sequence of the aggregate's last event: decisions
+	// about the proxy expect it.
+	LastSeq uint64 `json:"-"`
+	// DeleteAttempt counts the retiring decisions: the next delete
+	// command's attempt.
+	DeleteAttempt int `json:"-"`
+}
+
+// IsActive reports whether a proxy in state s counts toward its pool's
+// size.
+func IsActive(s string) bool {
+	switch s {
+	case events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy:
+		return true
+	}
+	return false
+}
+
+// Target is one live agent target: what it offers and whether it can
+// receive sealed secrets.
+type Target struct {
+	Entry, Target string
+	Images        []string
+	Profiles      []string
+	// Capacity is how many active proxies it takes at most; 0: no limit.
+	Capacity int
+	// XKey is the curve key it announced to seal secrets to; "" when none.
+	XKey string
+}
+
+// Key is the target's "<entry>.<target>".
+func (t Target) Key() string { return TargetKey(t.Entry, t.Target) }
+
+// TargetKey is the key of target target of entry entry.
+func TargetKey(entry, target string) string { return entry + "." + target }
+
+// Avoidance is a recent failure that keeps placement off a target: its
+// class (quota or stuck) and when it was recorded.
+type Avoidance struct {
+	Class string
+	At    time.Time
+}
+
+// Load is how many active proxies each target ("<entry>.<target>") holds:
+// All counts every pool's, Pool this pool's.
+type Load struct {
+	All, Pool map[string]int
+}
+
+// Miss is why a proxy of a pool cannot be placed: a Placed condition
+// reason and a message naming the targets considered.
+type Miss struct {
+	Reason, Message string
+}

@@ -1,0 +1,197 @@
+package decide
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"proxyfleet/pkg/events"
+)
+
+// Placement is what placing a proxy reads besides the pool: the live
+// targets (in key order), their load and recent failures.
+type Placement struct {
+	Now     time.Time
+	Targets []Target
+	Load    Load
+	Avoid   map[string]Avoidance
+	// Known names the targets ever known for the pool's entry (from
+	// heartbeats or events), for the message when none is alive.
+	Known []string
+	// QuotaAvoid is [Config.QuotaAvoid].
+	QuotaAvoid time.Duration
+}
+
+// Place picks the target for one new proxy of pool: a live target of the
+// pool's entry (and of its spec's targets when set) offering its image and
+// profile, with capacity left and no recent quota failure or stuck create;
+// fewest proxies of this pool first, then fewest overall, then by name.
+func Place(pl *Placement, pool *Pool) (Target, bool) {
+	var best Target
+	found := false
+	var bestPool, bestAll int
+	for _, a := range pl.Targets {
+		if !pl.Offers(pool, a) {
+			continue
+		}
+		k := a.Key()
+		np, na := pl.Load.Pool[k], pl.Load.All[k]
+		if !found || np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))) {
+			best, bestPool, bestAll, found = a, np, na, true
+		}
+	}
+	return best, found
+}
+
+// Offers reports whether live target a can take a new proxy of pool now.
+func (pl *Placement) Offers(pool *Pool, a Target) bool {
+	if !Eligible(pool, a) {
+		return false
+	}
+	if pool.Spec.Image != "" && !slices.Contains(a.Images, pool.Spec.Image) {
+		return false
+	}
+	if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
+		return false
+	}
+	k := a.Key()
+	if a.Capacity > 0 && pl.Load.All[k] >= a.Capacity {
+		return false
+	}
+	if av, ok := pl.Avoid[k]; ok && pl.Now.Sub(av.At) < pl.QuotaAvoid {
+		return false
+	}
+	return true
+}
+
+// Eligible reports whether target a belongs to the pool's entry and, when
+// the pool names targets, is one of them.
+func Eligible(pool *Pool, a Target) bool {
+	return a.Entry == pool.Spec.Provider && (len(pool.Spec.Targets) == 0 || slices.Contains(pool.Spec.Targets, a.Target))
+}
+
+// count adds delta to target k's load, for this pool and overall.
+func (pl *Placement) count(k string, delta int) {
+	pl.Load.All[k] += delta
+	pl.Load.Pool[k] += delta
+}
+
+// clone copies pl with load maps of its own, so a pass over one pool can
+// count its decisions without changing its caller's view.
+func (pl *Placement) clone() *Placement {
+	c := *pl
+	c.Load = Load{All: make(map[string]int, len(pl.Load.All)), Pool: make(map[string]int, len(pl.Load.Pool))}
+	for k, n := range pl.Load.All {
+		c.Load.All[k] = n
+	}
+	for k, n := range pl.Load.Pool {
+		c.Load.Pool[k] = n
+	}
+	return &c
+}
+
+// maxListed bounds the names a condition message lists.
+const maxListed = 5
+
+// Why explains why [Place] found no target for a proxy of pool, naming the
+// targets it considered.
+func Why(pl *Placement, pool *Pool) Miss {
+	entry := pool.Spec.Provider
+	var live []Target
+	for _, a := range pl.Targets {
+		if Eligible(pool, a) {
+			live = append(live, a)
+		}
+	}
+	if len(live) == 0 {
+		considered := pool.Spec.Targets
+		if len(considered) == 0 {
+			considered = pl.Known
+		}
+		msg := fmt.Sprintf("no live agent of entry %s", entry)
+		if len(considered) > 0 {
+			msg += "; targets considered, none alive: " + JoinNames(considered)
+		} else {
+			msg += "; no agent of this entry ever announced itself"
+		}
+		return Miss{Reason: events.ReasonNoLiveTarget, Message: msg}
+	}
+	if img := pool.Spec.Image; img != "" {
+		of := func(a Target) []string { return a.Images }
+		l := offering(live, img, of)
+		if len(l) == 0 {
+			return Miss{Reason: events.ReasonNoTargetOffersImage,
+				Message: fmt.Sprintf("no live target of entry %s offers image %s; considered: %s", entry, img, describe(live, of))}
+		}
+		live = l
+	}
+	if prof := pool.Spec.Profile; prof != "" {
+		of := func(a Target) []string { return a.Profiles }
+		l := offering(live, prof, of)
+		if len(l) == 0 {
+			return Miss{Reason: events.ReasonNoTargetOffersProfile,
+				Message: fmt.Sprintf("no live target of entry %s offers profile %s (with the pool's image); considered: %s", entry, prof, describe(live, of))}
+		}
+		live = l
+	}
+	var roomy []Target
+	var full []string
+	for _, a := range live {
+		k := a.Key()
+		if a.Capacity > 0 && pl.Load.All[k] >= a.Capacity {
+			full = append(full, fmt.Sprintf("%s (%d of %d)", a.Target, pl.Load.All[k], a.Capacity))
+			continue
+		}
+		roomy = append(roomy, a)
+	}
+	if len(roomy) == 0 {
+		return Miss{Reason: events.ReasonCapacityExhausted,
+			Message: "every live target that offers the pool's image and profile is full: " + JoinNames(full)}
+	}
+	reason := events.ReasonTargetsFailing
+	var avoided []string
+	for _, a := range roomy {
+		av := pl.Avoid[a.Key()]
+		if av.Class == events.ClassQuota {
+			reason = events.ReasonQuota
+		}
+		avoided = append(avoided, fmt.Sprintf("%s (%s at %s, avoided until %s)", a.Target, av.Class,
+			av.At.UTC().Format(time.RFC3339), av.At.Add(pl.QuotaAvoid).UTC().Format(time.RFC3339)))
+	}
+	sort.Strings(avoided)
+	return Miss{Reason: reason, Message: "every remaining target failed recently: " + JoinNames(avoided)}
+}
+
+// offering returns the targets whose list (of) holds want.
+func offering(targets []Target, want string, of func(Target) []string) []Target {
+	var out []Target
+	for _, a := range targets {
+		if slices.Contains(of(a), want) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// describe names each target with what of says it offers.
+func describe(targets []Target, of func(Target) []string) string {
+	parts := make([]string, 0, len(targets))
+	for _, a := range targets {
+		have := "nothing"
+		if l := of(a); len(l) > 0 {
+			have = strings.Join(l, ", ")
+		}
+		parts = append(parts, a.Target+" (offers "+have+")")
+	}
+	return JoinNames(parts)
+}
+
+// JoinNames joins names, at most five of them.
+func JoinNames(names []string) string {
+	if len(names) <= maxListed {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(names)-maxListed)
+}

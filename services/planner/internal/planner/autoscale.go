@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // Autoscaling.
@@ -60,13 +60,6 @@ type demandSeen struct {
 type report struct {
 	events.GatewayDemand
 	stored time.Time
-}
-
-// lowDemand is a pool's current stretch of demand below its size: since
-// when, and the most connections seen in it.
-type lowDemand struct {
-	since    time.Time
-	maxConns int
 }
 
 // watchDemand keeps p.demand current from fleet-demand while ctx lasts (the
@@ -186,7 +179,7 @@ type scalable struct {
 // autoscale, from its demand now. It runs on the reconciler goroutine.
 func (p *Planner) autoscale(ctx context.Context) {
 	if p.lowDemand == nil {
-		p.lowDemand = map[string]lowDemand{}
+		p.lowDemand = map[string]decide.LowDemand{}
 	}
 	p.mu.Lock()
 	behind := p.st.seq < p.ownSeq
@@ -211,28 +204,18 @@ func (p *Planner) autoscale(ctx context.Context) {
 		if !known {
 			continue
 		}
-		want := pl.auto.Want(conns)
-		low, waiting := p.lowDemand[pl.name]
-		switch {
-		case want > pl.size:
+		var low *decide.LowDemand
+		if l, ok := p.lowDemand[pl.name]; ok {
+			low = &l
+		}
+		sc := decide.Scale(pl.auto, pl.size, conns, low, at)
+		if sc.Low != nil {
+			p.lowDemand[pl.name] = *sc.Low
+		} else {
 			delete(p.lowDemand, pl.name)
-			p.scale(ctx, f, pl, want, fmt.Sprintf("autoscale: %d connections for %d proxies", conns, want))
-		case want == pl.size:
-			delete(p.lowDemand, pl.name)
-		default:
-			if !waiting {
-				low = lowDemand{since: at}
-			}
-			low.maxConns = max(low.maxConns, conns)
-			after := pl.auto.ScaleDownAfterOrDefault()
-			if at.Sub(low.since) < after {
-				p.lowDemand[pl.name] = low
-				continue
-			}
-			delete(p.lowDemand, pl.name)
-			if peak := pl.auto.Want(low.maxConns); peak < pl.size {
-				p.scale(ctx, f, pl, peak, fmt.Sprintf("autoscale: %d connections for %d proxies after %s of low demand", low.maxConns, peak, after))
-			}
+		}
+		if sc.Size != 0 {
+			p.scale(ctx, f, pl, sc.Size, sc.Reason)
 		}
 	}
 	for name := range p.lowDemand {

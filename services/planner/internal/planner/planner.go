@@ -249,7 +249,7 @@ type Planner struct {
 	missingSince map[string]missing
 	// lowDemand is, per autoscaled pool, its current stretch of demand
 	// below its size (in memory: a new leader starts it again).
-	lowDemand map[string]lowDemand
+	lowDemand map[string]decide.LowDemand
 	// traced is, per pool, the traceparent of the last request whose
 	// trace a round continued (see tracing.go).
 	traced map[string]string

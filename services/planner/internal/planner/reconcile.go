@@ -209,7 +209,7 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.lastSweep = time.Time{}
 	p.orphanSince = map[orphanKey]time.Time{}
 	p.missingSince = map[string]missing{}
-	p.lowDemand = map[string]lowDemand{}
+	p.lowDemand = map[string]decide.LowDemand{}
 	p.noteTraced()
 	p.recoverCommands(ctx)
 	inv := make(chan inventory)

@@ -7,9 +7,6 @@ import (
 	"proxyfleet/pkg/events"
 )
 
-// maxListed bounds the names a condition message lists.
-const maxListed = 5
-
 // updateConditions appends the pool's changed conditions (see
 // [decide.Changed]) in one fenced batch expecting the pool's last
 // sequence; a conflict (the pool changed meanwhile) leaves them to the

@@ -129,6 +129,33 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 		return n["a"]+n["b"] >= size
 	})
 	byA := requested()["a"]
+
+	// While a is stopped, the operator recycles one proxy and reports
+	// another banned. The deciding endpoints are the leader's alone: the
+	// server may still route a request to the subscription stopped a holds,
+	// where it waits (the request times out here) until a resumes; what a
+	// then decides from its stale view must land nothing.
+	waitFor(t, 30*time.Second, "two proxies of the pool in fleet-proxies", func() bool { return len(f.proxies("fence")) >= 2 })
+	var ids []string
+	for _, v := range f.proxies("fence") {
+		ids = append(ids, v.ID)
+	}
+	var answered []string
+	for i, r := range []struct{ subject, body string }{
+		{"fleet.api.proxy.recycle", `{"id":"` + ids[0] + `"}`},
+		{"fleet.api.proxy.report-ban", `{"id":"` + ids[1] + `","reason":"403 while a was stopped"}`},
+		{"fleet.api.proxy.recycle", `{"id":"` + ids[0] + `"}`},
+		{"fleet.api.proxy.report-ban", `{"id":"` + ids[1] + `","reason":"403 while a was stopped"}`},
+	} {
+		reply, err := f.conn.NC.Request(r.subject, []byte(r.body), 3*time.Second)
+		switch {
+		case err != nil:
+			t.Logf("request %d (%s) not answered while a is stopped: %v", i, r.subject, err)
+		default:
+			answered = append(answered, r.subject+" "+reply.Header.Get("Nats-Service-Error-Code"))
+		}
+	}
+	t.Logf("answered while a was stopped: %v", answered)
 	resume()
 
 	// The stale leader notices and stops deciding.
@@ -176,6 +203,9 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	}
 	if !termOf("b")() {
 		t.Errorf("b no longer holds the latest term")
+	}
+	if strings.Contains(f.log("planner-a"), "proxy retired by operator") {
+		t.Errorf("the deposed leader a retired a proxy for the operator")
 	}
 	t.Logf("a requested %d of %d proxies before it was stopped; b's term began at seq %d; most active proxies in the log: %d", byA, size, bTerm.Seq, maxActive)
 	for _, l := range strings.Split(f.log("planner-a"), "\n") {

@@ -24,7 +24,6 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
-	"proxyfleet/services/planner/internal/decide"
 )
 
 // ServiceName is the micro service every planner replica serves.
@@ -144,13 +143,21 @@ type (
 
 type handlerFunc func(ctx context.Context, body []byte) (any, *APIError)
 
-// startAPI adds the fleet-planner micro service with its endpoints.
+// startAPI adds this replica's instance of the fleet-planner micro
+// service: every endpoint but those only the leader serves (see
+// writer.go).
 func (p *Planner) startAPI() (micro.Service, error) {
+	return p.addService(func(noun, verb string) bool { return !decidingEndpoints[noun+"."+verb] }, "replica")
+}
+
+// addService adds an instance of the fleet-planner micro service with the
+// endpoints serve selects; role says which in its metadata.
+func (p *Planner) addService(serve func(noun, verb string) bool, role string) (micro.Service, error) {
 	svc, err := micro.AddService(p.conn.NC, micro.Config{
 		Name:        ServiceName,
 		Version:     buildinfo.Version,
 		Description: "proxyfleet planner: pool and proxy intent",
-		Metadata:    map[string]string{"replica": p.cfg.ID},
+		Metadata:    map[string]string{"replica": p.cfg.ID, "role": role},
 	})
 	if err != nil {
 		return nil, err
@@ -172,6 +179,9 @@ func (p *Planner) startAPI() (micro.Service, error) {
 	}
 	groups := map[string]micro.Group{}
 	for _, e := range endpoints {
+		if !serve(e.noun, e.verb) {
+			continue
+		}
 		g := groups[e.noun]
 		if g == nil {
 			g = svc.AddGroup(events.APIGroup(e.noun))
@@ -232,26 +242,6 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 			p.log.Warn("reply", "endpoint", name, "err", err)
 		}
 	})
-}
-
-// appendEvent appends one event the API decided, under a producer span
-// whose context the event carries, and counts it.
-func (p *Planner) appendEvent(ctx context.Context, aggregate, id, typ, msgID string, data any, expect *bus.Expect) (uint64, error) {
-	ctx, span := p.startPublish(ctx, events.SubjectOf(Source, aggregate, id, typ), events.EventSubject(aggregate, "{id}", typ),
-		attribute.String(aggregate, id))
-	seq, err := p.store.Append(ctx, aggregate, id, typ, msgID, data, expect)
-	switch {
-	case err == nil:
-		p.m.decided(ctx, typ, 1)
-		span.End()
-	case errors.Is(err, bus.ErrConflict):
-		// Re-read and decided again: not a failure.
-		span.AddEvent("conflict: the aggregate changed since it was read")
-		span.End()
-	default:
-		failSpan(span, err)
-	}
-	return seq, err
 }
 
 // replyBody encodes a reply and refuses one over [Planner.replyBudget]: the
@@ -319,8 +309,8 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 			return nil, internal("could not store the pool's secrets; nothing was applied, retry")
 		}
 		data := events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}
-		seq, err := p.appendEvent(ctx, events.AggregatePool, spec.Name, events.PoolApplied,
-			decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, &bus.Expect{Seq: cur.LastSeq})
+		seq, err := p.appendIntent(ctx, spec.Name, events.PoolApplied, decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, cur.LastSeq,
+			[]any{"pool", spec.Name, "decision", events.PoolApplied, "revision", rev})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, spec.Name); err != nil {
 				return nil, internal("could not re-read the pool after a concurrent change; retry")
@@ -502,8 +492,9 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 			return p.poolView(req.Name), nil
 		}
 		rev := cur.Revision + 1
-		seq, err := p.appendEvent(ctx, events.AggregatePool, req.Name, events.PoolDeleted,
-			decisionID(req.Name, events.PoolDeleted, uint64(rev), events.PoolDeletedData{Revision: rev}), events.PoolDeletedData{Revision: rev}, &bus.Expect{Seq: cur.LastSeq})
+		data := events.PoolDeletedData{Revision: rev}
+		seq, err := p.appendIntent(ctx, req.Name, events.PoolDeleted, decisionID(req.Name, events.PoolDeleted, uint64(rev), data), data, cur.LastSeq,
+			[]any{"pool", req.Name, "decision", events.PoolDeleted, "revision", rev})
 		if errors.Is(err, bus.ErrConflict) {
 			if err := p.catchUp(ctx, events.AggregatePool, req.Name); err != nil {
 				return nil, internal("could not re-read the pool after a concurrent change; retry")
@@ -615,7 +606,7 @@ func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError)
 	if req.SkipCleanup {
 		reason = "deleted by operator, cleanup skipped"
 	}
-	return p.retireByOperator(ctx, req.ID, reason, req.SkipCleanup)
+	return p.retireByOperator(ctx, req.ID, reason, req.SkipCleanup, false)
 }
 
 func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError) {
@@ -624,7 +615,7 @@ func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError
 		return nil, aerr
 	}
 	if req.Now {
-		return p.retireByOperator(ctx, req.ID, "recycled by operator", false)
+		return p.retireByOperator(ctx, req.ID, "recycled by operator", false, false)
 	}
 	return p.recycle(ctx, req.ID)
 }
@@ -649,74 +640,76 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 	if len(reason) > maxBanReason {
 		return nil, invalid([]events.FieldError{{Field: "reason", Reason: fmt.Sprintf("must be at most %d bytes", maxBanReason)}})
 	}
-	if x, aerr := p.lookupProxy(ctx, req.ID); aerr == nil && decide.IsActive(x.State) {
-		if _, _, err := p.requestReplacement(ctx, x, "banned: "+reason); err != nil {
-			p.log.WarnContext(ctx, "no replacement for a banned proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
-		}
-	}
-	return p.retireByOperator(ctx, req.ID, "banned: "+reason, false)
+	return p.retireByOperator(ctx, req.ID, "banned: "+reason, false, true)
 }
 
 // retireByOperator retires one proxy and sends its delete command, or, with
-// skipCleanup, retires and abandons it without touching the instance. The
-// reconciler replaces it if its pool still wants it. Repeating the request
-// changes nothing.
-func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup bool) (any, *APIError) {
+// skipCleanup, retires and abandons it without touching the instance; with
+// replace it also requests the proxy's replacement in the same batch (a
+// ban: the pool does not wait for a round; when no target can take one
+// now, the proxy is retired all the same and the pool's Placed condition
+// says why it stays short). The leader decides it (see writer.go); the
+// reconciler replaces the proxy if its pool still wants it. Repeating the
+// request changes nothing.
+func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup, replace bool) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	for range maxConflictRetries {
 		x, aerr := p.lookupProxy(ctx, id)
 		if aerr != nil {
 			return nil, aerr
 		}
-		var seq uint64
-		var err error
-		abandon := func(after uint64) (uint64, error) {
-			d := events.ProxyAbandonedData{Reason: reason}
-			return p.appendEvent(ctx, events.AggregateProxy, x.ID, events.ProxyAbandoned,
-				decisionID(x.ID, events.ProxyAbandoned, after, d), d, &bus.Expect{Seq: after})
-		}
-		switch {
-		case events.IsTerminal(x.State):
+		if events.IsTerminal(x.State) || x.State == events.ProxyRetiring && (!skipCleanup || x.SkipCleanup) {
 			return x.ProxyView, nil
-		case x.State == events.ProxyRetiring && (!skipCleanup || x.SkipCleanup):
-			return x.ProxyView, nil
-		case x.State == events.ProxyRetiring:
-			// Already being deleted; the operator now wants it abandoned.
-			seq, err = abandon(x.LastSeq)
-		default:
-			d := events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}
-			seq, err = p.appendEvent(ctx, events.AggregateProxy, x.ID, events.ProxyRetiring,
-				decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d, &bus.Expect{Seq: x.LastSeq})
-			if err == nil && skipCleanup {
-				seq, err = abandon(seq)
+		}
+		var u *unit
+		var lerr *APIError
+		if aerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+			if x, lerr = p.lookupProxy(ctx, id); lerr != nil {
+				return
 			}
-		}
-		if errors.Is(err, bus.ErrConflict) {
-			if err := p.catchUp(ctx, events.AggregateProxy, x.ID); err != nil {
-				return nil, internal("could not re-read the proxy after a concurrent change; retry")
+			switch {
+			case events.IsTerminal(x.State):
+			case x.State == events.ProxyRetiring && (!skipCleanup || x.SkipCleanup):
+			case x.State == events.ProxyRetiring:
+				// Already being deleted; the operator now wants it abandoned.
+				ab := events.ProxyAbandonedData{Reason: reason}
+				u = p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
+			default:
+				replaced := ""
+				if reasonClass(reason) == "recycled" {
+					// The fill replaces it.
+					replaced = reason
+				}
+				u = p.retire(ctx, nil, f, x, reason, replaced, skipCleanup)
+				// The replacement goes in the same batch, after the
+				// retirement: the pool never holds one more proxy for it.
+				if replace {
+					if _, _, err := p.requestReplacement(ctx, f, x, reason); err != nil {
+						p.log.WarnContext(ctx, "no replacement for the proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
+					}
+				}
 			}
-			continue
+		}); aerr != nil {
+			return nil, aerr
 		}
-		if err != nil {
-			p.log.ErrorContext(ctx, "append proxy decision", "proxy", x.ID, "err", err)
-			return nil, internal("could not record the decision; retry")
+		if lerr != nil {
+			return nil, lerr
 		}
-		p.log.InfoContext(ctx, "proxy retired by operator", "proxy", x.ID, "pool", x.Pool, "reason", reason)
-		if reasonClass(reason) == "recycled" {
-			// The fill replaces it.
-			p.m.replaced(ctx, x.Pool, reason)
-		}
-		if !skipCleanup {
-			x.Reason = reason
-			cmd := deleteCommand(x, 1)
-			if err := p.publishCommand(ctx, pending{del: &cmd}); err != nil {
-				// The decision stands; the reconciler re-issues the delete
-				// when the proxy stays retiring.
-				p.log.WarnContext(ctx, "publish delete", "proxy", x.ID, "err", err)
+		if u != nil {
+			if errors.Is(u.err, bus.ErrConflict) {
+				if err := p.catchUp(ctx, events.AggregateProxy, id); err != nil {
+					return nil, internal("could not re-read the proxy after a concurrent change; retry")
+				}
+				continue
 			}
-		}
-		if err := p.waitSeq(ctx, seq); err != nil {
-			return nil, internal("decision recorded but not yet visible; get the proxy again")
+			if u.err != nil {
+				p.log.ErrorContext(ctx, "proxy decision", "proxy", id, "err", u.err)
+				return nil, internal("could not record the decision; retry")
+			}
+			p.log.InfoContext(ctx, "proxy retired by operator", "proxy", id, "pool", x.Pool, "reason", reason)
+			if err := p.waitSeq(ctx, u.seq); err != nil {
+				return nil, internal("decision recorded but not yet visible; get the proxy again")
+			}
 		}
 		x, aerr = p.lookupProxy(ctx, id)
 		if aerr != nil {

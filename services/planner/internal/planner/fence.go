@@ -25,6 +25,11 @@ type leadership struct {
 	term bus.Term
 	// cancel stops the reconciler of this term.
 	cancel context.CancelFunc
+	// jobs carries the operator's decisions to the term's reconciler
+	// (see [Planner.asLeader]); ended is closed when the reconciler
+	// returned.
+	jobs  chan leaderJob
+	ended chan struct{}
 }
 
 // startTerm opens a leader term for the lease at revision lease and starts
@@ -35,20 +40,21 @@ func (p *Planner) startTerm(ctx context.Context, lease uint64) (l *leadership, d
 		return nil, nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	l = &leadership{term: term, cancel: cancel}
+	l = &leadership{term: term, cancel: cancel, jobs: make(chan leaderJob), ended: make(chan struct{})}
 	p.leading.Store(l)
 	p.leader.Store(true)
 	p.log.Info("leader lease acquired; reconciling", "term", term.Number, "termSeq", term.Seq, "lease", lease)
 	done = make(chan struct{})
 	go func() {
 		defer close(done)
+		defer close(l.ended)
 		// Every decision of an earlier term precedes this term's event
 		// in the log (later ones are refused), so a projection that
 		// holds the term event holds them all: decide only from there.
 		if err := p.waitSeq(rctx, term.Seq); err != nil {
 			return
 		}
-		p.reconcileLoop(rctx)
+		p.reconcileLoop(rctx, l)
 	}()
 	return l, done, nil
 }

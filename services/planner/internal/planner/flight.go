@@ -71,6 +71,10 @@ const commandTimeout = 10 * time.Second
 type flight struct {
 	p   *Planner
 	ctx context.Context
+	// term, when set, fences the flight's batches instead of the term this
+	// replica leads: an operator's intent (pool.apply, pool.delete), which
+	// any replica takes, is fenced by the latest term it read.
+	term *bus.Term
 	// open is the batch being filled; inFlight the batches sent.
 	open     *batch
 	inFlight []*batch
@@ -94,7 +98,15 @@ type unit struct {
 	// stored runs once the unit is stored, with the sequence of its last
 	// event: typically it sends the decision's command.
 	stored func(ctx context.Context, seq uint64)
+	// seq and err are the unit's verdict once the flight settled it: the
+	// sequence of its last event, or why it was not stored.
+	seq uint64
+	err error
 }
+
+// errNotSent: the unit was not sent, since this replica does not lead (or
+// no longer does).
+var errNotSent = errors.New("not the leader: decision not sent")
 
 // batch is units sent (or to be sent) as one fenced batch.
 type batch struct {
@@ -110,6 +122,9 @@ type commandInFlight struct {
 	span trace.Span // the publish span
 	pc   pending
 	ack  jetstream.PubAckFuture
+	// err, once the flight settled, is why the command was not
+	// acknowledged (it waits in the outbox), nil when it was.
+	err error
 }
 
 // newFlight starts the flight of one round.
@@ -123,21 +138,25 @@ func (p *Planner) newFlight(ctx context.Context) *flight {
 // TTL (a cheap early check; the store's fence is the guarantee). span, if
 // not nil, ends once the unit is settled.
 func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, id string, expect *bus.Expect, ds []bus.Decision,
-	logArgs []any, stored func(context.Context, uint64)) {
+	logArgs []any, stored func(context.Context, uint64)) *unit {
 	p := f.p
 	typ := ds[len(ds)-1].Type
 	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + typ, log: logArgs, stored: stored}
-	l := p.leading.Load()
-	if l == nil {
-		p.log.DebugContext(ctx, "not leading: decision not sent", "decision", u.what)
-		endSpan(span)
-		return
-	}
-	if at := p.renewed.Load(); at != nil {
-		if age := time.Since(*at); age >= p.cfg.LeaseTTL {
-			p.depose(l, "leader lease not renewed for "+age.Round(time.Millisecond).String())
+	if f.term == nil {
+		l := p.leading.Load()
+		if l == nil {
+			p.log.DebugContext(ctx, "not leading: decision not sent", "decision", u.what)
+			u.err = errNotSent
 			endSpan(span)
-			return
+			return u
+		}
+		if at := p.renewed.Load(); at != nil {
+			if age := time.Since(*at); age >= p.cfg.LeaseTTL {
+				p.depose(l, "leader lease not renewed for "+age.Round(time.Millisecond).String())
+				u.err = errNotSent
+				endSpan(span)
+				return u
+			}
 		}
 	}
 	// Each decision continues its own trace, whatever batch carries it:
@@ -165,6 +184,7 @@ func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, i
 	f.open.units = append(f.open.units, u)
 	f.open.n += len(u.ds)
 	f.open.keys[key] = true
+	return u
 }
 
 // send sends the open batch, if any, in the current leader term; with
@@ -179,13 +199,18 @@ func (f *flight) send() {
 }
 
 func (f *flight) sendBatch(b *batch) {
-	l := f.p.leading.Load()
-	if l == nil {
-		// Deposed since the units were added.
-		for _, u := range b.units {
-			u.end(nil)
+	term := f.term
+	if term == nil {
+		l := f.p.leading.Load()
+		if l == nil {
+			// Deposed since the units were added.
+			for _, u := range b.units {
+				u.err = errNotSent
+				u.end(nil)
+			}
+			return
 		}
-		return
+		term = &l.term
 	}
 	if n := len(f.inFlight) - flightBatches + 1; n > 0 {
 		f.settle(n)
@@ -194,12 +219,13 @@ func (f *flight) sendBatch(b *batch) {
 	for _, u := range b.units {
 		ds = append(ds, u.ds...)
 	}
-	b.append = f.p.store.StartFenced(f.ctx, l.term, ds...)
+	b.append = f.p.store.StartFenced(f.ctx, *term, ds...)
 	f.inFlight = append(f.inFlight, b)
 }
 
-// command publishes a command of a stored decision.
-func (f *flight) command(ctx context.Context, pc pending) {
+// command publishes a command of a stored decision. Its outcome is known
+// once the flight settled.
+func (f *flight) command(ctx context.Context, pc pending) *commandInFlight {
 	pctx, span := f.p.startCommand(ctx, pc)
 	if !trace.SpanFromContext(ctx).SpanContext().IsValid() {
 		// A new root (see causedBy): a retry from the outbox continues
@@ -214,15 +240,17 @@ func (f *flight) command(ctx context.Context, pc pending) {
 		pc.del.Reason = decide.Truncate(pc.del.Reason, 200)
 		ack, err = bus.StartDelete(pctx, f.p.conn, Source, *pc.del, 0)
 	}
+	c := &commandInFlight{ctx: ctx, span: span, pc: pc, ack: ack, err: err}
 	if err != nil {
 		failSpan(span, err)
 		f.p.keep(ctx, pc, err)
-		return
+		return c
 	}
-	f.commands = append(f.commands, &commandInFlight{ctx: ctx, span: span, pc: pc, ack: ack})
+	f.commands = append(f.commands, c)
 	if len(f.commands) >= 2*batchDecisions {
 		f.settleCommands()
 	}
+	return c
 }
 
 // wait sends what is left and reads every verdict and acknowledgement
@@ -256,6 +284,7 @@ func (f *flight) settle(n int) {
 					p.m.decided(u.ctx, d.Type, 1)
 				}
 				endSpan(u.pub)
+				u.seq = end
 				if u.stored != nil {
 					u.stored(u.ctx, end)
 				}
@@ -269,6 +298,9 @@ func (f *flight) settle(n int) {
 			f.sendBatch(newBatch(b.units[:half]))
 			f.sendBatch(newBatch(b.units[half:]))
 			continue
+		case errors.Is(err, bus.ErrFenced) && f.term != nil:
+			// An intent fenced by a term that has just been superseded:
+			// its caller reads the newer term and sends it again.
 		case errors.Is(err, bus.ErrFenced):
 			p.log.WarnContext(b.units[0].ctx, "decisions refused by the event log: a newer planner term has opened", "decisions", b.n)
 			if l := p.leading.Load(); l != nil {
@@ -283,6 +315,7 @@ func (f *flight) settle(n int) {
 		}
 		for _, u := range b.units {
 			f.unstored[u.pool] = true
+			u.err = err
 			if errors.Is(err, bus.ErrConflict) || f.ctx.Err() != nil {
 				// Decided again from the newer state: not a failure.
 				u.end(nil)
@@ -340,6 +373,7 @@ func (f *flight) settleCommands() {
 			}
 		}
 		if err != nil {
+			c.err = err
 			failSpan(c.span, err)
 			f.p.keep(c.ctx, c.pc, err)
 			continue

@@ -244,7 +244,18 @@ func (h *harness) request(subject, body string, hdr nats.Header) reply {
 	if hdr != nil {
 		msg.Header = hdr
 	}
-	resp, err := h.c.NC.RequestMsg(msg, 20*time.Second)
+	// The deciding endpoints are the leader's: while leadership moves,
+	// nobody answers them for a moment.
+	var resp *nats.Msg
+	var err error
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		resp, err = h.c.NC.RequestMsg(msg, 20*time.Second)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		h.t.Fatalf("request %s %s: %v", subject, body, err)
 	}

@@ -1,12 +1,16 @@
 package planner
 
 import (
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/planner/internal/decide"
 )
@@ -415,23 +419,16 @@ func TestRecycleIsSurgeFirst(t *testing.T) {
 }
 
 // TestReportBanRequestsItsReplacement: report-ban retires the proxy and
-// requests its replacement within the request itself, even on a replica
-// that does not lead (no reconcile round is involved).
+// requests its replacement within the request itself, in one batch (the
+// replacement names the ban, which no fill would). Only the leader decides
+// it: a replica that does not lead serves no deciding endpoint, so with no
+// leader the request finds no responder and nothing is appended.
 func TestReportBanRequestsItsReplacement(t *testing.T) {
 	h := newHarness(t)
 	h.agent(agent.Info{Entry: "local", Target: "t1"})
 	lead := h.leader()
 	d := &driver{h: h, done: map[string]bool{}}
 	ids := h.readyPool(lead, d, `{"name":"bn","provider":"local","size":2}`, "bn", 2)
-	lead.stop()
-	// A replica that never leads: the lease is held by someone else.
-	kv, err := h.c.JS.KeyValue(t.Context(), "fleet-planner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(t.Context(), leaderKey, []byte("elsewhere")); err != nil {
-		t.Fatal(err)
-	}
 	follower := h.startPlanner("follower", nil)
 	var x Proxy
 	h.ok(proxyReportBan, `{"id":"`+ids[0]+`","reason":"captcha wall"}`, &x)
@@ -445,8 +442,33 @@ func TestReportBanRequestsItsReplacement(t *testing.T) {
 	if follower.IsLeader() {
 		t.Fatal("the follower leads; the test proves nothing")
 	}
+	h.waitFor("three create commands", func() bool { return len(h.commandsOf(events.VerbCreate)) >= 3 })
 	if n := len(h.commandsOf(events.VerbCreate)); n != 3 {
 		t.Errorf("create commands: got %d, want 3 (two originals, one replacement)", n)
+	}
+
+	// No leader: the lease is held by someone else, and a replica that
+	// never leads serves the API.
+	lead.stop()
+	follower.stop()
+	kv, err := h.c.JS.KeyValue(t.Context(), "fleet-planner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), leaderKey, []byte("elsewhere")); err != nil {
+		t.Fatal(err)
+	}
+	other := h.startPlanner("other", nil)
+	h.waitFor("the other replica serving", other.Ready)
+	var got Proxy
+	h.ok(proxyGet, `{"id":"`+ids[1]+`"}`, &got)
+	before := h.streamSeq(bus.EventsStream)
+	_, err = h.c.NC.Request(proxyReportBan, []byte(`{"id":"`+ids[1]+`","reason":"captcha wall"}`), 2*time.Second)
+	if !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("report-ban with no leader: got %v, want no responders (only the leader decides)", err)
+	}
+	if after := h.streamSeq(bus.EventsStream); after != before {
+		t.Errorf("report-ban with no leader appended %d events", after-before)
 	}
 }
 

@@ -112,16 +112,25 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 
-	attempt, aerr := p.retireInstance(ctx, id)
+	var attempt int
+	var sent *commandInFlight
+	if lerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+		if attempt, aerr = p.retireInstance(ctx, f, id); aerr != nil {
+			return
+		}
+		cmd := events.DeleteCommand{
+			ProxyID: id, Pool: inst.Marker.Pool, Entry: req.Entry, Target: req.Target, Instance: inst.Name,
+			ProviderID: inst.ProviderID, Attempt: attempt, Reason: instanceDeleteReason,
+		}
+		sent = f.command(ctx, pending{del: &cmd})
+	}); lerr != nil {
+		return nil, lerr
+	}
 	if aerr != nil {
 		return nil, aerr
 	}
-	cmd := events.DeleteCommand{
-		ProxyID: id, Pool: inst.Marker.Pool, Entry: req.Entry, Target: req.Target, Instance: inst.Name,
-		ProviderID: inst.ProviderID, Attempt: attempt, Reason: instanceDeleteReason,
-	}
-	if err := p.publishCommand(ctx, pending{del: &cmd}); err != nil {
-		p.log.WarnContext(ctx, "instance.delete: publish delete", "proxy", id, "err", err)
+	if sent == nil || sent.err != nil {
+		p.log.WarnContext(ctx, "instance.delete: publish delete", "proxy", id)
 		return nil, internal("the deletion is recorded but its command could not be sent; send instance.delete again")
 	}
 	p.log.InfoContext(ctx, "instance delete sent", "proxy", id, "pool", inst.Marker.Pool, "entry", req.Entry,
@@ -136,7 +145,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 // request re-sends the same command and a request after a failed delete
 // sends a new one. This is the garbage collector's path for orphans (see
 // [Planner.deleteOrphan]), open here to abandoned proxies too.
-func (p *Planner) retireInstance(ctx context.Context, id string) (int, *APIError) {
+func (p *Planner) retireInstance(ctx context.Context, f *flight, id string) (int, *APIError) {
 	for range maxConflictRetries {
 		evs, err := p.store.Load(ctx, events.AggregateProxy, id)
 		if err != nil {
@@ -144,7 +153,7 @@ func (p *Planner) retireInstance(ctx context.Context, id string) (int, *APIError
 			return 0, internal("could not read the proxy's events; retry")
 		}
 		var lastSeq uint64
-		lastKind := ""
+		lastKind, pool := "", ""
 		retirings := 0
 		for _, e := range evs {
 			if e.Kind == events.ProxyRetiring {
@@ -155,14 +164,19 @@ func (p *Planner) retireInstance(ctx context.Context, id string) (int, *APIError
 		if lastKind == events.ProxyRetiring {
 			return retirings, nil
 		}
+		if x, aerr := p.lookupProxy(ctx, id); aerr == nil {
+			pool = x.Pool
+		}
 		d := events.ProxyRetiringData{Reason: instanceDeleteReason}
-		_, err = p.appendEvent(ctx, events.AggregateProxy, id, events.ProxyRetiring,
-			decisionID(id, events.ProxyRetiring, lastSeq, d), d, &bus.Expect{Seq: lastSeq})
-		if errors.Is(err, bus.ErrConflict) {
+		u := f.decide(ctx, nil, pool, events.AggregateProxy, id, &bus.Expect{Seq: lastSeq},
+			[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(id, events.ProxyRetiring, lastSeq, d), Data: d}},
+			[]any{"proxy", id, "decision", events.ProxyRetiring, "reason", instanceDeleteReason}, nil)
+		f.wait()
+		if errors.Is(u.err, bus.ErrConflict) {
 			continue // re-read: the collector or a repeated request got there first
 		}
-		if err != nil {
-			p.log.ErrorContext(ctx, "instance.delete: append retiring", "proxy", id, "err", err)
+		if u.err != nil {
+			p.log.ErrorContext(ctx, "instance.delete: append retiring", "proxy", id, "err", u.err)
 			return 0, internal("could not record the deletion; retry")
 		}
 		return retirings + 1, nil

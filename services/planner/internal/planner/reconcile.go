@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/bus"
@@ -201,7 +200,7 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 }
 
 // reconcileLoop runs while this replica leads.
-func (p *Planner) reconcileLoop(ctx context.Context) {
+func (p *Planner) reconcileLoop(ctx context.Context, l *leadership) {
 	p.ownSeq = 0
 	p.outbox = map[string]pending{}
 	p.noTarget = map[string]time.Time{}
@@ -212,6 +211,12 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 	p.lowDemand = map[string]decide.LowDemand{}
 	p.noteTraced()
 	p.recoverCommands(ctx)
+	svc, err := p.startDecidingAPI()
+	if err != nil {
+		p.log.Error("the leader's deciding endpoints could not be added; recycle, report-ban, proxy.delete and instance.delete are not served", "err", err)
+	} else {
+		defer func() { _ = svc.Stop() }()
+	}
 	inv := make(chan inventory)
 	gctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -233,6 +238,8 @@ func (p *Planner) reconcileLoop(ctx context.Context) {
 			p.autoscale(ctx)
 		case in := <-inv:
 			p.collectGarbage(ctx, in)
+		case j := <-l.jobs:
+			p.runJob(ctx, j)
 		}
 	}
 }
@@ -392,7 +399,7 @@ func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool
 		}
 		switch d.Kind {
 		case decide.Retire:
-			p.retire(ctx, r, f, x, d.Reason, d.Class)
+			p.retire(ctx, r, f, x, d.Reason, d.Class, false)
 		case decide.Abandon:
 			ab := events.ProxyAbandonedData{Reason: d.Reason}
 			p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
@@ -407,7 +414,7 @@ func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool
 			if miss != nil {
 				continue
 			}
-			if miss = p.create(ctx, r, f, pool, d.Target, d.Proxy.ID, d.Reason); miss != nil {
+			if _, miss = p.create(ctx, r, f, pool, d.Target, d.Proxy.ID, d.Reason); miss != nil {
 				continue
 			}
 			delete(p.noTarget, pool.Name)
@@ -526,26 +533,6 @@ func deleteCommand(x Proxy, attempt int) events.DeleteCommand {
 	}
 }
 
-// publishCommand sends a create or delete command and waits for its
-// acknowledgement.
-func (p *Planner) publishCommand(ctx context.Context, pc pending) error {
-	ctx, span := p.startCommand(ctx, pc)
-	var err error
-	if pc.create != nil {
-		_, err = bus.PublishCreate(ctx, p.conn, Source, *pc.create, 0)
-	} else {
-		pc.del.Reason = decide.Truncate(pc.del.Reason, 200)
-		_, err = bus.PublishDelete(ctx, p.conn, Source, *pc.del, 0)
-	}
-	if err != nil {
-		failSpan(span, err)
-		return err
-	}
-	p.m.commands.Add(ctx, 1, metric.WithAttributes(attribute.String("verb", pc.verb())))
-	span.End()
-	return nil
-}
-
 // verb is the command's verb: create or delete.
 func (pc pending) verb() string {
 	if pc.create != nil {
@@ -576,35 +563,46 @@ func (p *Planner) noteOwn(seq uint64) {
 // decide sends one planner decision about proxy x, expecting x's last
 // sequence; stored, if not nil, runs once it is stored. A conflict means x
 // changed meanwhile; the next round decides again from the newer state.
-func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) {
+func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) *unit {
 	ctx, span := p.startWork(ctx, "planner."+typ, trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool))
-	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
+	return f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target}, stored)
 }
 
 // retire decides that x retires for reason and, once that is stored,
-// sends its delete command. replaced, when not "", is the reason class
-// of the replacement the retirement is counted as (the fill replaces x).
-func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason, replaced string) {
+// sends its delete command. replaced, when not "", is the reason the
+// retirement is counted as a replacement for (the fill replaces x). With
+// skipCleanup the proxy is abandoned in the same unit instead: its
+// instance is left alone and no command is sent. r, when not nil, is the
+// round whose load counts x out at once.
+func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason, replaced string, skipCleanup bool) *unit {
 	ctx, span := p.startWork(pctx, "planner.retire", trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason))
-	d := events.ProxyRetiringData{Reason: reason}
-	if decide.IsActive(x.State) {
+	d := events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}
+	if r != nil && decide.IsActive(x.State) {
 		// Counted out at once: later placements of this round see it gone
 		// (a refused retire is decided again next round).
 		r.count(x.Pool, targetKey(x.Entry, x.Target), -1)
 	}
 	x.Reason = reason
-	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
-		[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}},
-		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRetiring, "entry", x.Entry, "target", x.Target},
+	ds := []bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), Data: d}}
+	typ := events.ProxyRetiring
+	if skipCleanup {
+		ab := events.ProxyAbandonedData{Reason: reason}
+		ds = append(ds, bus.Decision{Type: events.ProxyAbandoned, MsgID: decisionID(x.ID, events.ProxyAbandoned, x.LastSeq+1, ab), Data: ab})
+		typ = events.ProxyAbandoned
+	}
+	return f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, ds,
+		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "reason", reason, "entry", x.Entry, "target", x.Target},
 		func(ctx context.Context, _ uint64) {
 			if replaced != "" {
 				p.m.replaced(ctx, x.Pool, replaced)
 			}
-			cmd := deleteCommand(x, 1)
-			f.command(ctx, pending{del: &cmd})
+			if !skipCleanup {
+				cmd := deleteCommand(x, 1)
+				f.command(ctx, pending{del: &cmd})
+			}
 		})
 }
 
@@ -652,14 +650,14 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 // if any, and why says why (the replaced proxy's retiring reason once this
 // one is ready). It returns why nothing was decided: the pool's secrets
 // cannot be read, or the target's agent announced no key to seal them to.
-func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a decide.Target, replaces, why string) *decide.Miss {
+func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a decide.Target, replaces, why string) (*unit, *decide.Miss) {
 	sec, ok := p.poolSecrets(pctx, r, pool)
 	if !ok {
-		return &decide.Miss{Reason: events.ReasonSecretsUnavailable,
+		return nil, &decide.Miss{Reason: events.ReasonSecretsUnavailable,
 			Message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
 	}
 	if !sec.Empty() && a.XKey == "" {
-		return &decide.Miss{Reason: events.ReasonSecretsUnavailable,
+		return nil, &decide.Miss{Reason: events.ReasonSecretsUnavailable,
 			Message: fmt.Sprintf("target %s/%s: its agent announced no curve key to seal the pool's password and user-data to (an agent older than sealed commands?); creates wait until it does", a.Entry, a.Target)}
 	}
 	req := newRequest(pool, a, replaces, why)
@@ -667,7 +665,7 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 	// Counted at once, so the next placement of this round spreads (a
 	// refused create is decided again next round).
 	r.count(pool.Name, a.Key(), 1)
-	f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
+	u := f.decide(ctx, span, pool.Name, events.AggregateProxy, req.id, &bus.Expect{Seq: 0},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
 			if replaces != "" {
@@ -675,7 +673,7 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 			}
 			p.sealedCreate(ctx, f, req.id, req.data, 1, sec, a.XKey)
 		})
-	return nil
+	return u, nil
 }
 
 // proxyRequest is one decision to create a proxy: the reconciler's fills

@@ -9,23 +9,22 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/bus"
-	"proxyfleet/pkg/events"
 	"proxyfleet/services/planner/internal/decide"
 )
 
 // errNoTarget means no live target can take a replacement now.
 var errNoTarget = errors.New("no live target can take a replacement now")
 
-// requestReplacement decides, for an API request, a new proxy of x's pool
-// that replaces x, and sends its create command. The reconciler then
-// counts the new proxy instead of x and retires x once the new one is
-// ready (see retireCondemned). A proxy that already has a live replacement
-// gets no second one. It returns the replacement's id and the sequence of
-// its requested event (0 when one existed).
-func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (string, uint64, error) {
+// requestReplacement decides, for an operator's request on the leader's
+// flight f, a new proxy of x's pool that replaces x; its create command is
+// sent once it is stored. The reconciler then counts the new proxy instead
+// of x and retires x once the new one is ready. A proxy that already has a
+// live replacement gets no second one: that one is returned, with a nil
+// unit.
+func (p *Planner) requestReplacement(ctx context.Context, f *flight, x Proxy, why string) (string, *unit, error) {
 	r := p.roundOf(map[string]bool{x.Pool: true}, false)
 	if y, ok := r.replacement(x); ok {
-		return y.ID, 0, nil
+		return y.ID, nil, nil
 	}
 	var pool Pool
 	found := false
@@ -35,69 +34,70 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 		}
 	}
 	if !found || pool.Deleted {
-		return "", 0, errors.New("the proxy's pool is deleted; nothing replaces it")
+		return "", nil, errors.New("the proxy's pool is deleted; nothing replaces it")
 	}
 	pl := r.placement(pool.Name, pool.Spec.Provider)
 	a, ok := decide.Place(pl, &pool.Pool)
 	if !ok {
 		m := decide.Why(pl, &pool.Pool)
-		return "", 0, fmt.Errorf("%w (%s: %s)", errNoTarget, m.Reason, m.Message)
+		return "", nil, fmt.Errorf("%w (%s: %s)", errNoTarget, m.Reason, m.Message)
 	}
-	sec, ok := p.poolSecrets(ctx, r, pool)
-	if !ok {
-		return "", 0, errors.New("the pool's secrets cannot be read or do not match its revision; re-apply the pool")
+	u, miss := p.create(ctx, r, f, pool, a, x.ID, why)
+	if miss != nil {
+		return "", nil, fmt.Errorf("%w (%s: %s)", errNoTarget, miss.Reason, miss.Message)
 	}
-	if !sec.Empty() && a.XKey == "" {
-		return "", 0, fmt.Errorf("%w (%s: target %s/%s announced no curve key to seal the pool's secrets to)", errNoTarget, events.ReasonSecretsUnavailable, a.Entry, a.Target)
-	}
-	req := newRequest(pool, a, x.ID, why)
-	ctx, span := p.startRequest(ctx, req)
-	defer span.End()
-	seq, err := p.appendEvent(ctx, events.AggregateProxy, req.id, events.ProxyRequested, req.msgID, req.data, &bus.Expect{Seq: 0})
-	if err != nil {
-		return "", 0, err
-	}
-	p.log.InfoContext(ctx, "decided", req.logArgs()...)
-	p.m.replaced(ctx, x.Pool, why)
-	cmd, err := createCommand(req.id, req.data, 1, sec, a.XKey)
-	if err != nil {
-		p.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout", "proxy", req.id, "err", err)
-		return req.id, seq, nil
-	}
-	if err := p.publishCommand(ctx, pending{create: &cmd}); err != nil {
-		// The decision stands; the reconciler re-issues the create when
-		// the proxy stays requested.
-		p.log.WarnContext(ctx, "publish create", "proxy", cmd.ProxyID, "err", err)
-	}
-	return req.id, seq, nil
+	return "", u, nil
 }
 
 // recycle replaces proxy id surge first: a replacement is requested now and
 // id is retired once it is ready. Repeating it changes nothing.
 func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
-	x, aerr := p.lookupProxy(ctx, id)
-	if aerr != nil {
-		return nil, aerr
-	}
-	if !decide.IsActive(x.State) {
+	for range maxConflictRetries {
+		x, aerr := p.lookupProxy(ctx, id)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if !decide.IsActive(x.State) {
+			return x.ProxyView, nil
+		}
+		var u *unit
+		var err error
+		var lerr *APIError
+		if aerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+			// Looked up again on the leader: its view is the one that
+			// decides.
+			if x, lerr = p.lookupProxy(ctx, id); lerr == nil && decide.IsActive(x.State) {
+				_, u, err = p.requestReplacement(ctx, f, x, "recycled by operator")
+			}
+		}); aerr != nil {
+			return nil, aerr
+		}
+		switch {
+		case lerr != nil:
+			return nil, lerr
+		case errors.Is(err, errNoTarget):
+			return nil, &APIError{status: "503", Code: CodeUnavailable,
+				Message: "id: " + err.Error() + `; retry later, or recycle with {"now":true} to retire the proxy at once`}
+		case err != nil:
+			p.log.ErrorContext(ctx, "request replacement", "proxy", id, "err", err)
+			return nil, internal("id: could not request a replacement; retry")
+		case u != nil && errors.Is(u.err, bus.ErrConflict):
+			continue
+		case u != nil && u.err != nil:
+			p.log.ErrorContext(ctx, "request replacement", "proxy", id, "err", u.err)
+			return nil, internal("id: could not request a replacement; retry")
+		}
+		if u != nil {
+			if err := p.waitSeq(ctx, u.seq); err != nil {
+				return nil, internal("replacement recorded but not yet visible; get the proxy again")
+			}
+		}
+		x, aerr = p.lookupProxy(ctx, id)
+		if aerr != nil {
+			return nil, aerr
+		}
 		return x.ProxyView, nil
 	}
-	_, seq, err := p.requestReplacement(ctx, x, "recycled by operator")
-	if errors.Is(err, errNoTarget) {
-		return nil, &APIError{status: "503", Code: CodeUnavailable,
-			Message: "id: " + err.Error() + `; retry later, or recycle with {"now":true} to retire the proxy at once`}
-	}
-	if err != nil {
-		p.log.ErrorContext(ctx, "request replacement", "proxy", id, "err", err)
-		return nil, internal("id: could not request a replacement; retry")
-	}
-	if err := p.waitSeq(ctx, seq); err != nil {
-		return nil, internal("replacement recorded but not yet visible; get the proxy again")
-	}
-	x, aerr = p.lookupProxy(ctx, id)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return x.ProxyView, nil
+	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
 }

@@ -16,11 +16,20 @@ import (
 // and must return when it ends.
 //
 // Create and Delete are idempotent: Create finds an instance an earlier
-// attempt made (by its deterministic name) instead of making a second one;
-// Delete of something already gone returns nil or an error wrapping
-// [ErrNotFound]. List returns only instances carrying the proxyfleet marker,
-// cheaply (no per-instance address lookups). Check never fails as a whole: it
-// reports one [Verdict] per thing it checked.
+// attempt made (by its deterministic name) instead of making a second one,
+// and returns it with the same provider ID; Delete of something already
+// gone returns nil or an error wrapping [ErrNotFound] (each backend says
+// which). Get of an instance that is gone returns an error wrapping
+// [ErrNotFound]; one that exists but stopped for good is [StateTerminated]
+// in Get and in List alike, which is how the runtime's recheck finds it.
+// List returns only instances carrying the proxyfleet marker of the
+// agent's entry, every one once (across all pages of the backend's
+// listing), cheaply (no per-instance address lookups); instances without
+// the marker are never touched. Check never fails as a whole: it reports
+// one [Verdict] per thing it checked.
+//
+// [proxyfleet/pkg/agent/agenttest.RunDriverConformance] checks a backend
+// against this contract.
 type Driver interface {
 	Create(ctx context.Context, spec Spec) (Instance, error)
 	Get(ctx context.Context, ref Ref) (Instance, error)

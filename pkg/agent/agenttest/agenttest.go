@@ -1,7 +1,8 @@
 // Package agenttest runs agent runtimes in tests and waits on what they
 // publish: [Serve] runs a process's runtimes until the test stops them,
 // [WaitHeartbeat] watches fleet-agents for one runtime's heartbeat, and
-// [Check] asks one runtime for its checks.
+// [Check] asks one runtime for its checks. [RunDriverConformance] is the
+// suite every backend's tests run against the [agent.Driver] contract.
 package agenttest
 
 import (

@@ -78,6 +78,9 @@ type Driver struct {
 	api *Client
 	o   Options
 	log *slog.Logger
+	// pageSize is how many Pods one page of List asks for (listPageSize;
+	// tests shorten it to list across pages).
+	pageSize int64
 }
 
 var _ agent.Driver = (*Driver)(nil)
@@ -99,7 +102,7 @@ func New(api *Client, o Options) *Driver {
 	if o.Config.RunAsUser == 0 {
 		o.Config.RunAsUser = config.DefaultSquidUser
 	}
-	return &Driver{api: api, o: o, log: o.Log.With("namespace", o.Namespace)}
+	return &Driver{api: api, o: o, log: o.Log.With("namespace", o.Namespace), pageSize: listPageSize}
 }
 
 // ProviderID returns "<namespace>/<pod>".
@@ -379,7 +382,7 @@ func (d *Driver) listScope() (namespace, what string) {
 // are no target.
 func (d *Driver) List(ctx context.Context) ([]agent.Instance, error) {
 	var out []agent.Instance
-	opts := metav1.ListOptions{LabelSelector: d.selector(), Limit: listPageSize}
+	opts := metav1.ListOptions{LabelSelector: d.selector(), Limit: d.pageSize}
 	ns, where := d.listScope()
 	for {
 		list, err := d.api.pods(ns).List(ctx, opts)

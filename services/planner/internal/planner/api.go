@@ -663,7 +663,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		}
 		var u *unit
 		var lerr *APIError
-		if aerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+		if aerr := p.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
 			if x, lerr = p.lookupProxy(ctx, id); lerr != nil {
 				return
 			}
@@ -673,18 +673,18 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 			case x.State == events.ProxyRetiring:
 				// Already being deleted; the operator now wants it abandoned.
 				ab := events.ProxyAbandonedData{Reason: reason}
-				u = p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
+				u = rc.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
 			default:
 				replaced := ""
 				if reasonClass(reason) == "recycled" {
 					// The fill replaces it.
 					replaced = reason
 				}
-				u = p.retire(ctx, nil, f, x, reason, replaced, skipCleanup)
+				u = rc.retire(ctx, nil, f, x, reason, replaced, skipCleanup)
 				// The replacement goes in the same batch, after the
 				// retirement: the pool never holds one more proxy for it.
 				if replace {
-					if _, _, err := p.requestReplacement(ctx, f, x, reason); err != nil {
+					if _, _, err := rc.requestReplacement(ctx, f, x, reason); err != nil {
 						p.log.WarnContext(ctx, "no replacement for the proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
 					}
 				}

@@ -177,63 +177,60 @@ type scalable struct {
 
 // autoscale takes one round of scaling decisions: for every live pool with
 // autoscale, from its demand now. It runs on the reconciler goroutine.
-func (p *Planner) autoscale(ctx context.Context) {
-	if p.lowDemand == nil {
-		p.lowDemand = map[string]decide.LowDemand{}
-	}
-	p.mu.Lock()
-	behind := p.st.seq < p.ownSeq
+func (rc *reconciler) autoscale(ctx context.Context) {
+	rc.mu.Lock()
+	behind := rc.st.seq < rc.ownSeq
 	var pools []scalable
-	for _, pl := range p.st.pools {
+	for _, pl := range rc.st.pools {
 		if !pl.Deleted && pl.Revision > 0 && pl.Spec.Autoscale != nil {
 			pools = append(pools, scalable{name: pl.Name, auto: *pl.Spec.Autoscale, size: pl.Size(), lastSeq: pl.LastSeq, traceparent: pl.traceparent})
 		}
 	}
-	p.mu.Unlock()
+	rc.mu.Unlock()
 	if behind {
 		// Our own last decision is not folded yet: a pool's size may be
 		// the one before it.
 		return
 	}
-	now, at := p.now(), p.scaleNow()
+	now, at := rc.now(), rc.scaleNow()
 	seen := make(map[string]bool, len(pools))
-	f := p.newFlight(ctx)
+	f := rc.flight(ctx)
 	for _, pl := range pools {
 		seen[pl.name] = true
-		conns, known := p.demandOf(pl.name, now)
+		conns, known := rc.demandOf(pl.name, now)
 		if !known {
 			continue
 		}
 		var low *decide.LowDemand
-		if l, ok := p.lowDemand[pl.name]; ok {
+		if l, ok := rc.lowDemand[pl.name]; ok {
 			low = &l
 		}
 		sc := decide.Scale(pl.auto, pl.size, conns, low, at)
 		if sc.Low != nil {
-			p.lowDemand[pl.name] = *sc.Low
+			rc.lowDemand[pl.name] = *sc.Low
 		} else {
-			delete(p.lowDemand, pl.name)
+			delete(rc.lowDemand, pl.name)
 		}
 		if sc.Size != 0 {
-			p.scale(ctx, f, pl, sc.Size, sc.Reason)
+			rc.scale(ctx, f, pl, sc.Size, sc.Reason)
 		}
 	}
-	for name := range p.lowDemand {
+	for name := range rc.lowDemand {
 		if !seen[name] {
-			delete(p.lowDemand, name)
+			delete(rc.lowDemand, name)
 		}
 	}
 	f.wait()
 	if ctx.Err() == nil {
-		p.scaleRounds.Add(1)
+		rc.scaleRounds.Add(1)
 	}
 }
 
 // scale decides that pool pl wants size proxies, for reason.
-func (p *Planner) scale(ctx context.Context, f *flight, pl scalable, size int, reason string) {
+func (rc *reconciler) scale(ctx context.Context, f *flight, pl scalable, size int, reason string) {
 	d := events.PoolScaledData{Size: size, Previous: pl.size, Reason: reason}
 	// Later work of the pool's last request.
-	ctx, span := p.startWork(causedBy(ctx, pl.traceparent), "planner.scale", trace.SpanKindInternal,
+	ctx, span := rc.startWork(causedBy(ctx, pl.traceparent), "planner.scale", trace.SpanKindInternal,
 		attribute.String("pool", pl.name), attribute.Int("size", size), attribute.Int("previous", pl.size))
 	f.decide(ctx, span, pl.name, events.AggregatePool, pl.name, &bus.Expect{Seq: pl.lastSeq},
 		[]bus.Decision{{Type: events.PoolScaled, MsgID: decisionID(pl.name, events.PoolScaled, pl.lastSeq, d), Data: d}},

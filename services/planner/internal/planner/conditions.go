@@ -11,7 +11,7 @@ import (
 // [decide.Changed]) in one fenced batch expecting the pool's last
 // sequence; a conflict (the pool changed meanwhile) leaves them to the
 // next round.
-func (p *Planner) updateConditions(ctx context.Context, f *flight, pool Pool, changed []events.PoolConditionData) {
+func (rc *reconciler) updateConditions(ctx context.Context, f *flight, pool Pool, changed []events.PoolConditionData) {
 	if len(changed) == 0 {
 		return
 	}
@@ -23,7 +23,7 @@ func (p *Planner) updateConditions(ctx context.Context, f *flight, pool Pool, ch
 		[]any{"pool", pool.Name, "decision", events.PoolCondition, "conditions", len(ds)},
 		func(ctx context.Context, _ uint64) {
 			for _, d := range changed {
-				p.log.InfoContext(ctx, "pool condition", "pool", pool.Name, "type", d.Type, "status", d.Status, "reason", d.Reason, "message", d.Message)
+				rc.log.InfoContext(ctx, "pool condition", "pool", pool.Name, "type", d.Type, "status", d.Status, "reason", d.Reason, "message", d.Message)
 			}
 		})
 }

@@ -54,7 +54,7 @@ func (p *Planner) startTerm(ctx context.Context, lease uint64) (l *leadership, d
 		if err := p.waitSeq(rctx, term.Seq); err != nil {
 			return
 		}
-		p.reconcileLoop(rctx, l)
+		newReconciler(p, l).reconcileLoop(rctx)
 	}()
 	return l, done, nil
 }

@@ -69,7 +69,9 @@ const commandTimeout = 10 * time.Second
 // flight is the decisions and commands of one round in flight. It belongs
 // to the reconciler goroutine.
 type flight struct {
-	p   *Planner
+	p *Planner
+	// rc is the reconciler whose flight this is; nil for an intent's.
+	rc  *reconciler
 	ctx context.Context
 	// term, when set, fences the flight's batches instead of the term this
 	// replica leads: an operator's intent (pool.apply, pool.delete), which
@@ -127,9 +129,17 @@ type commandInFlight struct {
 	err error
 }
 
-// newFlight starts the flight of one round.
+// newFlight starts a flight outside the reconciler: an intent's, whose
+// term the caller sets.
 func (p *Planner) newFlight(ctx context.Context) *flight {
 	return &flight{p: p, ctx: ctx, unstored: map[string]bool{}}
+}
+
+// flight starts the flight of one round or job of the reconciler.
+func (rc *reconciler) flight(ctx context.Context) *flight {
+	f := rc.newFlight(ctx)
+	f.rc = rc
+	return f
 }
 
 // decide adds one unit of decisions about pool on one aggregate, the first
@@ -243,7 +253,7 @@ func (f *flight) command(ctx context.Context, pc pending) *commandInFlight {
 	c := &commandInFlight{ctx: ctx, span: span, pc: pc, ack: ack, err: err}
 	if err != nil {
 		failSpan(span, err)
-		f.p.keep(ctx, pc, err)
+		f.keepCommand(ctx, pc, err)
 		return c
 	}
 	f.commands = append(f.commands, c)
@@ -274,7 +284,13 @@ func (f *flight) settle(n int) {
 		seq, err := b.append.Wait(f.ctx)
 		switch {
 		case err == nil:
-			p.noteOwn(seq)
+			if f.rc != nil {
+				// The reconciler's own decision: its next round waits
+				// for the projection to hold it. (An intent's flight
+				// runs on an API goroutine and touches no reconciler
+				// state.)
+				f.rc.noteOwn(seq)
+			}
 			// The batch's events are stored together, ending at seq.
 			end := seq - uint64(b.n)
 			for _, u := range b.units {
@@ -375,7 +391,7 @@ func (f *flight) settleCommands() {
 		if err != nil {
 			c.err = err
 			failSpan(c.span, err)
-			f.p.keep(c.ctx, c.pc, err)
+			f.keepCommand(c.ctx, c.pc, err)
 			continue
 		}
 		f.p.m.commands.Add(c.ctx, 1, metric.WithAttributes(attribute.String("verb", c.pc.verb())))
@@ -385,7 +401,15 @@ func (f *flight) settleCommands() {
 
 // keep records a command whose publish failed, to retry it with the same
 // Msg-Id next round.
-func (p *Planner) keep(ctx context.Context, pc pending, err error) {
+// keepCommand hands a command whose publish failed to the reconciler's
+// outbox; a flight outside the reconciler sends none.
+func (f *flight) keepCommand(ctx context.Context, pc pending, err error) {
+	if f.rc != nil {
+		f.rc.keep(ctx, pc, err)
+	}
+}
+
+func (rc *reconciler) keep(ctx context.Context, pc pending, err error) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -395,10 +419,10 @@ func (p *Planner) keep(ctx context.Context, pc pending, err error) {
 	} else {
 		id = pc.del.ProxyID
 	}
-	p.log.WarnContext(ctx, "publish command failed; will retry", "proxy", id, "err", err)
+	rc.log.WarnContext(ctx, "publish command failed; will retry", "proxy", id, "err", err)
 	pc.trace = nats.Header{}
 	telemetry.Inject(ctx, pc.trace)
-	p.outbox[id] = pc
+	rc.outbox[id] = pc
 }
 
 func endSpan(s trace.Span) {

@@ -66,8 +66,8 @@ type orphan struct {
 
 // gatherLoop asks every live agent for its inventory every GCInterval and
 // hands the answers to the reconciler, which alone decides.
-func (p *Planner) gatherLoop(ctx context.Context, out chan<- inventory) {
-	t := time.NewTicker(p.cfg.GCInterval)
+func (rc *reconciler) gatherLoop(ctx context.Context, out chan<- inventory) {
+	t := time.NewTicker(rc.cfg.GCInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -75,7 +75,7 @@ func (p *Planner) gatherLoop(ctx context.Context, out chan<- inventory) {
 			return
 		case <-t.C:
 		}
-		in := p.gather(ctx)
+		in := rc.gather(ctx)
 		select {
 		case out <- in:
 		case <-ctx.Done():
@@ -85,19 +85,19 @@ func (p *Planner) gatherLoop(ctx context.Context, out chan<- inventory) {
 }
 
 // gather requests the inventories of the live agents concurrently.
-func (p *Planner) gather(ctx context.Context) inventory {
-	p.mu.Lock()
-	agents := p.liveAgentsLocked(p.now())
-	p.mu.Unlock()
+func (rc *reconciler) gather(ctx context.Context) inventory {
+	rc.mu.Lock()
+	agents := rc.liveAgentsLocked(rc.now())
+	rc.mu.Unlock()
 	in := inventory{answered: map[string]targetInventory{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, a := range agents {
 		wg.Go(func() {
-			list, err := p.requestInventory(ctx, a)
+			list, err := rc.requestInventory(ctx, a)
 			if err != nil {
 				if ctx.Err() == nil {
-					p.log.Warn("inventory request failed; target skipped this garbage-collection round",
+					rc.log.Warn("inventory request failed; target skipped this garbage-collection round",
 						"entry", a.Entry, "target", a.Target, "err", err)
 				}
 				return
@@ -158,15 +158,15 @@ func isUp(s string) bool {
 // been missing from their answering target for longer than GCGrace fail
 // with class vanished. Abandoned proxies' instances and unmarked instances
 // are never touched. It runs on the reconciler goroutine.
-func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
-	grace := p.cfg.GCGrace
+func (rc *reconciler) collectGarbage(ctx context.Context, in inventory) {
+	grace := rc.cfg.GCGrace
 	var orphans []orphan
 	var vanished []Proxy
 
-	p.mu.Lock()
+	rc.mu.Lock()
 	// Observations are dated when judged, against the state as it is now:
 	// a proxy seen up now was up no earlier than this.
-	now := p.now()
+	now := rc.now()
 	orphanNow := map[orphanKey]bool{}
 	for tk, ti := range in.answered {
 		for _, inst := range ti.list {
@@ -175,38 +175,38 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 				continue // unmarked, or another entry's
 			}
 			if inst.Name != events.InstanceName(id) {
-				p.log.Warn("marked instance whose name does not derive from its proxy id; not touched",
+				rc.log.Warn("marked instance whose name does not derive from its proxy id; not touched",
 					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id)
 				continue
 			}
-			if p.st.keepsInstance(id) {
+			if rc.st.keepsInstance(id) {
 				continue // live, being retired, or abandoned on purpose
 			}
 			k := orphanKey{target: tk, instance: inst.Name}
 			orphanNow[k] = true
-			since, ok := p.orphanSince[k]
+			since, ok := rc.orphanSince[k]
 			if !ok {
 				since = now
-				p.orphanSince[k] = since
-				p.log.Info("marked instance without a live proxy; deleting it after the grace period",
+				rc.orphanSince[k] = since
+				rc.log.Info("marked instance without a live proxy; deleting it after the grace period",
 					"entry", ti.entry, "target", ti.target, "instance", inst.Name, "proxy", id, "grace", grace.String())
 			}
 			if now.Sub(since) > grace {
 				orphans = append(orphans, orphan{entry: ti.entry, target: ti.target, inst: inst})
 				// The agent gets a grace period to act before the
 				// collector decides about this instance again.
-				p.orphanSince[k] = now
+				rc.orphanSince[k] = now
 			}
 		}
 	}
-	for k := range p.orphanSince {
+	for k := range rc.orphanSince {
 		if _, answered := in.answered[k.target]; answered && !orphanNow[k] {
-			delete(p.orphanSince, k)
+			delete(rc.orphanSince, k)
 		}
 	}
 
 	missingNow := map[string]bool{}
-	for _, pl := range p.st.pools {
+	for _, pl := range rc.st.pools {
 		for _, x := range pl.members {
 			if !isUp(x.State) {
 				continue
@@ -217,11 +217,11 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 				continue
 			}
 			missingNow[x.ID] = true
-			m, ok := p.missingSince[x.ID]
+			m, ok := rc.missingSince[x.ID]
 			if !ok || m.target != tk {
 				m = missing{target: tk, since: now}
-				p.missingSince[x.ID] = m
-				p.log.Warn("proxy's instance is missing from its target's inventory; failing it after the grace period",
+				rc.missingSince[x.ID] = m
+				rc.log.Warn("proxy's instance is missing from its target's inventory; failing it after the grace period",
 					"proxy", x.ID, "entry", x.Entry, "target", x.Target, "instance", x.Instance, "grace", grace.String())
 			}
 			if now.Sub(m.since) > grace {
@@ -229,21 +229,21 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 			}
 		}
 	}
-	for id, m := range p.missingSince {
-		x := p.st.proxies[id]
+	for id, m := range rc.missingSince {
+		x := rc.st.proxies[id]
 		_, answered := in.answered[m.target]
 		if x == nil || !isUp(x.State) || (answered && !missingNow[id]) {
-			delete(p.missingSince, id)
+			delete(rc.missingSince, id)
 		}
 	}
-	p.mu.Unlock()
+	rc.mu.Unlock()
 
-	f := p.newFlight(ctx)
+	f := rc.flight(ctx)
 	for _, o := range orphans {
 		if ctx.Err() != nil {
 			break
 		}
-		p.deleteOrphan(ctx, f, o)
+		rc.deleteOrphan(ctx, f, o)
 	}
 	for _, x := range vanished {
 		fd := events.ProxyFailedData{
@@ -251,11 +251,11 @@ func (p *Planner) collectGarbage(ctx context.Context, in inventory) {
 			Reason:  fmt.Sprintf("instance %s missing from the inventory of %s/%s for more than %s", x.Instance, x.Entry, x.Target, grace),
 			Attempt: x.Attempt,
 		}
-		p.decide(causedBy(ctx, x.traceparent), f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+		rc.decide(causedBy(ctx, x.traceparent), f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 	}
 	f.wait()
 	if ctx.Err() == nil {
-		p.gcRounds.Add(1)
+		rc.gcRounds.Add(1)
 	}
 }
 
@@ -274,10 +274,10 @@ func (ti targetInventory) lists(x Proxy) bool {
 // events, so repeating a round re-publishes the same Msg-Id (a no-op) and a
 // new decision after a failed delete gets a new one. A proxy ever abandoned
 // is left alone.
-func (p *Planner) deleteOrphan(ctx context.Context, f *flight, o orphan) {
+func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o orphan) {
 	id := o.inst.Marker.ProxyID
-	log := p.log.With("proxy", id, "entry", o.entry, "target", o.target, "instance", o.inst.Name)
-	evs, err := p.store.Load(ctx, events.AggregateProxy, id)
+	log := rc.log.With("proxy", id, "entry", o.entry, "target", o.target, "instance", o.inst.Name)
+	evs, err := rc.store.Load(ctx, events.AggregateProxy, id)
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Warn("garbage collection: read the proxy's events", "err", err)

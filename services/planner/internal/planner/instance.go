@@ -114,7 +114,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 
 	var attempt int
 	var sent *commandInFlight
-	if lerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+	if lerr := p.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
 		if attempt, aerr = p.retireInstance(ctx, f, id); aerr != nil {
 			return
 		}

@@ -231,28 +231,6 @@ type Planner struct {
 	// scaleRounds counts completed autoscaling rounds.
 	scaleRounds atomic.Int64
 	kick        chan struct{}
-
-	// rules is the rules' tuning, from cfg.
-	rules decide.Config
-
-	// reconciler-only state (one goroutine).
-	ownSeq   uint64
-	outbox   map[string]pending
-	noTarget map[string]time.Time // pool → when "no target" was last logged
-	// timers says when a round looks at a pool no event touched again;
-	// lastSweep is when a round last looked at every pool.
-	timers    map[string]decide.When
-	lastSweep time.Time
-	// orphanSince and missingSince are the garbage collector's "seen
-	// since" times, in memory only: a new leader starts the grace again.
-	orphanSince  map[orphanKey]time.Time
-	missingSince map[string]missing
-	// lowDemand is, per autoscaled pool, its current stretch of demand
-	// below its size (in memory: a new leader starts it again).
-	lowDemand map[string]decide.LowDemand
-	// traced is, per pool, the traceparent of the last request whose
-	// trace a round continued (see tracing.go).
-	traced map[string]string
 }
 
 // New returns a planner replica using conn. log, tracer and meter may be
@@ -274,12 +252,10 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 	}
 	log = log.With("planner", cfg.ID)
 	return &Planner{
-		m:     m,
-		conn:  conn,
-		store: bus.NewEventStore(conn, Source, log),
-		cfg:   cfg,
-		rules: decide.Config{CreateTimeout: cfg.CreateTimeout, ProvisionTimeout: cfg.ProvisionTimeout, ReadyTimeout: cfg.ReadyTimeout,
-			RetireTimeout: cfg.RetireTimeout, QuotaAvoid: cfg.QuotaAvoid, MaxCreateAttempts: cfg.MaxCreateAttempts},
+		m:          m,
+		conn:       conn,
+		store:      bus.NewEventStore(conn, Source, log),
+		cfg:        cfg,
 		log:        log,
 		tracer:     tracer,
 		now:        time.Now,

@@ -602,7 +602,7 @@ func TestConflictIsRereadNotDoubleDecided(t *testing.T) {
 		other, &bus.Expect{Seq: last.Seq}); err != nil {
 		t.Fatal(err)
 	}
-	f := p.newFlight(context.Background())
+	f := p.flight(context.Background())
 	p.reconcilePool(context.Background(), r, r.pools[0], f)
 	f.wait()
 	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRetiring)); n != 1 {
@@ -615,9 +615,9 @@ func TestConflictIsRereadNotDoubleDecided(t *testing.T) {
 	h.requested(2)
 
 	// Re-read, decide again: nothing left to do.
-	h.feed(p)
+	h.feed(p.Planner)
 	p.reconcile(context.Background())
-	h.feed(p)
+	h.feed(p.Planner)
 	p.reconcile(context.Background())
 	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRetiring)); n != 1 {
 		t.Errorf("retiring after re-read: got %d, want 1", n)
@@ -667,8 +667,8 @@ func TestApplyConflictRereads(t *testing.T) {
 }
 
 // manualPlanner builds a planner whose state is replayed but which runs no
-// loops: the test drives it.
-func (h *harness) manualPlanner() *Planner {
+// loops, and the reconciler of a term of its own: the test drives it.
+func (h *harness) manualPlanner() *reconciler {
 	h.t.Helper()
 	p, err := New(h.c, Config{ID: "manual"}, testLogger(), nil, nil)
 	if err != nil {
@@ -677,14 +677,13 @@ func (h *harness) manualPlanner() *Planner {
 	if err := p.openSecrets(context.Background()); err != nil {
 		h.t.Fatal(err)
 	}
-	p.outbox = map[string]pending{}
-	p.noTarget = map[string]time.Time{}
 	// It decides as the leader would: in a term of its own.
 	term, err := p.store.ClaimTerm(context.Background(), "manual", 0)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	p.leading.Store(&leadership{term: term, cancel: func() {}})
+	l := &leadership{term: term, cancel: func() {}, jobs: make(chan leaderJob), ended: make(chan struct{})}
+	p.leading.Store(l)
 	h.feed(p)
 	p.caughtUp.Store(true)
 	agents, _ := h.agents.ListKeys(context.Background())
@@ -694,7 +693,7 @@ func (h *harness) manualPlanner() *Planner {
 			p.onAgent(e)
 		}
 	}
-	return p
+	return newReconciler(p, l)
 }
 
 // feed applies every event p has not seen yet.

@@ -110,7 +110,7 @@ func (r *round) replacement(x Proxy) (Proxy, bool) {
 
 // snapshot copies every pool: the input of a round that looks at the
 // whole fleet.
-func (p *Planner) snapshot() *round { return p.roundOf(nil, false) }
+func (rc *reconciler) snapshot() *round { return rc.roundOf(nil, false) }
 
 // roundOf copies, under the lock, the pools named in names (every pool
 // when names is nil), their live members, the load of every target and
@@ -118,47 +118,47 @@ func (p *Planner) snapshot() *round { return p.roundOf(nil, false) }
 // lock. With takeDirty the pools events touched since the last take are
 // copied too, and the dirty set starts afresh: an event folded after the
 // copy marks its pool for the next round.
-func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
 	r := &round{
-		now:          p.now(),
-		quotaAvoid:   p.cfg.QuotaAvoid,
+		now:          rc.now(),
+		quotaAvoid:   rc.cfg.QuotaAvoid,
 		known:        map[string][]string{},
 		byID:         map[string]Proxy{},
-		avoid:        make(map[string]decide.Avoidance, len(p.st.avoid)),
-		onTarget:     make(map[string]int, len(p.st.onTarget)),
+		avoid:        make(map[string]decide.Avoidance, len(rc.st.avoid)),
+		onTarget:     make(map[string]int, len(rc.st.onTarget)),
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
 	}
-	for _, a := range p.liveAgentsLocked(r.now) {
+	for _, a := range rc.liveAgentsLocked(r.now) {
 		r.targets = append(r.targets, a.target())
 	}
 	sort.Slice(r.targets, func(i, j int) bool { return r.targets[i].Key() < r.targets[j].Key() })
-	for k, a := range p.st.avoid {
+	for k, a := range rc.st.avoid {
 		r.avoid[k] = a
 	}
-	for k, n := range p.st.onTarget {
+	for k, n := range rc.st.onTarget {
 		r.onTarget[k] = n
 	}
 	var pools []*Pool
 	if names == nil {
-		pools = p.st.sortedPools()
+		pools = rc.st.sortedPools()
 	} else {
 		if takeDirty {
-			for name := range p.st.dirty {
+			for name := range rc.st.dirty {
 				names[name] = true
 			}
 		}
 		for name := range names {
-			if pl := p.st.pools[name]; pl != nil {
+			if pl := rc.st.pools[name]; pl != nil {
 				pools = append(pools, pl)
 			}
 		}
 		sort.Slice(pools, func(i, j int) bool { return pools[i].Name < pools[j].Name })
 	}
 	if takeDirty {
-		clear(p.st.dirty)
+		clear(rc.st.dirty)
 	}
 	for _, pl := range pools {
 		ps := poolSnap{pool: *pl, members: make([]decide.Proxy, 0, len(pl.members))}
@@ -168,7 +168,7 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 			r.byID[x.ID] = *x
 		}
 		if _, ok := r.known[pl.Spec.Provider]; !ok {
-			known, _ := p.knownTargetsLocked(pl.Spec.Provider)
+			known, _ := rc.knownTargetsLocked(pl.Spec.Provider)
 			r.known[pl.Spec.Provider] = slices.Sorted(maps.Keys(known))
 		}
 		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
@@ -184,15 +184,15 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 	// proxies of any pool.
 	for _, ps := range r.pools {
 		for _, x := range ps.members {
-			if y := p.st.proxies[x.ReplacedBy]; x.ReplacedBy != "" && y != nil {
+			if y := rc.st.proxies[x.ReplacedBy]; x.ReplacedBy != "" && y != nil {
 				if _, ok := r.byID[y.ID]; !ok {
 					r.byID[y.ID] = *y
 				}
 			}
 		}
 	}
-	for id := range p.outbox {
-		if x := p.st.proxies[id]; x != nil {
+	for id := range rc.outbox {
+		if x := rc.st.proxies[id]; x != nil {
 			r.byID[id] = *x
 		}
 	}
@@ -200,46 +200,38 @@ func (p *Planner) roundOf(names map[string]bool, takeDirty bool) *round {
 }
 
 // reconcileLoop runs while this replica leads.
-func (p *Planner) reconcileLoop(ctx context.Context, l *leadership) {
-	p.ownSeq = 0
-	p.outbox = map[string]pending{}
-	p.noTarget = map[string]time.Time{}
-	p.timers = map[string]decide.When{}
-	p.lastSweep = time.Time{}
-	p.orphanSince = map[orphanKey]time.Time{}
-	p.missingSince = map[string]missing{}
-	p.lowDemand = map[string]decide.LowDemand{}
-	p.noteTraced()
-	p.recoverCommands(ctx)
-	svc, err := p.startDecidingAPI()
+func (rc *reconciler) reconcileLoop(ctx context.Context) {
+	rc.noteTraced()
+	rc.recoverCommands(ctx)
+	svc, err := rc.startDecidingAPI()
 	if err != nil {
-		p.log.Error("the leader's deciding endpoints could not be added; recycle, report-ban, proxy.delete and instance.delete are not served", "err", err)
+		rc.log.Error("the leader's deciding endpoints could not be added; recycle, report-ban, proxy.delete and instance.delete are not served", "err", err)
 	} else {
 		defer func() { _ = svc.Stop() }()
 	}
 	inv := make(chan inventory)
 	gctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { p.gatherLoop(gctx, inv) })
-	wg.Go(func() { p.watchDemand(gctx) })
+	wg.Go(func() { rc.gatherLoop(gctx, inv) })
+	wg.Go(func() { rc.watchDemand(gctx) })
 	defer func() { cancel(); wg.Wait() }()
-	t := time.NewTicker(p.cfg.ReconcileInterval)
+	t := time.NewTicker(rc.cfg.ReconcileInterval)
 	defer t.Stop()
-	scale := time.NewTicker(p.cfg.AutoscaleInterval)
+	scale := time.NewTicker(rc.cfg.AutoscaleInterval)
 	defer scale.Stop()
 	for {
-		p.reconcile(ctx)
+		rc.reconcile(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-p.kick:
+		case <-rc.kick:
 		case <-scale.C:
-			p.autoscale(ctx)
+			rc.autoscale(ctx)
 		case in := <-inv:
-			p.collectGarbage(ctx, in)
-		case j := <-l.jobs:
-			p.runJob(ctx, j)
+			rc.collectGarbage(ctx, in)
+		case j := <-rc.l.jobs:
+			rc.runJob(ctx, j)
 		}
 	}
 }
@@ -249,20 +241,20 @@ func (p *Planner) reconcileLoop(ctx context.Context, l *leadership) {
 // of requested proxies and deletes of retiring ones, with the same attempt
 // and so the same Msg-Id. Inside the duplicate window JetStream drops them;
 // outside it the agents find the work done.
-func (p *Planner) recoverCommands(ctx context.Context) {
-	r := p.snapshot()
-	f := p.newFlight(ctx)
+func (rc *reconciler) recoverCommands(ctx context.Context) {
+	r := rc.snapshot()
+	f := rc.flight(ctx)
 	n := 0
 	for _, ps := range r.pools {
 		for _, m := range ps.members {
 			x := r.byID[m.ID]
 			switch {
 			case x.State == events.ProxyRequested:
-				sec, ok := p.poolSecrets(ctx, r, ps.pool)
+				sec, ok := rc.poolSecrets(ctx, r, ps.pool)
 				if !ok {
 					continue
 				}
-				p.sealedCreate(causedBy(ctx, x.traceparent), f, x.ID, x.requested, x.Attempt, sec, r.xkey(x.Entry, x.Target))
+				rc.sealedCreate(causedBy(ctx, x.traceparent), f, x.ID, x.requested, x.Attempt, sec, r.xkey(x.Entry, x.Target))
 				n++
 			case x.State == events.ProxyRetiring && !x.SkipCleanup:
 				cmd := deleteCommand(x, x.DeleteAttempt)
@@ -273,7 +265,7 @@ func (p *Planner) recoverCommands(ctx context.Context) {
 	}
 	f.wait()
 	if n > 0 {
-		p.log.Info("re-published the commands of unfinished decisions", "commands", n)
+		rc.log.Info("re-published the commands of unfinished decisions", "commands", n)
 	}
 }
 
@@ -286,66 +278,63 @@ const sweepInterval = time.Minute
 // touched since the last pass, those whose timers came due, and every pool
 // once a sweepInterval (and in a leader's first pass). Its work is
 // proportional to those pools, not to the fleet.
-func (p *Planner) reconcile(ctx context.Context) {
-	p.mu.Lock()
-	behind := p.st.seq < p.ownSeq
-	p.mu.Unlock()
+func (rc *reconciler) reconcile(ctx context.Context) {
+	rc.mu.Lock()
+	behind := rc.st.seq < rc.ownSeq
+	rc.mu.Unlock()
 	if behind {
 		// Our own last decision is not in the projection yet: deciding now
 		// would count without it.
 		return
 	}
 	start := time.Now()
-	if p.timers == nil {
-		p.timers = map[string]decide.When{}
-	}
-	now, ageNow := p.now(), p.ageNow()
+	now, ageNow := rc.now(), rc.ageNow()
 	var names map[string]bool
-	if p.lastSweep.IsZero() || now.Sub(p.lastSweep) >= sweepInterval {
-		p.lastSweep = now
+	if rc.lastSweep.IsZero() || now.Sub(rc.lastSweep) >= sweepInterval {
+		rc.lastSweep = now
 	} else {
 		names = map[string]bool{}
-		for pool, t := range p.timers {
+		for pool, t := range rc.timers {
 			if t.IsDue(now, ageNow) {
 				names[pool] = true
 			}
 		}
 	}
-	r := p.roundOf(names, true)
-	f := p.newFlight(ctx)
-	p.flushOutbox(ctx, r, f)
+	r := rc.roundOf(names, true)
+	f := rc.flight(ctx)
+	rc.flushOutbox(ctx, r, f)
 	for _, ps := range r.pools {
 		if ctx.Err() != nil {
 			break
 		}
-		p.looked.Add(1)
-		t := p.reconcilePool(ctx, r, ps, f)
+		rc.looked.Add(1)
+		t := rc.reconcilePool(ctx, r, ps, f)
 		if t == (decide.When{}) {
-			delete(p.timers, ps.pool.Name)
+			delete(rc.timers, ps.pool.Name)
 		} else {
-			p.timers[ps.pool.Name] = t
+			rc.timers[ps.pool.Name] = t
 		}
 	}
 	f.wait()
 	for pool := range f.unstored {
-		t := p.timers[pool]
+		t := rc.timers[pool]
 		t.Retry = true
-		p.timers[pool] = t
+		rc.timers[pool] = t
 	}
 	if ctx.Err() == nil {
-		p.rounds.Add(1)
-		p.m.reconcile.Record(ctx, time.Since(start).Seconds())
+		rc.rounds.Add(1)
+		rc.m.reconcile.Record(ctx, time.Since(start).Seconds())
 	}
 }
 
-func (p *Planner) flushOutbox(ctx context.Context, r *round, f *flight) {
-	for id, pc := range p.outbox {
+func (rc *reconciler) flushOutbox(ctx context.Context, r *round, f *flight) {
+	for id, pc := range rc.outbox {
 		x, ok := r.byID[id]
 		want := events.ProxyRetiring
 		if pc.create != nil {
 			want = events.ProxyRequested
 		}
-		delete(p.outbox, id)
+		delete(rc.outbox, id)
 		if ok && x.State == want {
 			f.command(telemetry.Extract(ctx, pc.trace), pc)
 		}
@@ -355,32 +344,32 @@ func (p *Planner) flushOutbox(ctx context.Context, r *round, f *flight) {
 // reconcilePool decides what one pool needs (see package decide), has
 // the writer apply it, and returns when a round must look at the pool
 // again if no event touches it.
-func (p *Planner) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) decide.When {
+func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) decide.When {
 	pool := ps.pool
-	pctx := p.poolCtx(ctx, pool)
+	pctx := rc.poolCtx(ctx, pool)
 	in := &decide.Input{
-		Now: r.now, AgeNow: p.ageNow(), Config: p.rules, Pool: pool.Pool, Members: ps.members,
+		Now: r.now, AgeNow: rc.ageNow(), Config: rc.rules, Pool: pool.Pool, Members: ps.members,
 		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.Provider),
 	}
 	plan := decide.Reconcile(in)
 	found := plan.Found
-	if miss := p.applyPlan(pctx, r, f, pool, plan); miss != nil {
+	if miss := rc.applyPlan(pctx, r, f, pool, plan); miss != nil {
 		found.Miss = miss
 	}
 	if m := plan.Found.Miss; m != nil {
-		p.noPlace(r, pool, *m, plan.Found.Missing)
+		rc.noPlace(r, pool, *m, plan.Found.Missing)
 	}
 	if !pool.Deleted && ctx.Err() == nil {
-		p.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, p.ageNow())))
+		rc.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, rc.ageNow())))
 	}
-	return decide.Timer(p.rules, &pool.Pool, ps.members, found.Miss != nil, p.ageNow())
+	return decide.Timer(rc.rules, &pool.Pool, ps.members, found.Miss != nil, rc.ageNow())
 }
 
 // applyPlan hands one pool's decisions to the writer, in order. A create
 // the writer refuses (the pool's secrets cannot be read, or cannot be
 // sealed to the chosen target's agent) ends the pool's creates for this
 // round; applyPlan returns why, for the pool's Placed condition.
-func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool, plan decide.Plan) *decide.Miss {
+func (rc *reconciler) applyPlan(pctx context.Context, r *round, f *flight, pool Pool, plan decide.Plan) *decide.Miss {
 	var miss *decide.Miss
 	for _, d := range plan.Decisions {
 		if pctx.Err() != nil {
@@ -394,33 +383,33 @@ func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool
 			}
 		}
 		if d.Note != "" && d.Kind != decide.Create {
-			p.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince,
+			rc.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince,
 				"unhealthyAfter", pool.Spec.UnhealthyAfterOrDefault().String())
 		}
 		switch d.Kind {
 		case decide.Retire:
-			p.retire(ctx, r, f, x, d.Reason, d.Class, false)
+			rc.retire(ctx, r, f, x, d.Reason, d.Class, false)
 		case decide.Abandon:
 			ab := events.ProxyAbandonedData{Reason: d.Reason}
-			p.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
+			rc.decide(ctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
 		case decide.Redelete:
-			p.reissueDelete(ctx, f, x)
+			rc.reissueDelete(ctx, f, x)
 		case decide.Recreate:
-			p.reissueCreate(ctx, r, f, pool, x)
+			rc.reissueCreate(ctx, r, f, pool, x)
 		case decide.Fail:
 			fd := events.ProxyFailedData{Class: d.Class, Reason: d.Reason, Attempt: x.Attempt}
-			p.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
+			rc.decide(ctx, f, x, events.ProxyFailed, decisionID(x.ID, events.ProxyFailed, x.LastSeq, fd), fd, nil)
 		case decide.Create:
 			if miss != nil {
 				continue
 			}
-			if _, miss = p.create(ctx, r, f, pool, d.Target, d.Proxy.ID, d.Reason); miss != nil {
+			if _, miss = rc.create(ctx, r, f, pool, d.Target, d.Proxy.ID, d.Reason); miss != nil {
 				continue
 			}
-			delete(p.noTarget, pool.Name)
+			delete(rc.noTarget, pool.Name)
 			if d.Note != "" {
-				p.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", d.Proxy.ID,
-					"why", d.Reason, "age", p.ageNow().Sub(d.Proxy.CreatedAt).Round(time.Second).String(),
+				rc.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", d.Proxy.ID,
+					"why", d.Reason, "age", rc.ageNow().Sub(d.Proxy.CreatedAt).Round(time.Second).String(),
 					"proxyRevision", d.Proxy.Revision, "shapeRevision", pool.ShapeRevision)
 			}
 		}
@@ -430,17 +419,17 @@ func (p *Planner) applyPlan(pctx context.Context, r *round, f *flight, pool Pool
 
 // noPlace logs, at most once a minute per pool, that the pool's missing
 // proxies cannot be placed now.
-func (p *Planner) noPlace(r *round, pool Pool, m decide.Miss, missing int) {
-	if last, logged := p.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
-		p.noTarget[pool.Name] = r.now
-		p.log.Warn("no live target can take a proxy of this pool now; retrying every round",
+func (rc *reconciler) noPlace(r *round, pool Pool, m decide.Miss, missing int) {
+	if last, logged := rc.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
+		rc.noTarget[pool.Name] = r.now
+		rc.log.Warn("no live target can take a proxy of this pool now; retrying every round",
 			"pool", pool.Name, "entry", pool.Spec.Provider, "missing", missing, "reason", m.Reason, "detail", m.Message)
 	}
 }
 
 // poolSecrets reads the pool's secrets from fleet-secrets, checking they
 // belong to the applied revision (their digest is in the event).
-func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.PoolSecrets, bool) {
+func (rc *reconciler) poolSecrets(ctx context.Context, r *round, pool Pool) (events.PoolSecrets, bool) {
 	if pool.Deleted {
 		// pool.delete removed them; a deleted pool creates nothing.
 		return events.PoolSecrets{}, false
@@ -449,20 +438,20 @@ func (p *Planner) poolSecrets(ctx context.Context, r *round, pool Pool) (events.
 		return s, true
 	}
 	var s events.PoolSecrets
-	e, err := p.secrets.Get(ctx, pool.Name)
+	e, err := rc.secrets.Get(ctx, pool.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 	case err != nil:
-		p.log.Warn("read pool secrets", "pool", pool.Name, "err", err)
+		rc.log.Warn("read pool secrets", "pool", pool.Name, "err", err)
 		return s, false
 	default:
 		if err := json.Unmarshal(e.Value(), &s); err != nil {
-			p.log.Error("pool secrets are unreadable; re-apply the pool", "pool", pool.Name, "err", err)
+			rc.log.Error("pool secrets are unreadable; re-apply the pool", "pool", pool.Name, "err", err)
 			return s, false
 		}
 	}
-	if !s.Matches(p.digestKey, pool.SecretsDigest) {
-		p.log.Error("pool secrets do not match the applied revision; re-apply the pool", "pool", pool.Name, "revision", pool.Revision)
+	if !s.Matches(rc.digestKey, pool.SecretsDigest) {
+		rc.log.Error("pool secrets do not match the applied revision; re-apply the pool", "pool", pool.Name, "revision", pool.Revision)
 		return s, false
 	}
 	r.secrets[pool.Name] = s
@@ -513,10 +502,10 @@ func (r *round) xkey(entry, target string) string {
 // sealedCreate builds a create command for a decision already stored; when
 // it cannot be sealed (the agent's key vanished with its heartbeat) the
 // command is not sent and waits: the create timeout issues it again.
-func (p *Planner) sealedCreate(ctx context.Context, f *flight, id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets, xkey string) {
+func (rc *reconciler) sealedCreate(ctx context.Context, f *flight, id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets, xkey string) {
 	cmd, err := createCommand(id, d, attempt, sec, xkey)
 	if err != nil {
-		p.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout",
+		rc.log.WarnContext(ctx, "create command not sent: its secrets cannot be sealed; it is issued again after the create timeout",
 			"proxy", id, "entry", d.Entry, "target", d.Target, "err", err)
 		return
 	}
@@ -554,17 +543,17 @@ func (p *Planner) startCommand(ctx context.Context, pc pending) (context.Context
 		attribute.String("proxy", id), attribute.String("entry", entry), attribute.String("target", target))
 }
 
-func (p *Planner) noteOwn(seq uint64) {
-	if seq > p.ownSeq {
-		p.ownSeq = seq
+func (rc *reconciler) noteOwn(seq uint64) {
+	if seq > rc.ownSeq {
+		rc.ownSeq = seq
 	}
 }
 
 // decide sends one planner decision about proxy x, expecting x's last
 // sequence; stored, if not nil, runs once it is stored. A conflict means x
 // changed meanwhile; the next round decides again from the newer state.
-func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) *unit {
-	ctx, span := p.startWork(ctx, "planner."+typ, trace.SpanKindInternal,
+func (rc *reconciler) decide(ctx context.Context, f *flight, x Proxy, typ, msgID string, data any, stored func(context.Context, uint64)) *unit {
+	ctx, span := rc.startWork(ctx, "planner."+typ, trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool))
 	return f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq}, []bus.Decision{{Type: typ, MsgID: msgID, Data: data}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "entry", x.Entry, "target", x.Target}, stored)
@@ -576,8 +565,8 @@ func (p *Planner) decide(ctx context.Context, f *flight, x Proxy, typ, msgID str
 // skipCleanup the proxy is abandoned in the same unit instead: its
 // instance is left alone and no command is sent. r, when not nil, is the
 // round whose load counts x out at once.
-func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, reason, replaced string, skipCleanup bool) *unit {
-	ctx, span := p.startWork(pctx, "planner.retire", trace.SpanKindInternal,
+func (rc *reconciler) retire(pctx context.Context, r *round, f *flight, x Proxy, reason, replaced string, skipCleanup bool) *unit {
+	ctx, span := rc.startWork(pctx, "planner.retire", trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.String("reason", reason))
 	d := events.ProxyRetiringData{Reason: reason, SkipCleanup: skipCleanup}
 	if r != nil && decide.IsActive(x.State) {
@@ -597,7 +586,7 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", typ, "reason", reason, "entry", x.Entry, "target", x.Target},
 		func(ctx context.Context, _ uint64) {
 			if replaced != "" {
-				p.m.replaced(ctx, x.Pool, replaced)
+				rc.m.replaced(ctx, x.Pool, replaced)
 			}
 			if !skipCleanup {
 				cmd := deleteCommand(x, 1)
@@ -606,9 +595,9 @@ func (p *Planner) retire(pctx context.Context, r *round, f *flight, x Proxy, rea
 		})
 }
 
-func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
+func (rc *reconciler) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 	attempt := x.DeleteAttempt + 1
-	ctx, span := p.startWork(pctx, "planner.redelete", trace.SpanKindInternal,
+	ctx, span := rc.startWork(pctx, "planner.redelete", trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.Int("attempt", attempt))
 	d := events.ProxyRetiringData{Reason: x.Reason}
 	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
@@ -623,8 +612,8 @@ func (p *Planner) reissueDelete(pctx context.Context, f *flight, x Proxy) {
 // reissueCreate issues the create of x, requested too long, again with the
 // next attempt (decide chose to: its agent is alive and attempts are
 // left). It waits while the pool's secrets cannot be sealed to the agent.
-func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool Pool, x Proxy) {
-	sec, ok := p.poolSecrets(ctx, r, pool)
+func (rc *reconciler) reissueCreate(ctx context.Context, r *round, f *flight, pool Pool, x Proxy) {
+	sec, ok := rc.poolSecrets(ctx, r, pool)
 	if !ok {
 		return
 	}
@@ -635,13 +624,13 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 		return
 	}
 	attempt := x.Attempt + 1
-	ctx, span := p.startWork(ctx, "planner.recreate", trace.SpanKindInternal,
+	ctx, span := rc.startWork(ctx, "planner.recreate", trace.SpanKindInternal,
 		attribute.String("proxy", x.ID), attribute.String("pool", x.Pool), attribute.Int("attempt", attempt))
 	f.decide(ctx, span, x.Pool, events.AggregateProxy, x.ID, &bus.Expect{Seq: x.LastSeq},
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: events.ProxyEventID(x.ID, events.ProxyRequested, uint64(attempt)), Data: x.requested}},
 		[]any{"proxy", x.ID, "pool", x.Pool, "decision", events.ProxyRequested, "entry", x.Entry, "target", x.Target, "attempt", attempt},
 		func(ctx context.Context, _ uint64) {
-			p.sealedCreate(ctx, f, x.ID, x.requested, attempt, sec, xkey)
+			rc.sealedCreate(ctx, f, x.ID, x.requested, attempt, sec, xkey)
 		})
 }
 
@@ -650,8 +639,8 @@ func (p *Planner) reissueCreate(ctx context.Context, r *round, f *flight, pool P
 // if any, and why says why (the replaced proxy's retiring reason once this
 // one is ready). It returns why nothing was decided: the pool's secrets
 // cannot be read, or the target's agent announced no key to seal them to.
-func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a decide.Target, replaces, why string) (*unit, *decide.Miss) {
-	sec, ok := p.poolSecrets(pctx, r, pool)
+func (rc *reconciler) create(pctx context.Context, r *round, f *flight, pool Pool, a decide.Target, replaces, why string) (*unit, *decide.Miss) {
+	sec, ok := rc.poolSecrets(pctx, r, pool)
 	if !ok {
 		return nil, &decide.Miss{Reason: events.ReasonSecretsUnavailable,
 			Message: fmt.Sprintf("the pool's secrets cannot be read or do not match revision %d; re-apply the pool", pool.Revision)}
@@ -661,7 +650,7 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 			Message: fmt.Sprintf("target %s/%s: its agent announced no curve key to seal the pool's password and user-data to (an agent older than sealed commands?); creates wait until it does", a.Entry, a.Target)}
 	}
 	req := newRequest(pool, a, replaces, why)
-	ctx, span := p.startRequest(pctx, req)
+	ctx, span := rc.startRequest(pctx, req)
 	// Counted at once, so the next placement of this round spreads (a
 	// refused create is decided again next round).
 	r.count(pool.Name, a.Key(), 1)
@@ -669,9 +658,9 @@ func (p *Planner) create(pctx context.Context, r *round, f *flight, pool Pool, a
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}}, req.logArgs(),
 		func(ctx context.Context, _ uint64) {
 			if replaces != "" {
-				p.m.replaced(ctx, pool.Name, why)
+				rc.m.replaced(ctx, pool.Name, why)
 			}
-			p.sealedCreate(ctx, f, req.id, req.data, 1, sec, a.XKey)
+			rc.sealedCreate(ctx, f, req.id, req.data, 1, sec, a.XKey)
 		})
 	return u, nil
 }

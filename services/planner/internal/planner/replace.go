@@ -21,8 +21,8 @@ var errNoTarget = errors.New("no live target can take a replacement now")
 // of x and retires x once the new one is ready. A proxy that already has a
 // live replacement gets no second one: that one is returned, with a nil
 // unit.
-func (p *Planner) requestReplacement(ctx context.Context, f *flight, x Proxy, why string) (string, *unit, error) {
-	r := p.roundOf(map[string]bool{x.Pool: true}, false)
+func (rc *reconciler) requestReplacement(ctx context.Context, f *flight, x Proxy, why string) (string, *unit, error) {
+	r := rc.roundOf(map[string]bool{x.Pool: true}, false)
 	if y, ok := r.replacement(x); ok {
 		return y.ID, nil, nil
 	}
@@ -42,7 +42,7 @@ func (p *Planner) requestReplacement(ctx context.Context, f *flight, x Proxy, wh
 		m := decide.Why(pl, &pool.Pool)
 		return "", nil, fmt.Errorf("%w (%s: %s)", errNoTarget, m.Reason, m.Message)
 	}
-	u, miss := p.create(ctx, r, f, pool, a, x.ID, why)
+	u, miss := rc.create(ctx, r, f, pool, a, x.ID, why)
 	if miss != nil {
 		return "", nil, fmt.Errorf("%w (%s: %s)", errNoTarget, miss.Reason, miss.Message)
 	}
@@ -64,11 +64,11 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 		var u *unit
 		var err error
 		var lerr *APIError
-		if aerr := p.asLeader(ctx, func(ctx context.Context, f *flight) {
+		if aerr := p.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
 			// Looked up again on the leader: its view is the one that
 			// decides.
 			if x, lerr = p.lookupProxy(ctx, id); lerr == nil && decide.IsActive(x.State) {
-				_, u, err = p.requestReplacement(ctx, f, x, "recycled by operator")
+				_, u, err = rc.requestReplacement(ctx, f, x, "recycled by operator")
 			}
 		}); aerr != nil {
 			return nil, aerr

@@ -134,7 +134,7 @@ func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]strin
 	}
 	out["seq"] = fmt.Sprint(p.st.seq, p.st.anchor)
 	p.mu.Unlock()
-	r := p.snapshot()
+	r := newReconciler(p, nil).snapshot() // a round's copy, as a reconciler takes it
 	for _, ps := range r.pools {
 		// The spec as JSON: %+v prints its pointer fields (autoscale,
 		// gateway, egress) as addresses.

@@ -95,12 +95,12 @@ func (p *Planner) startPublish(ctx context.Context, subject, template string, at
 // round after the pool's last request continues that request's trace;
 // later rounds start traces of their own linking to it. Reconciler
 // goroutine only.
-func (p *Planner) poolCtx(ctx context.Context, pool Pool) context.Context {
-	if pool.traceparent != "" && p.traced[pool.Name] != pool.traceparent {
-		if p.traced == nil {
-			p.traced = map[string]string{}
+func (rc *reconciler) poolCtx(ctx context.Context, pool Pool) context.Context {
+	if pool.traceparent != "" && rc.traced[pool.Name] != pool.traceparent {
+		if rc.traced == nil {
+			rc.traced = map[string]string{}
 		}
-		p.traced[pool.Name] = pool.traceparent
+		rc.traced[pool.Name] = pool.traceparent
 		return traceCtx(ctx, pool.traceparent)
 	}
 	return causedBy(ctx, pool.traceparent)
@@ -108,12 +108,12 @@ func (p *Planner) poolCtx(ctx context.Context, pool Pool) context.Context {
 
 // noteTraced records every pool's last request as handled: a new leader
 // links to what an earlier leader may have handled already.
-func (p *Planner) noteTraced() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.traced = make(map[string]string, len(p.st.pools))
-	for name, pl := range p.st.pools {
-		p.traced[name] = pl.traceparent
+func (rc *reconciler) noteTraced() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.traced = make(map[string]string, len(rc.st.pools))
+	for name, pl := range rc.st.pools {
+		rc.traced[name] = pl.traceparent
 	}
 }
 

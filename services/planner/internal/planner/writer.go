@@ -41,7 +41,7 @@ import (
 // leaderJob is one operator decision the leader takes between two rounds.
 type leaderJob struct {
 	ctx  context.Context
-	run  func(ctx context.Context, f *flight)
+	run  func(ctx context.Context, rc *reconciler, f *flight)
 	done chan struct{}
 }
 
@@ -55,7 +55,7 @@ func errNotLeading() *APIError {
 // with a flight of the leader's term, and returns once the flight has
 // settled: every unit fn decided has its verdict. It refuses when this
 // replica does not lead or stops leading before fn ran.
-func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, f *flight)) *APIError {
+func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, rc *reconciler, f *flight)) *APIError {
 	l := p.leading.Load()
 	if l == nil {
 		return errNotLeading()
@@ -79,17 +79,17 @@ func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, f *
 
 // runJob runs one job on the reconciler goroutine: once the projection
 // holds this leader's own last decision, so the job decides from it.
-func (p *Planner) runJob(ctx context.Context, j leaderJob) {
+func (rc *reconciler) runJob(ctx context.Context, j leaderJob) {
 	defer close(j.done)
 	jctx, cancel := context.WithCancel(j.ctx)
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel) // the term ends: so does the job
 	defer stop()
-	if err := p.waitSeq(jctx, p.ownSeq); err != nil {
+	if err := rc.waitSeq(jctx, rc.ownSeq); err != nil {
 		return
 	}
-	f := p.newFlight(jctx)
-	j.run(jctx, f)
+	f := rc.newFlight(jctx)
+	j.run(jctx, rc, f)
 	f.wait()
 }
 

@@ -91,7 +91,7 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	defer func() { rcancel(); <-done }()
 
 	id := "perm-1"
-	cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
+	cmd := events.CreateCommand{ProxyID: id, ProxySpec: events.ProxySpec{Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Port: 3128}, Attempt: 1}
 	if _, err := bus.PublishCreate(ctx, planner, "test", cmd, 0); err != nil {
 		t.Fatalf("planner cannot publish a command: %v", err)
 	}
@@ -133,7 +133,7 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if _, err := agentStore.Append(short, events.AggregateProxy, "perm-2", events.ProxyRequested, "perm-2.requested.1", map[string]string{}, nil); err == nil {
 		t.Fatal("the agent user could append a planner decision")
 	}
-	if _, err := bus.PublishCreate(short, agentConn, "agent", events.CreateCommand{ProxyID: "perm-3", Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName("perm-3"), Attempt: 1, Port: 1}, 0); err == nil {
+	if _, err := bus.PublishCreate(short, agentConn, "agent", events.CreateCommand{ProxyID: "perm-3", ProxySpec: events.ProxySpec{Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName("perm-3"), Port: 1}, Attempt: 1}, 0); err == nil {
 		t.Fatal("the agent user could publish a command")
 	}
 	var perr error

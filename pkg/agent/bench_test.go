@@ -73,7 +73,7 @@ func BenchmarkCommandToObservation(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			next++
 			id := fmt.Sprintf("bench-%d", next)
-			cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "bench", Target: "t1", Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
+			cmd := events.CreateCommand{ProxyID: id, ProxySpec: events.ProxySpec{Pool: "p", Entry: "bench", Target: "t1", Instance: events.InstanceName(id), Port: 3128}, Attempt: 1}
 			if _, err := bus.PublishCreate(ctx, c, "bench", cmd, 0); err != nil {
 				b.Fatal(err)
 			}

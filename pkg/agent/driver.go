@@ -7,6 +7,7 @@ package agent
 
 import (
 	"context"
+	"net/netip"
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
@@ -65,6 +66,25 @@ type Spec struct {
 	// Egress is what the proxy may reach: the pool's allowance and the
 	// agent's allowed endpoints. Every driver makes its proxy enforce it.
 	Egress egress.Policy
+}
+
+// SpecOf is the spec a driver builds create command cmd's instance from:
+// its proxy spec, secrets (already unsealed), the provider id an earlier
+// attempt recorded, and the egress policy of the pool's allowance plus the
+// agent's own allowed endpoints. An allowance that does not make a policy
+// is an [ErrPermanent] error.
+func SpecOf(cmd events.CreateCommand, providerID string, allowed []netip.AddrPort) (Spec, error) {
+	s := Spec{
+		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,
+		Name: cmd.Instance, ProviderID: providerID, Attempt: cmd.Attempt,
+		Image: cmd.Image, Profile: cmd.Profile, Port: cmd.Port, Auth: cmd.Auth, UserData: cmd.UserData,
+	}
+	pol, err := cmd.Egress.Policy(allowed)
+	if err != nil {
+		return Spec{}, Wrapf(ErrPermanent, "%w", err)
+	}
+	s.Egress = pol
+	return s, nil
 }
 
 // Marker returns the garbage-collection marker the instance must carry.

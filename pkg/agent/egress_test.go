@@ -32,8 +32,11 @@ func TestCreateCarriesEgress(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	h := &harness{t: t, conn: c, store: bus.NewEventStore(c, "test", nil), drv: drv}
 
-	cmd := events.CreateCommand{ProxyID: "p-eg", Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName("p-eg"), Attempt: 1, Port: 3128,
-		Egress: &events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}}
+	cmd := events.CreateCommand{
+		ProxyID:   "p-eg",
+		ProxySpec: events.ProxySpec{Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName("p-eg"), Port: 3128, Egress: &events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}},
+		Attempt:   1,
+	}
 	if _, err := bus.PublishCreate(context.Background(), c, "test", cmd, 0); err != nil {
 		t.Fatal(err)
 	}

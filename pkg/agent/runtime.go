@@ -495,13 +495,9 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 	if err := r.unseal(&cmd); err != nil {
 		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
-	spec := Spec{
-		ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target,
-		Name: cmd.Instance, ProviderID: providerID, Attempt: cmd.Attempt,
-		Image: cmd.Image, Profile: cmd.Profile, Port: cmd.Port, Auth: cmd.Auth, UserData: cmd.UserData,
-	}
-	if spec.Egress, err = cmd.Egress.Policy(r.cfg.EgressEndpoints); err != nil {
-		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, Wrapf(ErrPermanent, "%w", err))
+	spec, err := SpecOf(cmd, providerID, r.cfg.EgressEndpoints)
+	if err != nil {
+		return r.fail(ctx, msg, log, cmd.ProxyID, cmd.Attempt, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CommandTimeout)
 	defer cancel()

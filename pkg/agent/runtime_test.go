@@ -173,7 +173,7 @@ func (h *harness) run(drv agent.Driver) context.CancelFunc {
 
 func (h *harness) create(id string, attempt int) {
 	h.t.Helper()
-	cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id), Attempt: attempt, Port: 3128}
+	cmd := events.CreateCommand{ProxyID: id, ProxySpec: events.ProxySpec{Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id), Port: 3128}, Attempt: attempt}
 	if _, err := bus.PublishCreate(context.Background(), h.conn, "test", cmd, 0); err != nil {
 		h.t.Fatal(err)
 	}

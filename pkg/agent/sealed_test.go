@@ -74,8 +74,13 @@ func (h *harness) sealedCreate(id, xkey string, sec events.CommandSecrets) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	cmd := events.CreateCommand{ProxyID: id, Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id),
-		Attempt: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler"}, Sealed: box}
+	cmd := events.CreateCommand{
+		ProxyID:   id,
+		ProxySpec: events.ProxySpec{Pool: "p", Entry: "mem", Target: "t1", Instance: events.InstanceName(id), Port: 3128},
+		Attempt:   1,
+		Auth:      &events.ProxyAuth{Username: "crawler"},
+		Sealed:    box,
+	}
 	if _, err := bus.PublishCreate(context.Background(), h.conn, "test", cmd, 0); err != nil {
 		h.t.Fatal(err)
 	}

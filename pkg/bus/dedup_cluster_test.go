@@ -24,8 +24,11 @@ func TestCommandRepublishDedup(t *testing.T) {
 	}
 	ctx := context.Background()
 	c := startCluster(t)
-	cmd := events.CreateCommand{ProxyID: "p-dedup", Pool: "p", Entry: "local", Target: "t1",
-		Instance: events.InstanceName("p-dedup"), Attempt: 1, Revision: 1}
+	cmd := events.CreateCommand{
+		ProxyID:   "p-dedup",
+		ProxySpec: events.ProxySpec{Pool: "p", Entry: "local", Target: "t1", Instance: events.InstanceName("p-dedup"), Revision: 1},
+		Attempt:   1,
+	}
 	first, err := bus.PublishCreate(ctx, c, "planner", cmd, 0)
 	if err != nil {
 		t.Fatal(err)

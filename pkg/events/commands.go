@@ -8,21 +8,11 @@ import "fmt"
 // planner leaves Auth.Password and UserData empty (an agent still accepts
 // them, from a planner older than sealing).
 type CreateCommand struct {
-	ProxyID  string     `json:"proxyID"`
-	Pool     string     `json:"pool"`
-	Entry    string     `json:"entry"`
-	Target   string     `json:"target"`
-	Instance string     `json:"instance"`
+	ProxyID string `json:"proxyID"`
+	ProxySpec
 	Attempt  int        `json:"attempt"`
-	Revision int        `json:"revision"`
-	Image    string     `json:"image,omitempty"`
-	Profile  string     `json:"profile,omitempty"`
-	Port     int        `json:"port"`
 	Auth     *ProxyAuth `json:"auth,omitempty"`
 	UserData []byte     `json:"userData,omitempty"`
-	// Egress is the pool's egress allowance (nil: the default policy); the
-	// agent adds its own allowed endpoints (the health echo endpoint).
-	Egress *Egress `json:"egress,omitempty"`
 	// Sealed holds a [CommandSecrets], encrypted to the agent's curve key.
 	Sealed *Sealed `json:"sealed,omitempty"`
 }

@@ -40,8 +40,11 @@ func TestPoolSpecEgress(t *testing.T) {
 		if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 			t.Errorf("case %d: got %q, want %q", i, got, c.want)
 		}
-		cmd := events.CreateCommand{ProxyID: "demo-aaaaaaaaaa", Pool: "demo", Entry: "local", Target: "t1",
-			Instance: events.InstanceName("demo-aaaaaaaaaa"), Attempt: 1, Port: 3128, Egress: &c.eg}
+		cmd := events.CreateCommand{
+			ProxyID:   "demo-aaaaaaaaaa",
+			ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-aaaaaaaaaa"), Port: 3128, Egress: &c.eg},
+			Attempt:   1,
+		}
 		if (cmd.Validate() == nil) != (len(c.want) == 0) {
 			t.Errorf("case %d: create command validation %v, want valid=%v", i, cmd.Validate(), len(c.want) == 0)
 		}

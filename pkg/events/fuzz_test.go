@@ -27,7 +27,7 @@ func envelopeSeeds(f *testing.F) {
 		{"px-1.running.1", events.AgentSource("local", "t1"), events.EnvelopeType(events.AggregateProxy, events.ProxyRunning), "px-1",
 			events.ProxyRunningData{Address: "127.0.0.1:20000", Attempt: 1, ProviderID: "px-aaaa"}},
 		{"px-1.requested.1", events.SourcePlanner, events.EnvelopeType(events.AggregateProxy, events.ProxyRequested), "px-1",
-			events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-aaaa", Revision: 1, Port: 3128, Username: "u"}},
+			events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-aaaa", Revision: 1, Port: 3128}, Username: "u"}},
 		{"demo.applied.2", events.SourcePlanner, events.EnvelopeType(events.AggregatePool, events.PoolApplied), "demo",
 			events.PoolAppliedData{Revision: 2, Spec: events.PoolSpec{Name: "demo", Provider: "local", Size: 3, MaxAge: events.Duration(time.Hour)}}},
 	} {
@@ -154,7 +154,7 @@ var proxyData = map[string]func() any{
 func FuzzProxyEventData(f *testing.F) {
 	states := events.ProxyStates()
 	for i, d := range []any{
-		events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128},
+		events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128}},
 		events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: "px-a", ProviderID: "101", Attempt: 2},
 		events.ProxyRunningData{Address: "10.0.0.5:3128", Attempt: 1},
 		events.ProxyReadyData{Address: "10.0.0.5:3128", LatencyMS: 12, EgressIP: "203.0.113.7"},
@@ -184,7 +184,7 @@ func FuzzProxyEventData(f *testing.F) {
 		}
 
 		view := events.NewProxyView("px-1", "px-1.requested.1", 1, env.Time.Add(-time.Minute),
-			events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128})
+			events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128}})
 		before := view
 		applyErr := view.Apply(typ, 2, typ, env)
 		readsData := typ != events.ProxyDeleted && typ != events.ProxyAbandoned
@@ -377,8 +377,13 @@ func FuzzEventID(f *testing.F) {
 func FuzzCommandData(f *testing.F) {
 	id := "demo-abc"
 	for _, c := range []any{
-		events.CreateCommand{ProxyID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1, Revision: 2, Port: 3128,
-			Auth: &events.ProxyAuth{Username: "u", Password: "p"}, UserData: []byte("#cloud-config\n")},
+		events.CreateCommand{
+			ProxyID:   id,
+			ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128},
+			Attempt:   1,
+			Auth:      &events.ProxyAuth{Username: "u", Password: "p"},
+			UserData:  []byte("#cloud-config\n"),
+		},
 		events.DeleteCommand{ProxyID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), ProviderID: "101", Attempt: 3, Reason: "retired"},
 	} {
 		b, _ := json.Marshal(c)

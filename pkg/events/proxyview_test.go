@@ -28,12 +28,12 @@ func TestProxyViewApply(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	const id = "demo-aaaaaaaaaa"
-	v := events.NewProxyView(id, id+".requested.1", 1, t0, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128})
+	v := events.NewProxyView(id, id+".requested.1", 1, t0, events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a", Revision: 1, Port: 3128}})
 	if v.State != events.ProxyRequested || v.Attempt != 1 || !v.CreatedAt.Equal(t0) {
 		t.Fatalf("new view: %+v", v)
 	}
 	// A re-issued create moves the attempt, not the creation time.
-	apply(t, &v, 2, events.ProxyRequested, id+".requested.2.ab12", at(1), events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a"})
+	apply(t, &v, 2, events.ProxyRequested, id+".requested.2.ab12", at(1), events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: "px-a"}})
 	if v.Attempt != 2 || !v.CreatedAt.Equal(t0) || !v.UpdatedAt.Equal(at(1)) || v.Seq != 2 {
 		t.Errorf("re-issued create: %+v", v)
 	}

@@ -95,6 +95,23 @@ func (d *PoolScaledData) Validate() error {
 
 // ProxyRequestedData is the planner's decision to create a proxy on a target.
 type ProxyRequestedData struct {
+	ProxySpec
+	Username string `json:"username,omitempty"`
+	// Replaces names the proxy this one replaces, if any: that proxy is
+	// retired once this one is ready.
+	Replaces string `json:"replaces,omitempty"`
+	// ReplaceReason says why Replaces is replaced ("rolled: …",
+	// "rotated: …", "unhealthy: …", "recycled by operator"); it becomes
+	// the retiring reason of the replaced proxy.
+	ReplaceReason string `json:"replaceReason,omitempty"`
+}
+
+// ProxySpec is what one proxy's instance is built from: the pool and
+// revision it belongs to, where it runs, its instance's name and shape. The
+// requested event records it ([ProxyRequestedData]) and every create
+// command carries it ([CreateCommand]); agents turn it into their driver's
+// spec. A field added here reaches both.
+type ProxySpec struct {
 	Pool     string `json:"pool"`
 	Entry    string `json:"entry"`
 	Target   string `json:"target"`
@@ -103,16 +120,15 @@ type ProxyRequestedData struct {
 	Image    string `json:"image,omitempty"`
 	Profile  string `json:"profile,omitempty"`
 	Port     int    `json:"port"`
-	Username string `json:"username,omitempty"`
-	// Egress is the pool's egress allowance at the time of the request.
+	// Egress is the pool's egress allowance at the time of the request
+	// (nil: the default policy).
 	Egress *Egress `json:"egress,omitempty"`
-	// Replaces names the proxy this one replaces, if any: that proxy is
-	// retired once this one is ready.
-	Replaces string `json:"replaces,omitempty"`
-	// ReplaceReason says why Replaces is replaced ("rolled: …",
-	// "rotated: …", "unhealthy: …", "recycled by operator"); it becomes
-	// the retiring reason of the replaced proxy.
-	ReplaceReason string `json:"replaceReason,omitempty"`
+}
+
+// Clone returns a copy of s that shares nothing with it.
+func (s ProxySpec) Clone() ProxySpec {
+	s.Egress = s.Egress.Clone()
+	return s
 }
 
 // Validate checks the data.

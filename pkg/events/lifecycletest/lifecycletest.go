@@ -108,7 +108,7 @@ func writerSource(kind string) string {
 func data(id, kind string, i int) any {
 	switch kind {
 	case events.ProxyRequested:
-		return events.ProxyRequestedData{Pool: "demo", Entry: Entry, Target: Target, Instance: events.InstanceName(id), Revision: 1, Port: 3128}
+		return events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: Entry, Target: Target, Instance: events.InstanceName(id), Revision: 1, Port: 3128}}
 	case events.ProxyProvisioning:
 		return events.ProxyProvisioningData{Entry: Entry, Target: Target, Instance: events.InstanceName(id), ProviderID: fmt.Sprintf("pid-%d", i), Attempt: 1 + i%3}
 	case events.ProxyRunning:

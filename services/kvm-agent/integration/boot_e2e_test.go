@@ -66,14 +66,14 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	store := bus.NewEventStore(conn, events.SourcePlanner, nil)
 	// Record the decision as the planner would, so the health service
 	// projects the proxy and probes it once it runs.
-	requested := events.ProxyRequestedData{Pool: "web", Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}
+	requested := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}}
 	if _, err := store.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
 		events.ProxyEventID(proxy, events.ProxyRequested, 1), requested, &bus.Expect{Seq: 0}); err != nil {
 		t.Fatal(err)
 	}
 	startHealth(t, conn.ClientURL(), gateway)
 	start := time.Now()
-	create := events.CreateCommand{ProxyID: proxy, Pool: "web", Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128, UserData: userData}
+	create := events.CreateCommand{ProxyID: proxy, ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: "ci", Instance: name, Port: 3128}, Attempt: 1, UserData: userData}
 	if _, err := bus.PublishCreate(ctx, conn, "e2e", create, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -154,13 +154,17 @@ profiles:
 	create := func(t *testing.T, proxy, pool string, userData []byte) {
 		t.Helper()
 		name := events.InstanceName(proxy)
-		requested := events.ProxyRequestedData{Pool: pool, Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}
+		requested := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: pool, Entry: entry, Target: "ci", Instance: name, Revision: 1, Port: 3128}}
 		if _, err := decisions.Append(ctx, events.AggregateProxy, proxy, events.ProxyRequested,
 			events.ProxyEventID(proxy, events.ProxyRequested, 1), requested, &bus.Expect{Seq: 0}); err != nil {
 			t.Fatal(err)
 		}
-		cmd := events.CreateCommand{ProxyID: proxy, Pool: pool, Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128,
-			Image: "debian12", Profile: "small", UserData: userData}
+		cmd := events.CreateCommand{
+			ProxyID:   proxy,
+			ProxySpec: events.ProxySpec{Pool: pool, Entry: entry, Target: "ci", Instance: name, Port: 3128, Image: "debian12", Profile: "small"},
+			Attempt:   1,
+			UserData:  userData,
+		}
 		if _, err := bus.PublishCreate(ctx, conn, "e2e", cmd, 0); err != nil {
 			t.Fatal(err)
 		}

@@ -255,7 +255,7 @@ func TestLifecycleThroughNATS(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	start := time.Now()
-	create := events.CreateCommand{ProxyID: proxy, Pool: "web", Entry: entry, Target: "ci", Instance: name, Attempt: 1, Port: 3128}
+	create := events.CreateCommand{ProxyID: proxy, ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: "ci", Instance: name, Port: 3128}, Attempt: 1}
 	if _, err := bus.PublishCreate(ctx, conn, "test", create, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -109,10 +109,13 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-a-aaaa", "pool-a-bbbb"}
 	for _, id := range ids {
-		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-a", Entry: "gce-eu", Target: "zone-a",
-			Instance: events.InstanceName(id), Attempt: 1, Port: 3128,
-			Auth:     &events.ProxyAuth{Username: "crawler", Password: passwordCanary},
-			UserData: []byte("#cloud-config\nwrite_files:\n- content: " + userDataCanary + "\n  path: /etc/canary\n")}
+		cmd := events.CreateCommand{
+			ProxyID:   id,
+			ProxySpec: events.ProxySpec{Pool: "pool-a", Entry: "gce-eu", Target: "zone-a", Instance: events.InstanceName(id), Port: 3128},
+			Attempt:   1,
+			Auth:      &events.ProxyAuth{Username: "crawler", Password: passwordCanary},
+			UserData:  []byte("#cloud-config\nwrite_files:\n- content: " + userDataCanary + "\n  path: /etc/canary\n"),
+		}
 		if err := cmd.Validate(); err != nil {
 			t.Fatal(err)
 		}

@@ -52,7 +52,7 @@ func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 		}
 	})
 	for i, id := range ids {
-		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: entry, Target: ns, Instance: events.InstanceName(id), Attempt: 1, Port: 3128}
+		cmd := events.CreateCommand{ProxyID: id, ProxySpec: events.ProxySpec{Pool: "pool-k", Entry: entry, Target: ns, Instance: events.InstanceName(id), Port: 3128}, Attempt: 1}
 		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
 		must(t, err)
 		name := events.InstanceName(id)

@@ -507,9 +507,13 @@ func TestKubeEndToEnd(t *testing.T) {
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-k-e2e1", "pool-k-e2e2"}
 	for _, id := range ids {
-		cmd := events.CreateCommand{ProxyID: id, Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id),
-			Attempt: 1, Port: 3128, Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-e2e-canary"},
-			UserData: []byte("#cloud-config\n# ud-e2e-canary\n")}
+		cmd := events.CreateCommand{
+			ProxyID:   id,
+			ProxySpec: events.ProxySpec{Pool: "pool-k", Entry: "k8s", Target: ns, Instance: events.InstanceName(id), Port: 3128},
+			Attempt:   1,
+			Auth:      &events.ProxyAuth{Username: "crawler", Password: "pw-e2e-canary"},
+			UserData:  []byte("#cloud-config\n# ud-e2e-canary\n"),
+		}
 		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
 		must(t, err)
 	}

@@ -102,7 +102,8 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 		Spec: events.PoolSpec{Name: "demo", Provider: "local", Size: 2, Port: 3128}, Revision: 1})
 	for _, id := range []string{"demo-a", "demo-b"} {
 		appendEv(events.AggregateProxy, id, events.ProxyRequested, events.ProxyRequestedData{
-			Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128})
+			ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128},
+		})
 	}
 	// Nothing listens here any more: the proxy, ready once, is probed and
 	// found unhealthy.
@@ -276,7 +277,7 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 			kind string
 			data any
 		}{
-			{events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}},
+			{events.ProxyRequested, events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}}},
 			{events.ProxyRunning, events.ProxyRunningData{Address: refusing, Attempt: 1}},
 		} {
 			if _, err := bus.NewEventStore(c, bustest.Source(events.AggregateProxy, ev.kind), nil).Append(ctx, events.AggregateProxy, id, ev.kind, id+"."+ev.kind, ev.data, nil); err != nil {

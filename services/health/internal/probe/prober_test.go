@@ -147,7 +147,9 @@ func (f *fleet) append(agg, id, kind string, data any) {
 func (f *fleet) runningProxy(id, pool, user, addr string) {
 	f.t.Helper()
 	f.append(events.AggregateProxy, id, events.ProxyRequested, events.ProxyRequestedData{
-		Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: user})
+		ProxySpec: events.ProxySpec{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128},
+		Username:  user,
+	})
 	f.append(events.AggregateProxy, id, events.ProxyRunning, events.ProxyRunningData{Address: addr, Attempt: 1})
 }
 

@@ -45,7 +45,7 @@ func TestTransitionIsANewTraceLinkedToTheRequest(t *testing.T) {
 	rctx, request := tp.Tracer("planner").Start(ctx, "planner.apply")
 	fp := newFwdProxy(t, "127.0.0.1", "", "")
 	if _, err := bus.NewEventStore(c, events.SourcePlanner, nil).Append(rctx, events.AggregateProxy, "demo-a", events.ProxyRequested,
-		"demo-a.requested.1", events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-a"), Revision: 1, Port: 3128}, nil); err != nil {
+		"demo-a.requested.1", events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-a"), Revision: 1, Port: 3128}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	request.End()

@@ -108,7 +108,7 @@ func BenchmarkLiveLag(b *testing.B) {
 			var d any
 			switch kind {
 			case events.ProxyRequested:
-				d = events.ProxyRequestedData{Pool: "live", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}
+				d = events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "live", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}}
 			case events.ProxyProvisioning:
 				d = events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), ProviderID: "vm-" + id, Attempt: 1}
 			case events.ProxyRunning:

@@ -24,7 +24,7 @@ func TestPlannerTermsAndFencesAreSkippedQuietly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-aaaaaaaaaa"), Revision: 1, Port: 3128}
+	d := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-aaaaaaaaaa"), Revision: 1, Port: 3128}}
 	seq, err := store.AppendFenced(ctx, term, events.AggregateProxy, "demo-aaaaaaaaaa", events.ProxyRequested, "demo-aaaaaaaaaa.requested.1", d, &bus.Expect{Seq: 0})
 	if err != nil {
 		t.Fatal(err)

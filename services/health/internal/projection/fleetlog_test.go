@@ -90,8 +90,10 @@ func fleetLog(seed uint64, n, live int) []logMsg {
 	request := func(pool string, replaces *proxy) {
 		made++
 		p := &proxy{id: fmt.Sprintf("%s-%08x", pool, made), pool: pool, target: fmt.Sprintf("t%d", made%7)}
-		d := events.ProxyRequestedData{Pool: pool, Entry: "local", Target: p.target,
-			Instance: events.InstanceName(p.id), Revision: revs[pool], Port: 3128, Username: "u"}
+		d := events.ProxyRequestedData{
+			ProxySpec: events.ProxySpec{Pool: pool, Entry: "local", Target: p.target, Instance: events.InstanceName(p.id), Revision: revs[pool], Port: 3128},
+			Username:  "u",
+		}
 		if replaces != nil {
 			d.Replaces, d.ReplaceReason = replaces.id, "unhealthy: probe failed"
 		}

@@ -220,13 +220,13 @@ func diffDumps(t *testing.T, got, want map[string][]byte) {
 }
 
 func requested(pool string) events.ProxyRequestedData {
-	return events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName("p1"), Revision: 1, Port: 3128}
+	return events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName("p1"), Revision: 1, Port: 3128}}
 }
 
 func TestProxyLifecycle(t *testing.T) {
 	e := start(t)
 	const id = "demo-p1"
-	req := events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128, Username: "crawler"}
+	req := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128}, Username: "crawler"}
 	s1 := e.append(id, events.ProxyRequested, req)
 	t0 := e.eventTime(s1)
 	want := projection.Proxy{
@@ -497,7 +497,7 @@ func history(e *env) {
 	e.append("auto", events.PoolApplied, events.PoolAppliedData{Spec: auto, Revision: 2})
 	for i, last := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy, events.ProxyFailed, events.ProxyRetiring, events.ProxyDeleted} {
 		id := fmt.Sprintf("demo-%d", i)
-		e.append(id, events.ProxyRequested, events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128, Username: "u"})
+		e.append(id, events.ProxyRequested, events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}, Username: "u"})
 		steps := []struct {
 			kind string
 			data any

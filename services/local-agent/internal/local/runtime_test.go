@@ -42,8 +42,10 @@ func runAgent(t *testing.T, conn *bus.Conn, d agent.Driver, allow ...netip.AddrP
 
 func createCommand(proxyID string, auth *events.ProxyAuth) events.CreateCommand {
 	return events.CreateCommand{
-		ProxyID: proxyID, Pool: "demo", Entry: "local", Target: testTarget,
-		Instance: events.InstanceName(proxyID), Attempt: 1, Revision: 1, Port: 3128, Auth: auth,
+		ProxyID:   proxyID,
+		ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: testTarget, Instance: events.InstanceName(proxyID), Revision: 1, Port: 3128},
+		Attempt:   1,
+		Auth:      auth,
 	}
 }
 

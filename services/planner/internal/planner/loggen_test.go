@@ -185,8 +185,11 @@ func (g *logGen) create(p *genPool, replaces, why string) {
 	p.proxies++
 	id := fmt.Sprintf("%s-%010d", p.name, p.proxies)
 	target := p.targets[g.rng.IntN(len(p.targets))]
-	g.planner(id, events.ProxyRequested, 1, events.ProxyRequestedData{Pool: p.name, Entry: "local", Target: target, Instance: events.InstanceName(id),
-		Revision: p.revision, Port: 3128, Replaces: replaces, ReplaceReason: why})
+	g.planner(id, events.ProxyRequested, 1, events.ProxyRequestedData{
+		ProxySpec:     events.ProxySpec{Pool: p.name, Entry: "local", Target: target, Instance: events.InstanceName(id), Revision: p.revision, Port: 3128},
+		Replaces:      replaces,
+		ReplaceReason: why,
+	})
 	x := &genProxy{id: id, target: target, pool: p, stage: 1}
 	if g.rng.IntN(2) == 0 {
 		for x.stage > 0 {

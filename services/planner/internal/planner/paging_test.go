@@ -56,8 +56,9 @@ func (s *seed) pool(name string, size int) {
 
 // proxy adds the requested event of proxy id of pool, on local/t1.
 func (s *seed) proxy(pool, id string) {
-	d := events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id),
-		Revision: 1, Port: events.DefaultProxyPort}
+	d := events.ProxyRequestedData{
+		ProxySpec: events.ProxySpec{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: events.DefaultProxyPort},
+	}
 	s.add(events.SourcePlanner, events.AggregateProxy, id, events.ProxyRequested, events.ProxyEventID(id, events.ProxyRequested, 1), d)
 }
 
@@ -619,7 +620,7 @@ func benchState(b *testing.B, n int) *state {
 	for range n {
 		id := events.NewProxyID("big")
 		apply(events.AggregateProxy, id, events.ProxyRequested, events.ProxyEventID(id, events.ProxyRequested, 1),
-			events.ProxyRequestedData{Pool: "big", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: events.DefaultProxyPort})
+			events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "big", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: events.DefaultProxyPort}})
 	}
 	if got := len(st.pools["big"].members); got != n {
 		b.Fatalf("state holds %d proxies, want %d", got, n)

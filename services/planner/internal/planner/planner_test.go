@@ -156,8 +156,11 @@ func TestApplyCreatesAndSpreadsProxies(t *testing.T) {
 		if !ok {
 			t.Fatalf("create for %s, which was never requested", c.Create.ProxyID)
 		}
-		want := events.CreateCommand{ProxyID: c.Create.ProxyID, Pool: "demo", Entry: "local", Target: d.Target,
-			Instance: events.InstanceName(c.Create.ProxyID), Attempt: 1, Revision: 1, Port: events.DefaultProxyPort}
+		want := events.CreateCommand{
+			ProxyID:   c.Create.ProxyID,
+			ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: d.Target, Instance: events.InstanceName(c.Create.ProxyID), Revision: 1, Port: events.DefaultProxyPort},
+			Attempt:   1,
+		}
 		if got := c.Create; !equalJSON(got, want) {
 			t.Errorf("create command: got %+v, want %+v", got, want)
 		}
@@ -837,7 +840,7 @@ func TestLeaderRecoversUnsentCommands(t *testing.T) {
 	}
 	x, y := events.NewProxyID("demo"), events.NewProxyID("demo")
 	req := func(id string) events.ProxyRequestedData {
-		return events.ProxyRequestedData{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}
+		return events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}}
 	}
 	decide(x, events.ProxyRequested, 1, req(x), 0)
 	seq := decide(y, events.ProxyRequested, 1, req(y), 0)

@@ -150,7 +150,7 @@ func TestDeletedPoolNeedsNoSecrets(t *testing.T) {
 		}
 		id := events.NewProxyID(pool)
 		ids[id] = pool
-		req := events.ProxyRequestedData{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: spec.Port}
+		req := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: pool, Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: spec.Port}}
 		if _, err := h.store.Append(ctx, events.AggregateProxy, id, events.ProxyRequested, events.ProxyEventID(id, events.ProxyRequested, 1), req, &bus.Expect{Seq: 0}); err != nil {
 			t.Fatal(err)
 		}

@@ -463,9 +463,7 @@ func (rc *reconciler) poolSecrets(ctx context.Context, r *round, pool Pool) (eve
 // without secrets needs no key.
 func createCommand(id string, d events.ProxyRequestedData, attempt int, sec events.PoolSecrets, xkey string) (events.CreateCommand, error) {
 	cmd := events.CreateCommand{
-		ProxyID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
-		Attempt: attempt, Revision: d.Revision, Image: d.Image, Profile: d.Profile, Port: d.Port,
-		Egress: d.Egress.Clone(),
+		ProxyID: id, ProxySpec: d.ProxySpec.Clone(), Attempt: attempt,
 	}
 	if d.Username != "" {
 		cmd.Auth = &events.ProxyAuth{Username: d.Username}
@@ -700,9 +698,11 @@ func (req proxyRequest) logArgs() []any {
 // requestedData is the decision to create proxy id of pool on target a.
 func requestedData(id string, pool Pool, a decide.Target, replaces, why string) events.ProxyRequestedData {
 	d := events.ProxyRequestedData{
-		Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
-		Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port,
-		Replaces: replaces, ReplaceReason: why, Egress: pool.Spec.Egress.Clone(),
+		ProxySpec: events.ProxySpec{
+			Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
+			Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port, Egress: pool.Spec.Egress.Clone(),
+		},
+		Replaces: replaces, ReplaceReason: why,
 	}
 	if pool.Spec.Auth != nil {
 		d.Username = pool.Spec.Auth.Username

@@ -44,9 +44,12 @@ func (e *env) runAgent(d *proxmox.Driver) (stop func()) {
 }
 
 func createCmd(proxy string) events.CreateCommand {
-	return events.CreateCommand{ProxyID: proxy, Pool: "web", Entry: entry, Target: node, Instance: events.InstanceName(proxy),
-		Attempt: 1, Revision: 1, Image: "debian-13", Profile: "small", Port: 3128,
-		Auth: &events.ProxyAuth{Username: "u", Password: "secret-pw"}}
+	return events.CreateCommand{
+		ProxyID:   proxy,
+		ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: node, Instance: events.InstanceName(proxy), Revision: 1, Image: "debian-13", Profile: "small", Port: 3128},
+		Attempt:   1,
+		Auth:      &events.ProxyAuth{Username: "u", Password: "secret-pw"},
+	}
 }
 
 // waitEvent polls the proxy's last event until it is of type kind.

@@ -21,6 +21,7 @@ import (
 
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
@@ -224,7 +225,7 @@ func run(f *flags) error {
 		authMode = "any password (loopback only; give --clients-file to check them)"
 	}
 	log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
-		"info", fleet.Subject(f.name, "info"), "stats", fleet.Subject(f.name, "stats"),
+		"info", events.GatewaySubject(f.name, events.GatewayInfo), "stats", events.GatewaySubject(f.name, events.GatewayStats),
 		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 
 	select {

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -72,7 +73,7 @@ func (p *Planner) requestReplacement(ctx context.Context, x Proxy, why string) (
 
 // recycle replaces proxy id surge first: a replacement is requested now and
 // id is retired once it is ready. Repeating it changes nothing.
-func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
+func (p *Planner) recycle(ctx context.Context, id string) (any, *api.APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	x, aerr := p.lookupProxy(ctx, id)
 	if aerr != nil {
@@ -83,7 +84,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 	}
 	_, seq, err := p.requestReplacement(ctx, x, "recycled by operator")
 	if errors.Is(err, errNoTarget) {
-		return nil, &APIError{status: "503", Code: CodeUnavailable,
+		return nil, &api.APIError{Status: "503", Code: api.CodeUnavailable,
 			Message: "id: " + err.Error() + `; retry later, or recycle with {"now":true} to retire the proxy at once`}
 	}
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -741,7 +742,9 @@ func TestDashboardsAndRulesMatchEmittedMetrics(t *testing.T) {
 	f.apply(events.PoolSpec{Name: "dash", Provider: "local", Size: 2,
 		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
 	// An operator error, so the API's error codes are exported too.
-	if _, err := f.api.PoolApply(context.Background(), events.PoolSpec{Name: "Not A Name", Provider: "local", Size: 1}); err == nil {
+	if _, err := retry(t, "pool.apply of an invalid name", func(ctx context.Context) (api.PoolView, error) {
+		return f.api.PoolApply(ctx, events.PoolSpec{Name: "Not A Name", Provider: "local", Size: 1})
+	}); err == nil {
 		t.Fatal("pool.apply of an invalid name succeeded")
 	}
 	f.waitPool("dash", 2, "ready", 60*time.Second)

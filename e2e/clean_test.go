@@ -61,7 +61,7 @@ func TestCleanRefusesWhileProxiesRun(t *testing.T) {
 		t.Fatalf("check of an empty run: exit %d, want 0\n%s", code, out)
 	}
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"left","provider":"local","size":2}`)
+	f.apply(events.PoolSpec{Name: "left", Provider: "local", Size: 2})
 	ready := f.waitPool("left", 2, "ready", 60*time.Second)
 
 	// While the services run, their state must stay.

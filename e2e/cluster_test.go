@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
@@ -243,7 +244,7 @@ func newClusterFleet(t *testing.T) *clusterFleet {
 	}))
 	t.Cleanup(echo.Close)
 	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}, echo: echo.Listener.Addr().String()}
-	cf.fleet = &fleet{t: t, conn: conn, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+	cf.fleet = &fleet{t: t, conn: conn, api: api.NewClient(conn.NC, api.WithTimeout(5*time.Second)), dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
 	t.Cleanup(func() {
 		cf.mu.Lock()
 		names := make([]string, 0, len(cf.procs))
@@ -404,10 +405,10 @@ func (cf *clusterFleet) currentTerm() *bus.Term {
 // apply sets pool's size, retrying while the cluster elects leaders.
 func (cf *clusterFleet) apply(pool string, size int) {
 	cf.t.Helper()
-	body := fmt.Sprintf(`{"name":%q,"provider":"local","size":%d}`, pool, size)
-	waitFor(cf.t, 90*time.Second, "pool.apply "+body, func() bool {
-		msg, err := cf.conn.NC.Request("fleet.api.pool.apply", []byte(body), 5*time.Second)
-		return err == nil && msg.Header.Get("Nats-Service-Error-Code") == ""
+	spec := events.PoolSpec{Name: pool, Provider: "local", Size: size}
+	waitFor(cf.t, 90*time.Second, fmt.Sprintf("pool.apply %+v", spec), func() bool {
+		_, err := cf.api.PoolApply(context.Background(), spec)
+		return err == nil
 	})
 }
 
@@ -570,7 +571,7 @@ func TestClusterLifecycle(t *testing.T) {
 	}
 	cf.t.Logf("cluster: lifecycle: proxies placed on %d targets", len(targets))
 	cf.invariants("lifecycle: scaled up", map[string]int{"life": 4})
-	cf.mustReq("fleet.api.pool.delete", `{"name":"life"}`)
+	cf.deletePool("life")
 	cf.invariants("lifecycle: deleted", map[string]int{"life": 0})
 }
 

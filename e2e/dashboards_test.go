@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/events"
 )
 
 // The dashboards (deploy/grafana) and the rules (deploy/prometheus) are
@@ -735,11 +739,13 @@ func TestDashboardsAndRulesMatchEmittedMetrics(t *testing.T) {
 		addrs[name] = f.metricsAddr(name)
 	}
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"dash","provider":"local","size":2,
-		"gateway":{"banRules":[{"name":"too-many","status":[429],"threshold":3,"window":"1m"}]}}`)
+	f.apply(events.PoolSpec{Name: "dash", Provider: "local", Size: 2,
+		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
 	// An operator error, so the API's error codes are exported too.
-	if r := f.req("fleet.api.pool.apply", `{"name":"Not A Name","provider":"local","size":1}`, nil); r.Code == "" {
-		t.Fatalf("pool.apply of an invalid name succeeded: %s", r.Data)
+	if _, err := retry(t, "pool.apply of an invalid name", func(ctx context.Context) (api.PoolView, error) {
+		return f.api.PoolApply(ctx, events.PoolSpec{Name: "Not A Name", Provider: "local", Size: 1})
+	}); err == nil {
+		t.Fatal("pool.apply of an invalid name succeeded")
 	}
 	f.waitPool("dash", 2, "ready", 60*time.Second)
 	c := gatewayClient(t, gw, "dash.session-one")

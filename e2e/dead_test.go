@@ -24,7 +24,7 @@ func TestKilledProxyIsReplaced(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"heal","provider":"local","size":3,"unhealthyAfter":"`+unhealthyAfter.String()+`"}`)
+	f.apply(events.PoolSpec{Name: "heal", Provider: "local", Size: 3, UnhealthyAfter: events.Duration(unhealthyAfter)})
 	ready := f.waitPool("heal", 3, "ready", 60*time.Second)
 	victim := ready[0]
 	pid := f.statePID(victim.ID)

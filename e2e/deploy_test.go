@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
@@ -76,7 +77,7 @@ func TestDeployShipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(stateDir) })
-	f := &fleet{t: t, conn: operator, dir: t.TempDir(), stateDir: stateDir, procs: map[string]*exec.Cmd{}}
+	f := &fleet{t: t, conn: operator, api: api.NewClient(operator.NC, api.WithTimeout(5*time.Second)), dir: t.TempDir(), stateDir: stateDir, procs: map[string]*exec.Cmd{}}
 	t.Cleanup(func() {
 		for _, n := range []string{"gateway", "local-agent", "health", "planner"} {
 			f.stop(n)
@@ -139,7 +140,7 @@ func TestDeployShipped(t *testing.T) {
 	// a password: health probes with the one the planner sealed to it, the
 	// gateway relays with the one sealed to the gateways' key.
 	const proxyPassword = "deploy-proxy-password"
-	f.mustReq("fleet.api.pool.apply", `{"name":"dep","provider":"local","size":2,"auth":{"username":"crawl","password":"`+proxyPassword+`"}}`)
+	f.apply(events.PoolSpec{Name: "dep", Provider: "local", Size: 2, Auth: &events.ProxyAuth{Username: "crawl", Password: proxyPassword}})
 	ready := f.waitPool("dep", 2, "ready", 90*time.Second)
 	readyIDs := map[string]bool{}
 	for _, p := range ready {
@@ -158,7 +159,7 @@ func TestDeployShipped(t *testing.T) {
 	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 {
 		t.Fatalf("health replicas in %s: %v (%v), want the one running", bus.BucketHealth, keys, err)
 	}
-	f.mustReq("fleet.api.pool.delete", `{"name":"dep"}`)
+	f.deletePool("dep")
 	waitFor(t, 60*time.Second, "pool dep to be empty", func() bool {
 		return len(f.proxies("dep")) == 0 && len(f.proxyProcs()) == 0
 	})
@@ -329,7 +330,7 @@ func (d *deployServer) throughGateway(t *testing.T, addr, name, target, password
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msg, err := operator.NC.RequestWithContext(ctx, "fleet.gateway."+name+".info", nil)
+	msg, err := operator.NC.RequestWithContext(ctx, events.GatewaySubject(name, events.GatewayInfo), nil)
 	if err != nil {
 		t.Fatalf("operator asks the gateway's info: %v", err)
 	}
@@ -342,7 +343,7 @@ func (d *deployServer) throughGateway(t *testing.T, addr, name, target, password
 	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Pools["dep"].Credentials != "ok" || len(info.Pools["dep"].Ready) != len(ready) {
 		t.Fatalf("the gateway's info: %s (%v); want pool dep with its %d ready proxies and credentials ok", msg.Data, err, len(ready))
 	}
-	if _, err := operator.NC.RequestWithContext(ctx, "fleet.gateway."+name+".stats", nil); err != nil {
+	if _, err := operator.NC.RequestWithContext(ctx, events.GatewaySubject(name, events.GatewayStats), nil); err != nil {
 		t.Fatalf("operator asks the gateway's stats: %v", err)
 	}
 	demand, err := operator.JS.KeyValue(ctx, bus.BucketDemand)
@@ -395,13 +396,13 @@ func (d *deployServer) gatewayRefusals(t *testing.T, admin, gateway, operator *b
 	if _, err := sub.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("the gateway's suspect report did not reach %s: %v", events.SuspectSubject, err)
 	}
-	msg, err := gateway.NC.Request("fleet.api.proxy.report-ban", []byte(`{"id":"dep-none","reason":"deploy test"}`), 10*time.Second)
-	if err != nil {
+	_, err = api.NewClient(gateway.NC, api.WithTimeout(10*time.Second)).ReportBan(context.Background(), api.ProxyBanRequest{ID: "dep-none", Reason: "deploy test"})
+	if errors.Is(err, api.ErrNoReply) {
 		t.Fatalf("the gateway's ban report got no answer from the planner: %v", err)
 	}
 	// The planner's answer, not a permission error: the proxy is unknown.
-	if code := msg.Header.Get("Nats-Service-Error-Code"); code == "" || !strings.Contains(string(msg.Data), `"not_found"`) {
-		t.Fatalf("ban report of an unknown proxy: code %q %s, want the planner's not_found", code, msg.Data)
+	if !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("ban report of an unknown proxy: got %#v, want the planner's not_found", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/events"
 )
 
 // TestEgressThroughReadyProxy: through a ready proxy of the built-in
@@ -31,7 +32,7 @@ func TestEgressThroughReadyProxySquid(t *testing.T) {
 func egressThroughReadyProxy(t *testing.T, f *fleet) {
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"egress","provider":"local","size":1}`)
+	f.apply(events.PoolSpec{Name: "egress", Provider: "local", Size: 1})
 	p := f.waitPool("egress", 1, "ready", 90*time.Second)[0]
 
 	nats, err := url.Parse(f.conn.ClientURL())

@@ -117,7 +117,7 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	f.waitAgent("local", "t1")
 	f.startPlannerAs(filepath.Join(binDir, "planner"), "b")
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"fence","provider":"local","size":8}`)
+	f.apply(events.PoolSpec{Name: "fence", Provider: "local", Size: 8})
 	waitFor(t, 30*time.Second, "planner a to stop before a decision", func() bool { return isStopped(a.Process.Pid) })
 	waitFor(t, 30*time.Second, "planner b to take over", termOf("b"))
 	bTerm, err := store.CurrentTerm(ctx)

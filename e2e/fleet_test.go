@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -24,8 +25,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/pkg/testgate"
 )
 
@@ -72,6 +76,7 @@ func needBinaries(t *testing.T) {
 type fleet struct {
 	t        *testing.T
 	conn     *bus.Conn
+	api      *api.Client // the planner's API on conn
 	dir      string
 	echoAddr string
 	agentArg []string
@@ -109,6 +114,7 @@ func newFleet(t *testing.T, agentArgs ...string) *fleet {
 		agentArg: agentArgs,
 		procs:    map[string]*exec.Cmd{},
 	}
+	f.api = api.NewClient(f.conn.NC, api.WithTimeout(5*time.Second))
 	t.Cleanup(func() {
 		f.mu.Lock()
 		names := make([]string, 0, len(f.procs))
@@ -288,35 +294,61 @@ type apiReply struct {
 	Code string // micro error code, "" on success
 }
 
-func (f *fleet) req(subject, body string, hdr nats.Header) apiReply {
-	f.t.Helper()
-	msg := nats.NewMsg(subject)
-	msg.Data = []byte(body)
-	for k, v := range hdr {
-		msg.Header[k] = v
-	}
-	var reply *nats.Msg
+// retry calls fn until a planner answers it (the planner may still be
+// starting): the reply or the refusal fn returns.
+func retry[T any](t *testing.T, what string, fn func(context.Context) (T, error)) (T, error) {
+	t.Helper()
+	var out T
 	var err error
-	for i := 0; i < 50; i++ {
-		reply, err = f.conn.NC.RequestMsg(msg, 5*time.Second)
-		if err == nil {
-			break
+	for range 50 {
+		out, err = fn(context.Background())
+		if !errors.Is(err, api.ErrNoReply) {
+			return out, err
 		}
-		time.Sleep(100 * time.Millisecond) // the planner may still be starting
+		time.Sleep(100 * time.Millisecond)
 	}
-	if err != nil {
-		f.t.Fatalf("request %s: %v", subject, err)
-	}
-	return apiReply{Data: reply.Data, Code: reply.Header.Get("Nats-Service-Error-Code")}
+	t.Fatalf("%s: %v", what, err)
+	return out, err
 }
 
-func (f *fleet) mustReq(subject, body string) []byte {
+// req sends body as it is to subject, in the trace hdr carries (nil: none).
+func (f *fleet) req(subject, body string, hdr nats.Header) apiReply {
 	f.t.Helper()
-	r := f.req(subject, body, nil)
-	if r.Code != "" {
-		f.t.Fatalf("%s %s: error %s: %s", subject, body, r.Code, r.Data)
+	raw, err := retry(f.t, "request "+subject, func(ctx context.Context) (json.RawMessage, error) {
+		var raw json.RawMessage
+		err := f.api.Request(telemetry.Extract(ctx, hdr), subject, []byte(body), &raw)
+		return raw, err
+	})
+	var aerr *api.APIError
+	switch {
+	case err == nil:
+		return apiReply{Data: raw}
+	case !errors.As(err, &aerr):
+		f.t.Fatalf("request %s: %v", subject, err)
 	}
-	return r.Data
+	return apiReply{Data: api.ErrorBody(aerr), Code: aerr.Status}
+}
+
+// must is the reply of a request that must succeed.
+func must[T any](t *testing.T, what string, fn func(context.Context) (T, error)) T {
+	t.Helper()
+	out, err := retry(t, what, fn)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return out
+}
+
+// apply applies spec, which must be accepted.
+func (f *fleet) apply(spec events.PoolSpec) api.PoolView {
+	f.t.Helper()
+	return must(f.t, "pool.apply "+spec.Name, func(ctx context.Context) (api.PoolView, error) { return f.api.PoolApply(ctx, spec) })
+}
+
+// deletePool deletes pool name, which must be accepted.
+func (f *fleet) deletePool(name string) {
+	f.t.Helper()
+	must(f.t, "pool.delete "+name, func(ctx context.Context) (api.PoolView, error) { return f.api.PoolDelete(ctx, name) })
 }
 
 func (f *fleet) waitAgent(entry, target string) {
@@ -604,12 +636,4 @@ func (f *fleet) proxyProcs() []int {
 		}
 	}
 	return pids
-}
-
-// parseJSON decodes b into v or fails the test.
-func parseJSON(t *testing.T, b []byte, v any) {
-	t.Helper()
-	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatalf("reply is not the expected JSON: %v: %s", err, b)
-	}
 }

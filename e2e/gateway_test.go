@@ -133,7 +133,7 @@ func TestGatewayNoRequestFailsWhenAProxyDies(t *testing.T) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	gw := f.startGateway()
-	f.mustReq("fleet.api.pool.apply", `{"name":"gw","provider":"local","size":3}`)
+	f.apply(events.PoolSpec{Name: "gw", Provider: "local", Size: 3})
 	ready := f.waitPool("gw", 3, "ready", 60*time.Second)
 	echo := "http://" + f.echoEndpoint() + "/"
 	c := gatewayClient(t, gw, "gw")
@@ -228,8 +228,8 @@ func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	gw := f.startGateway()
-	f.mustReq("fleet.api.pool.apply", `{"name":"bans","provider":"local","size":2,
-		"gateway":{"banRules":[{"name":"too-many","status":[429],"threshold":3,"window":"1m"}]}}`)
+	f.apply(events.PoolSpec{Name: "bans", Provider: "local", Size: 2,
+		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
 	f.waitPool("bans", 2, "ready", 60*time.Second)
 	// One session: every request goes through the same proxy.
 	c := gatewayClient(t, gw, "bans.session-crawl1")
@@ -299,8 +299,8 @@ func TestGatewayAutoscale(t *testing.T) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	gw := f.startGateway()
-	f.mustReq("fleet.api.pool.apply", `{"name":"auto","provider":"local","size":2,
-		"autoscale":{"min":2,"max":10,"targetConnections":4,"scaleDownAfter":"10s"}}`)
+	f.apply(events.PoolSpec{Name: "auto", Provider: "local", Size: 2,
+		Autoscale: &events.Autoscale{Min: 2, Max: 10, TargetConnections: 4, ScaleDownAfter: events.Duration(10 * time.Second)}})
 	f.waitPool("auto", 2, "ready", 60*time.Second)
 	scaled := events.EventSubject(events.AggregatePool, "auto", events.PoolScaled)
 	if n := f.eventCount(scaled); n != 0 {

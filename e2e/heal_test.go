@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -42,7 +44,7 @@ func TestStoppedProxyIsReplaced(t *testing.T) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	const unhealthyAfter = 10 * time.Second
-	f.mustReq("fleet.api.pool.apply", `{"name":"sick","provider":"local","size":3,"unhealthyAfter":"10s"}`)
+	f.apply(events.PoolSpec{Name: "sick", Provider: "local", Size: 3, UnhealthyAfter: events.Duration(10 * time.Second)})
 	ready := f.waitPool("sick", 3, "ready", 60*time.Second)
 	victim := ready[0]
 	pid := f.pidListeningOn(victim.Address)
@@ -120,10 +122,9 @@ func TestPoolSaysWhyItCannotBePlaced(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"img","provider":"local","size":2,"image":"none-offers-this"}`)
+	f.apply(events.PoolSpec{Name: "img", Provider: "local", Size: 2, Image: "none-offers-this"})
 	placed := func() events.Condition {
-		var pc poolConditions
-		parseJSON(t, f.mustReq("fleet.api.pool.get", `{"name":"img"}`), &pc)
+		pc := must(t, "pool.get img", func(ctx context.Context) (api.PoolView, error) { return f.api.PoolGet(ctx, "img") })
 		c, _ := events.FindCondition(pc.Conditions, events.ConditionPlaced)
 		return c
 	}
@@ -135,7 +136,7 @@ func TestPoolSaysWhyItCannotBePlaced(t *testing.T) {
 	if !strings.Contains(c.Message, "none-offers-this") || !strings.Contains(c.Message, "t1") {
 		t.Errorf("message %q does not name the image and the target", c.Message)
 	}
-	f.mustReq("fleet.api.pool.apply", `{"name":"img","provider":"local","size":2}`)
+	f.apply(events.PoolSpec{Name: "img", Provider: "local", Size: 2})
 	waitFor(t, 10*time.Second, "Placed=True", func() bool {
 		c = placed()
 		return c.Status == events.ConditionTrue && c.Reason == events.ReasonPlaced

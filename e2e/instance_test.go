@@ -1,13 +1,15 @@
 package e2e_test
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -23,7 +25,7 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	f.allow(org)
 	f.startAll()
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"keep","provider":"local","size":1}`)
+	f.apply(events.PoolSpec{Name: "keep", Provider: "local", Size: 1})
 	first := f.waitPool("keep", 1, "ready", 60*time.Second)[0]
 	pids := f.proxyProcs()
 	if len(pids) != 1 {
@@ -31,10 +33,9 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	}
 	abandonedPID := pids[0]
 
-	var x struct {
-		State string `json:"state"`
-	}
-	parseJSON(t, f.mustReq("fleet.api.proxy.delete", `{"id":"`+first.ID+`","skipCleanup":true}`), &x)
+	x := must(t, "proxy.delete", func(ctx context.Context) (events.ProxyView, error) {
+		return f.api.ProxyDelete(ctx, api.ProxyDeleteRequest{ID: first.ID, SkipCleanup: true})
+	})
 	if x.State != "abandoned" {
 		t.Fatalf("skip-cleanup delete: state %q, want abandoned", x.State)
 	}
@@ -65,19 +66,17 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	if before == 0 {
 		t.Fatal("no proxy or pool events counted: the filters match nothing")
 	}
-	r := f.req("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+events.InstanceName(second.ID)+`"}`, nil)
-	if r.Code != "422" {
-		t.Fatalf("instance.delete of a live proxy's instance: code %q (%s), want 422", r.Code, r.Data)
+	_, err := f.api.InstanceDelete(context.Background(), api.InstanceDeleteRequest{Entry: "local", Target: "t1", Name: events.InstanceName(second.ID)})
+	if aerr, ok := errors.AsType[*api.APIError](err); !ok || aerr.Status != "422" {
+		t.Fatalf("instance.delete of a live proxy's instance: got %v, want a 422", err)
 	}
 	if after := f.intentEvents(); after != before {
 		t.Errorf("refused instance.delete appended events: %d -> %d", before, after)
 	}
 
-	var rep struct {
-		ProxyID  string `json:"proxyID"`
-		Previous string `json:"previous"`
-	}
-	parseJSON(t, f.mustReq("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+name+`"}`), &rep)
+	rep := must(t, "instance.delete", func(ctx context.Context) (api.InstanceDeleteReply, error) {
+		return f.api.InstanceDelete(ctx, api.InstanceDeleteRequest{Entry: "local", Target: "t1", Name: name})
+	})
 	if rep.ProxyID != first.ID || rep.Previous != "abandoned" {
 		t.Fatalf("instance.delete reply: got %+v, want proxy %s previously abandoned", rep, first.ID)
 	}
@@ -104,14 +103,8 @@ func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
 	if _, ok := f.views("fleet-proxies")[first.ID]; ok {
 		t.Errorf("the deleted instance's proxy came back into fleet-proxies")
 	}
-	r = f.req("fleet.api.instance.delete", `{"entry":"local","target":"t1","name":"`+name+`"}`, nil)
-	var body struct {
-		Error struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	_ = json.Unmarshal(r.Data, &body)
-	if r.Code != "422" || body.Error.Message == "" {
-		t.Errorf("instance.delete of a deleted instance: code %q %s, want 422 with a message", r.Code, r.Data)
+	_, err = f.api.InstanceDelete(context.Background(), api.InstanceDeleteRequest{Entry: "local", Target: "t1", Name: name})
+	if aerr, ok := errors.AsType[*api.APIError](err); !ok || aerr.Status != "422" || aerr.Message == "" {
+		t.Errorf("instance.delete of a deleted instance: got %#v, want a 422 with a message", err)
 	}
 }

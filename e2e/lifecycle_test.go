@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/hex"
 	"strings"
 	"testing"
@@ -8,7 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 )
 
 // TestPoolLifecycle is the walking skeleton's acceptance: a pool of 3 on the
@@ -33,7 +36,7 @@ func poolLifecycle(t *testing.T, f *fleet) {
 	f.allow(org)
 	f.startAll()
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"demo","provider":"local","size":3}`)
+	f.apply(events.PoolSpec{Name: "demo", Provider: "local", Size: 3})
 	ready := f.waitPool("demo", 3, "ready", 60*time.Second)
 	for _, p := range ready {
 		code, body, err := getThrough(p.Address, org.URL, nil)
@@ -45,7 +48,7 @@ func poolLifecycle(t *testing.T, f *fleet) {
 		t.Fatalf("%d proxy processes run, want 3", n)
 	}
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"demo","provider":"local","size":1}`)
+	f.apply(events.PoolSpec{Name: "demo", Provider: "local", Size: 1})
 	left := f.waitPool("demo", 1, "ready", 60*time.Second)
 	waitFor(t, 30*time.Second, "two proxy processes to exit", func() bool {
 		return len(f.proxyProcs()) == 1
@@ -62,7 +65,7 @@ func poolLifecycle(t *testing.T, f *fleet) {
 		}
 	}
 
-	f.mustReq("fleet.api.pool.delete", `{"name":"demo"}`)
+	f.deletePool("demo")
 	waitFor(t, 60*time.Second, "pool demo to be empty", func() bool {
 		return len(f.proxies("demo")) == 0 && len(f.proxyProcs()) == 0
 	})
@@ -76,7 +79,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 
-	f.mustReq("fleet.api.pool.apply", `{"name":"crash","provider":"local","size":3}`)
+	f.apply(events.PoolSpec{Name: "crash", Provider: "local", Size: 3})
 	waitFor(t, 30*time.Second, "a provisioning event", func() bool {
 		return f.eventCount("fleet.evt.proxy.*.provisioning.>") > 0
 	})
@@ -90,7 +93,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	if n := f.eventCount("fleet.evt.proxy.*.requested"); n != 3 {
 		t.Fatalf("%d proxies requested, want 3 (a crash must not cause replacements)", n)
 	}
-	f.mustReq("fleet.api.pool.delete", `{"name":"crash"}`)
+	f.deletePool("crash")
 	waitFor(t, 60*time.Second, "pool crash to be empty", func() bool {
 		return len(f.proxies("crash")) == 0 && len(f.proxyProcs()) == 0
 	})
@@ -103,7 +106,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"steady","provider":"local","size":2}`)
+	f.apply(events.PoolSpec{Name: "steady", Provider: "local", Size: 2})
 	f.waitPool("steady", 2, "ready", 60*time.Second)
 
 	cmds := f.lastSeq(bus.CommandsStream)
@@ -111,19 +114,15 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	f.stop("planner")
 	f.startPlanner()
 	// The restarted planner answers from state rebuilt by replay.
-	var list struct {
-		Proxies []struct {
-			ID string `json:"id"`
-		} `json:"proxies"`
-	}
 	waitFor(t, 30*time.Second, "the restarted planner to list 2 proxies", func() bool {
-		r := f.req("fleet.api.proxy.list", `{"pool":"steady"}`, nil)
-		if r.Code != "" {
-			return false
+		n := 0
+		for _, err := range f.api.ProxyList(context.Background(), api.ProxyListRequest{Pool: "steady"}) {
+			if err != nil {
+				return false
+			}
+			n++
 		}
-		list.Proxies = nil
-		parseJSON(t, r.Data, &list)
-		return len(list.Proxies) == 2
+		return n == 2
 	})
 	// Give it several reconcile rounds (200ms each) to misbehave.
 	deadline := time.Now().Add(3 * time.Second)
@@ -136,7 +135,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	if got := f.eventCount("fleet.evt.proxy.*.requested"); got != requested {
 		t.Fatalf("requested events went from %d to %d after a planner restart", requested, got)
 	}
-	f.mustReq("fleet.api.pool.delete", `{"name":"steady"}`)
+	f.deletePool("steady")
 	waitFor(t, 60*time.Second, "pool steady to be empty", func() bool {
 		return len(f.proxies("steady")) == 0 && len(f.proxyProcs()) == 0
 	})
@@ -171,6 +170,6 @@ func TestTraceIDFlowsToObservations(t *testing.T) {
 	if got := ready.Header.Get("traceparent"); strings.Contains(got, traceID) {
 		t.Fatalf("ready event traceparent = %q: the transition was appended to the request's trace %s", got, traceID)
 	}
-	f.mustReq("fleet.api.pool.delete", `{"name":"traced"}`)
+	f.deletePool("traced")
 	waitFor(t, 60*time.Second, "pool traced to be empty", func() bool { return len(f.proxies("traced")) == 0 })
 }

@@ -13,6 +13,7 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -42,7 +43,7 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	f.waitLeader()
 
 	start := time.Now()
-	f.mustReq("fleet.api.pool.apply", fmt.Sprintf(`{"name":"big","provider":"instant","size":%d}`, size))
+	f.apply(events.PoolSpec{Name: "big", Provider: "instant", Size: size})
 	var ready int
 	var states map[string]int
 	defer func() {
@@ -60,14 +61,10 @@ func TestTenThousandProxyPoolConverges(t *testing.T) {
 	// growing for two minutes, or after 25 minutes in all, inside the
 	// 35 minutes make test gives a package.
 	waitProgress(t, 25*time.Minute, 2*time.Minute, fmt.Sprintf("%d ready proxies in pool big", size), func() (int, bool) {
-		var pv struct {
-			States map[string]int `json:"states"`
-		}
-		r := f.req("fleet.api.pool.get", `{"name":"big"}`, nil)
-		if r.Code != "" {
+		pv, err := retry(t, "pool.get big", func(ctx context.Context) (api.PoolView, error) { return f.api.PoolGet(ctx, "big") })
+		if err != nil {
 			return ready, false
 		}
-		parseJSON(t, r.Data, &pv)
 		states = pv.States
 		ready = pv.States[events.ProxyReady]
 		return ready, ready == size

@@ -2,10 +2,12 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -18,10 +20,11 @@ func TestProxyGetMatchesTheView(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"same","provider":"local","size":2}`)
+	f.apply(events.PoolSpec{Name: "same", Provider: "local", Size: 2})
 	ready := f.waitPool("same", 2, "ready", 60*time.Second)
-	var x events.ProxyView
-	parseJSON(t, f.mustReq("fleet.api.proxy.recycle", `{"id":"`+ready[0].ID+`"}`), &x)
+	x := must(t, "proxy.recycle", func(ctx context.Context) (events.ProxyView, error) {
+		return f.api.Recycle(ctx, api.ProxyRecycleRequest{ID: ready[0].ID})
+	})
 	if x.ReplacedBy == "" {
 		t.Fatalf("recycle reply has no replacedBy: %+v", x)
 	}
@@ -30,21 +33,21 @@ func TestProxyGetMatchesTheView(t *testing.T) {
 		// The two readers follow the log at their own pace (a replacement
 		// note, for one, does not move the replaced proxy's seq): they
 		// must converge on the same value.
-		var api, view []byte
+		var fold, view []byte
 		converged := func() bool {
-			var a, v events.ProxyView
+			var v events.ProxyView
 			raw := f.views(bus.BucketProxies)[id]
 			if raw == nil || json.Unmarshal(raw, &v) != nil {
 				return false
 			}
-			parseJSON(t, f.mustReq("fleet.api.proxy.get", `{"id":"`+id+`"}`), &a)
-			api, view = canonical(t, a), canonical(t, v)
-			return bytes.Equal(api, view)
+			a := must(t, "proxy.get "+id, func(ctx context.Context) (events.ProxyView, error) { return f.api.ProxyGet(ctx, id) })
+			fold, view = canonical(t, a), canonical(t, v)
+			return bytes.Equal(fold, view)
 		}
 		deadline := time.Now().Add(30 * time.Second)
 		for !converged() {
 			if time.Now().After(deadline) {
-				t.Fatalf("proxy %s: the readers never agreed:\n proxy.get     %s\n fleet-proxies %s", id, api, view)
+				t.Fatalf("proxy %s: the readers never agreed:\n proxy.get     %s\n fleet-proxies %s", id, fold, view)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

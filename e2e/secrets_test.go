@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 )
 
 // The secrets of the pool the secrets tests apply. Each is distinctive, so
@@ -83,8 +84,7 @@ func secretsLifecycle(t *testing.T, f *fleet) {
 	}
 	defer func() { _ = cmds.Unsubscribe() }()
 
-	f.mustReq("fleet.api.pool.apply", fmt.Sprintf(`{"name":"sec","provider":"local","size":2,"auth":{"username":"crawler","password":%q},"userData":%q}`,
-		leakPassword, leakUserData))
+	f.apply(events.PoolSpec{Name: "sec", Provider: "local", Size: 2, Auth: &events.ProxyAuth{Username: "crawler", Password: leakPassword}, UserData: leakUserData})
 	// Ready means health's probes passed through each proxy, which refuses
 	// requests without the password: health probes with it.
 	ready := f.waitPool("sec", 2, "ready", 90*time.Second)
@@ -153,10 +153,9 @@ func secretsLifecycle(t *testing.T, f *fleet) {
 	}
 
 	// Scale down and delete: the secrets go with the pool.
-	f.mustReq("fleet.api.pool.apply", fmt.Sprintf(`{"name":"sec","provider":"local","size":1,"auth":{"username":"crawler","password":%q},"userData":%q}`,
-		leakPassword, leakUserData))
+	f.apply(events.PoolSpec{Name: "sec", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "crawler", Password: leakPassword}, UserData: leakUserData})
 	f.waitPool("sec", 1, "ready", 60*time.Second)
-	f.mustReq("fleet.api.pool.delete", `{"name":"sec"}`)
+	f.deletePool("sec")
 	waitFor(t, 60*time.Second, "pool sec to be empty", func() bool {
 		return len(f.proxies("sec")) == 0 && len(f.proxyProcs()) == 0
 	})

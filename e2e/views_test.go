@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 )
 
 // TestViewsRebuildIdentically drops the KV views and rebuilds them from
@@ -20,8 +21,8 @@ func TestViewsRebuildIdentically(t *testing.T) {
 	f := newFleet(t)
 	f.dumpLogsOnFailure()
 	f.startAll()
-	f.mustReq("fleet.api.pool.apply", `{"name":"views","provider":"local","size":2}`)
-	f.mustReq("fleet.api.pool.apply", `{"name":"other","provider":"local","size":1}`)
+	f.apply(events.PoolSpec{Name: "views", Provider: "local", Size: 2})
+	f.apply(events.PoolSpec{Name: "other", Provider: "local", Size: 1})
 	f.waitPool("views", 2, "ready", 60*time.Second)
 	f.waitPool("other", 1, "ready", 60*time.Second)
 	// Quiesce: stop everything that writes, so the log is final.

@@ -62,6 +62,8 @@ func TestSubjects(t *testing.T) {
 	cases := map[string]string{
 		events.APISubject("pool", "apply"):                                         "fleet.api.pool.apply",
 		events.AgentSubject("local", "node1", events.AgentInfo):                    "fleet.agent.local.node1.info",
+		events.GatewaySubject("gw1", events.GatewayInfo):                           "fleet.gateway.gw1.info",
+		events.GatewayGroup("gw1"):                                                 "fleet.gateway.gw1",
 		events.CommandSubject("kvm", "h1", events.VerbCreate):                      "fleet.cmd.kvm.h1.create",
 		events.CommandFilter("kvm", "h1"):                                          "fleet.cmd.kvm.h1.>",
 		events.EventSubject("proxy", "p1", "running"):                              "fleet.evt.proxy.p1.running",

@@ -5,10 +5,11 @@ import "strings"
 // Subject prefixes. Services never concatenate subjects themselves; they call
 // the functions below.
 const (
-	apiPrefix   = "fleet.api."
-	agentPrefix = "fleet.agent."
-	cmdPrefix   = "fleet.cmd."
-	evtPrefix   = "fleet.evt."
+	apiPrefix     = "fleet.api."
+	agentPrefix   = "fleet.agent."
+	gatewayPrefix = "fleet.gateway."
+	cmdPrefix     = "fleet.cmd."
+	evtPrefix     = "fleet.evt."
 )
 
 // Aggregate kinds that appear in event subjects.
@@ -46,6 +47,21 @@ func AgentSubject(entry, target, verb string) string {
 // AgentGroup returns "fleet.agent.<entry>.<target>", the micro service group
 // of one agent.
 func AgentGroup(entry, target string) string { return agentPrefix + entry + "." + target }
+
+// Gateway request endpoints.
+const (
+	GatewayInfo  = "info"
+	GatewayStats = "stats"
+)
+
+// GatewaySubject returns "fleet.gateway.<name>.<endpoint>", e.g.
+// "fleet.gateway.gw1.info": an endpoint of one gateway (endpoint is info
+// or stats).
+func GatewaySubject(name, endpoint string) string { return GatewayGroup(name) + "." + endpoint }
+
+// GatewayGroup returns "fleet.gateway.<name>", the micro service group of
+// one gateway.
+func GatewayGroup(name string) string { return gatewayPrefix + name }
 
 // CommandSubject returns "fleet.cmd.<entry>.<target>.<verb>", where the
 // planner publishes a backend command (verb is create or delete).

@@ -174,8 +174,8 @@ profiles:
 		t.Parallel()
 		const pool = "cloudauth"
 		creds := url.UserPassword("crawler", "s3cret-through-squid")
-		apply(t, connA, "fleet.api.pool.apply", map[string]any{"name": pool, "provider": entryA, "size": 1, "image": "debian12",
-			"profile": "small", "port": 3128, "auth": map[string]string{"username": "crawler", "password": "s3cret-through-squid"}})
+		applyPool(t, connA, events.PoolSpec{Name: pool, Provider: entryA, Size: 1, Image: "debian12",
+			Profile: "small", Port: 3128, Auth: &events.ProxyAuth{Username: "crawler", Password: "s3cret-through-squid"}})
 		var proxy string
 		eventually(t, "the planner's proxy", time.Minute, func() bool {
 			for _, kind := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy} {
@@ -189,7 +189,7 @@ profiles:
 		// The pool is deleted (the planner has the agent delete its proxy)
 		// while the other cases still run; the entry's base image stays.
 		t.Cleanup(func() {
-			apply(t, connA, "fleet.api.pool.delete", map[string]any{"name": pool})
+			deletePool(t, connA, pool)
 			eventually(t, "the pool's proxy deleted", 2*time.Minute, func() bool {
 				last, err := storeA.Last(ctx, events.AggregateProxy, proxy)
 				return err == nil && last != nil && last.Kind == events.ProxyDeleted

@@ -4,7 +4,7 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -48,9 +49,8 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	startPlanner(t, conn.ClientURL())
 
 	const poolName = "kvmheal"
-	spec := map[string]any{"name": poolName, "provider": entry, "size": 1, "image": "guest", "profile": "tiny", "port": 3128,
-		"userData": "#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n"}
-	apply(t, conn, "fleet.api.pool.apply", spec)
+	applyPool(t, conn, events.PoolSpec{Name: poolName, Provider: entry, Size: 1, Image: "guest", Profile: "tiny", Port: 3128,
+		UserData: "#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n"})
 	store := bus.NewEventStore(conn, "e2e", nil)
 	start := time.Now()
 	var first string
@@ -99,7 +99,7 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	})
 	fmt.Printf("kvm e2e: destroyed domain to a ready replacement %s\n", time.Since(killed).Round(time.Millisecond))
 
-	apply(t, conn, "fleet.api.pool.delete", map[string]any{"name": poolName})
+	deletePool(t, conn, poolName)
 	eventually(t, "the replacement deleted with its pool", 2*time.Minute, func() bool {
 		last, err := store.Last(ctx, events.AggregateProxy, second)
 		return err == nil && last != nil && last.Kind == events.ProxyDeleted
@@ -137,23 +137,40 @@ func proxiesIn(t *testing.T, store *bus.EventStore, pool, kind string) []string 
 	return out
 }
 
-// apply sends one planner API request, retrying while the planner starts.
-func apply(t *testing.T, conn *bus.Conn, subject string, body any) {
+// untilServed calls fn, one request of the planner's API, again while no
+// planner answers yet, and fails the test on any other error.
+func untilServed(t *testing.T, what string, fn func(context.Context) error) {
 	t.Helper()
-	b, _ := json.Marshal(body)
-	var last error
-	for i := 0; i < 100; i++ {
-		msg, err := conn.NC.Request(subject, b, 5*time.Second)
-		if err == nil {
-			if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-				t.Fatalf("%s: error %s: %s", subject, code, msg.Data)
-			}
-			return
+	var err error
+	for range 100 {
+		if err = fn(context.Background()); !errors.Is(err, api.ErrNoReply) {
+			break
 		}
-		last = err
 		time.Sleep(100 * time.Millisecond) // the planner may still be starting
 	}
-	t.Fatalf("%s: %v", subject, last)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// applyPool applies spec to the planner on conn.
+func applyPool(t *testing.T, conn *bus.Conn, spec events.PoolSpec) {
+	t.Helper()
+	planner := api.NewClient(conn.NC, api.WithTimeout(5*time.Second))
+	untilServed(t, "pool.apply "+spec.Name, func(ctx context.Context) error {
+		_, err := planner.PoolApply(ctx, spec)
+		return err
+	})
+}
+
+// deletePool deletes pool name through the planner on conn.
+func deletePool(t *testing.T, conn *bus.Conn, name string) {
+	t.Helper()
+	planner := api.NewClient(conn.NC, api.WithTimeout(5*time.Second))
+	untilServed(t, "pool.delete "+name, func(ctx context.Context) error {
+		_, err := planner.PoolDelete(ctx, name)
+		return err
+	})
 }
 
 // startPlanner builds and runs the planner against the test's NATS server.

@@ -5,6 +5,7 @@ package gce
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
 )
 
 // system runs planner, health and cloud-agent as processes on one NATS
@@ -72,21 +73,19 @@ func (s *system) log(svc string) string {
 	return string(b)
 }
 
-func (s *system) request(subject, body string) {
+// untilServed calls fn, one request of the planner's API, again while no
+// planner answers yet, and fails the test on any other error.
+func (s *system) untilServed(what string, fn func(context.Context) error) {
 	s.t.Helper()
-	var reply *nats.Msg
 	var err error
 	for range 100 { // the planner may still be starting
-		if reply, err = s.conn.NC.Request(subject, []byte(body), 5*time.Second); err == nil {
+		if err = fn(context.Background()); !errors.Is(err, api.ErrNoReply) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
-		s.t.Fatalf("%s: %v", subject, err)
-	}
-	if code := reply.Header.Get("Nats-Service-Error-Code"); code != "" {
-		s.t.Fatalf("%s %s: error %s: %s", subject, body, code, reply.Data)
+		s.t.Fatalf("%s: %v", what, err)
 	}
 }
 
@@ -184,7 +183,11 @@ func TestSystemPoolOnGCE(t *testing.T) {
 	})
 
 	const password = "pw-system-canary-5c4b"
-	s.request("fleet.api.pool.apply", `{"name":"gpool","provider":"gce-eu","size":2,"auth":{"username":"crawler","password":"`+password+`"}}`)
+	planner := api.NewClient(s.conn.NC, api.WithTimeout(5*time.Second))
+	s.untilServed("pool.apply gpool", func(ctx context.Context) error {
+		_, err := planner.PoolApply(ctx, events.PoolSpec{Name: "gpool", Provider: "gce-eu", Size: 2, Auth: &events.ProxyAuth{Username: "crawler", Password: password}})
+		return err
+	})
 	s.waitFor("2 running proxies with addresses", 90*time.Second, func() bool {
 		ps := s.proxies("gpool")
 		if len(ps) != 2 {
@@ -211,7 +214,10 @@ func TestSystemPoolOnGCE(t *testing.T) {
 	}
 	f.mu.Unlock()
 
-	s.request("fleet.api.pool.delete", `{"name":"gpool"}`)
+	s.untilServed("pool.delete gpool", func(ctx context.Context) error {
+		_, err := planner.PoolDelete(ctx, "gpool")
+		return err
+	})
 	s.waitFor("the pool's instances to be deleted", 90*time.Second, func() bool {
 		return f.count() == 0 && len(s.proxies("gpool")) == 0
 	})

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,7 +25,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
 )
 
@@ -267,10 +270,18 @@ func TestNodePoolOnRealKubelet(t *testing.T) {
 	}
 
 	const user, password = "crawler", "pw-kube-node-canary"
+	port, perr := strconv.Atoi(echoPort)
+	if perr != nil {
+		t.Fatalf("echo port %q: %v", echoPort, perr)
+	}
+	planner := api.NewClient(conn.NC, api.WithTimeout(5*time.Second))
 	apply := func(size int) {
-		request(t, conn, "fleet.api.pool.apply", fmt.Sprintf(
-			`{"name":"npool","provider":"k8s","size":%d,"auth":{"username":%q,"password":%q},"egress":{"allowCIDRs":["%s/32"],"allowPorts":[%s]}}`,
-			size, user, password, n.hostIP, echoPort))
+		untilServed(t, "pool.apply npool", func(ctx context.Context) error {
+			_, err := planner.PoolApply(ctx, events.PoolSpec{Name: "npool", Provider: "k8s", Size: size,
+				Auth:   &events.ProxyAuth{Username: user, Password: password},
+				Egress: &events.Egress{AllowCIDRs: []string{n.hostIP + "/32"}, AllowPorts: []int{port}}})
+			return err
+		})
 	}
 	ctx := context.Background()
 	// settle waits until the pool has size proxies, all ready at Pod
@@ -316,7 +327,10 @@ func TestNodePoolOnRealKubelet(t *testing.T) {
 	settle(1)
 
 	start := time.Now()
-	request(t, conn, "fleet.api.pool.delete", `{"name":"npool"}`)
+	untilServed(t, "pool.delete npool", func(ctx context.Context) error {
+		_, err := planner.PoolDelete(ctx, "npool")
+		return err
+	})
 	err := poll(180*time.Second, func() error {
 		pods, err := e.admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,8 +19,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
 )
 
 // startService builds and runs one proxyfleet service against conn; it is
@@ -57,20 +60,20 @@ func startService(t *testing.T, conn *bus.Conn, dir, svc string, args ...string)
 	return func() string { b, _ := os.ReadFile(logPath); return string(b) }
 }
 
-func request(t *testing.T, conn *bus.Conn, subject, body string) {
+// untilServed calls fn, one request of the planner's API, again while no
+// planner answers yet, and fails the test on any other error.
+func untilServed(t *testing.T, what string, fn func(context.Context) error) {
 	t.Helper()
 	var err error
 	for range 100 { // the planner may still be starting
-		reply, rerr := conn.NC.Request(subject, []byte(body), 5*time.Second)
-		if err = rerr; err == nil {
-			if code := reply.Header.Get("Nats-Service-Error-Code"); code != "" {
-				t.Fatalf("%s %s: error %s: %s", subject, body, code, reply.Data)
-			}
-			return
+		if err = fn(context.Background()); !errors.Is(err, api.ErrNoReply) {
+			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("%s: %v", subject, err)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
 }
 
 type proxyView struct {
@@ -153,7 +156,11 @@ func TestSystemPoolOnKubernetes(t *testing.T) {
 	healthLog := startService(t, conn, dir, "health", "--echo-addr", echo, "--probe-interval", "1h", "--unhealthy-after", "1000", "--check-interval", "1s")
 
 	const password = "pw-kube-system-canary"
-	request(t, conn, "fleet.api.pool.apply", `{"name":"kpool","provider":"k8s","size":2,"auth":{"username":"crawler","password":"`+password+`"}}`)
+	planner := api.NewClient(conn.NC, api.WithTimeout(5*time.Second))
+	untilServed(t, "pool.apply kpool", func(ctx context.Context) error {
+		_, err := planner.PoolApply(ctx, events.PoolSpec{Name: "kpool", Provider: "k8s", Size: 2, Auth: &events.ProxyAuth{Username: "crawler", Password: password}})
+		return err
+	})
 	ctx := context.Background()
 	ips := map[string]string{}
 	err = poll(120*time.Second, func() error {
@@ -184,7 +191,10 @@ func TestSystemPoolOnKubernetes(t *testing.T) {
 		t.Fatalf("pool never ran: %v\n--- cloud-agent:\n%s\n--- planner:\n%s", err, tailOf(agentLog()), tailOf(plannerLog()))
 	}
 
-	request(t, conn, "fleet.api.pool.delete", `{"name":"kpool"}`)
+	untilServed(t, "pool.delete kpool", func(ctx context.Context) error {
+		_, err := planner.PoolDelete(ctx, "kpool")
+		return err
+	})
 	err = poll(120*time.Second, func() error {
 		pods, err := e.admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {

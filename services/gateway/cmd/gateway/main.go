@@ -21,6 +21,7 @@ import (
 
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
@@ -197,13 +198,23 @@ func run(f *flags) error {
 	defer srv.Close()
 
 	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	fleetDone := make(chan error, 1)
-	go func() { fleetDone <- view.Run(rctx, srv) }()
+	// fleetDone is closed when view.Run returned fleetErr. Every return
+	// waits for it, so the ban reports in flight end before the
+	// connection closes.
+	var fleetErr error
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		fleetErr = view.Run(rctx, srv)
+	}()
+	defer func() {
+		cancel()
+		<-fleetDone
+	}()
 	select {
 	case <-view.Synced():
-	case err := <-fleetDone:
-		return err
+	case <-fleetDone:
+		return fleetErr
 	case <-time.After(f.syncTimeout):
 		log.Warn("the fleet's views did not load in time; accepting clients anyway", "after", f.syncTimeout.String())
 	case <-ctx.Done():
@@ -224,19 +235,18 @@ func run(f *flags) error {
 		authMode = "any password (loopback only; give --clients-file to check them)"
 	}
 	log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
-		"info", fleet.Subject(f.name, "info"), "stats", fleet.Subject(f.name, "stats"),
+		"info", events.GatewaySubject(f.name, events.GatewayInfo), "stats", events.GatewaySubject(f.name, events.GatewayStats),
 		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 
 	select {
 	case <-ctx.Done():
 	case err := <-serveDone:
 		if !errors.Is(err, http.ErrServerClosed) {
-			cancel()
 			return fmt.Errorf("serve: %w", err)
 		}
-	case err := <-fleetDone:
-		if err != nil {
-			return err
+	case <-fleetDone:
+		if fleetErr != nil {
+			return fleetErr
 		}
 	}
 	log.Info("gateway stopping")
@@ -244,6 +254,7 @@ func run(f *flags) error {
 	defer scancel()
 	_ = hs.Shutdown(sctx)
 	cancel()
+	<-fleetDone
 	log.Info("gateway stopped")
 	return nil
 }

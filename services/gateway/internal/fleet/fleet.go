@@ -2,8 +2,8 @@
 // and fleet-pools views into the routing table, opens the pools' proxy
 // passwords the planner sealed to the gateway's key in
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
-// to the planner, writes each pool's demand into fleet-demand, and serves
-// the fleet-gateway micro service (info, stats).
+// to the planner (through an [api.Client]), writes each pool's demand into
+// fleet-demand, and serves the fleet-gateway micro service (info, stats).
 package fleet
 
 import (
@@ -16,10 +16,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
@@ -73,6 +73,27 @@ type Fleet struct {
 	synced   chan struct{}
 	syncOnce sync.Once
 	pending  int
+
+	// planner takes the ban reports; bans queues them for Run.
+	planner    *api.Client
+	bans       chan banReport
+	banBackoff time.Duration
+}
+
+// A ban report is sent at most banAttempts times, the nth retry
+// n*banBackoff after the previous attempt, each attempt bounded by
+// banRequestTimeout; at most banQueue reports wait to be sent.
+const (
+	banAttempts       = 5
+	banBackoff        = time.Second
+	banRequestTimeout = 10 * time.Second
+	banQueue          = 256
+)
+
+// banReport is a ban to report: a pool's proxy and the rule it matched.
+type banReport struct {
+	pool    string
+	verdict ban.Verdict
 }
 
 type poolInfo struct {
@@ -106,7 +127,8 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 		cfg.Version = buildinfo.Version
 	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
-		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3}, nil
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3,
+		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff}, nil
 }
 
 // Synced is closed once the gateway loaded the ready proxies, the pools
@@ -168,34 +190,69 @@ func (f *Fleet) Suspect(id, reason string) {
 }
 
 // Banned asks the planner to retire and replace a proxy a ban rule found
-// banned; the retiring reason reads "banned: <rule>".
+// banned; the retiring reason reads "banned: <rule>". It queues the report
+// for [Fleet.Run], which sends it; when the queue is full the report is
+// dropped and the proxy reported again when its responses match the rule
+// again.
 func (f *Fleet) Banned(pool string, v ban.Verdict) {
-	go func() {
-		body, _ := json.Marshal(map[string]string{"id": v.Proxy, "reason": v.Rule})
-		var err error
-		for attempt := range 5 {
-			if attempt > 0 {
-				time.Sleep(time.Duration(attempt) * time.Second)
-			}
-			var msg *nats.Msg
-			msg, err = f.conn.NC.Request(events.APISubject(events.AggregateProxy, "report-ban"), body, 10*time.Second)
-			if err == nil {
-				if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-					err = fmt.Errorf("%s %s", code, msg.Header.Get("Nats-Service-Error"))
-					if code[0] == '4' {
-						break
-					}
-					continue
-				}
-				f.log.Info("proxy reported banned", "proxy", v.Proxy, "pool", pool, "rule", v.Rule)
-				return
+	select {
+	case f.bans <- banReport{pool: pool, verdict: v}:
+	default:
+		f.log.Warn("too many ban reports in flight; this one is dropped and sent again when the proxy's responses match the rule again", "proxy", v.Proxy, "pool", pool, "rule", v.Rule)
+		f.rearm(v.Proxy)
+	}
+}
+
+// reportBans sends each queued ban report in a goroutine of its own until
+// ctx ends, then waits for the reports in flight.
+func (f *Fleet) reportBans(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-f.bans:
+			wg.Go(func() { f.reportBan(ctx, r) })
+		}
+	}
+}
+
+// reportBan sends one ban report to the planner, up to banAttempts times
+// while the failure is one a retry can mend (the planner failed or did not
+// answer), waiting longer before each retry. A report that does not get
+// through re-arms the proxy's ban rules.
+func (f *Fleet) reportBan(ctx context.Context, r banReport) {
+	v := r.verdict
+	var err error
+	for attempt := range banAttempts {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(attempt) * f.banBackoff):
 			}
 		}
-		f.log.Warn("report a banned proxy; it is reported again when its responses match the rule again", "proxy", v.Proxy, "pool", pool, "rule", v.Rule, "err", err)
-		if f.srv != nil {
-			f.srv.Rearm(v.Proxy)
+		if ctx.Err() != nil {
+			err = ctx.Err()
+			break
 		}
-	}()
+		_, err = f.planner.ReportBan(ctx, api.ProxyBanRequest{ID: v.Proxy, Reason: v.Rule})
+		if err == nil {
+			f.log.Info("proxy reported banned", "proxy", v.Proxy, "pool", r.pool, "rule", v.Rule)
+			return
+		}
+		if aerr, ok := errors.AsType[*api.APIError](err); ok && !aerr.Retryable() {
+			break
+		}
+	}
+	f.log.Warn("report a banned proxy; it is reported again when its responses match the rule again", "proxy", v.Proxy, "pool", r.pool, "rule", v.Rule, "err", err)
+	f.rearm(v.Proxy)
+}
+
+func (f *Fleet) rearm(id string) {
+	if f.srv != nil {
+		f.srv.Rearm(id)
+	}
 }
 
 // Run follows the views, writes demand and serves the micro service
@@ -255,6 +312,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		defer wg.Done()
 		f.demandLoop(ctx, demand, creds)
 	}()
+	wg.Go(func() { f.reportBans(ctx) })
 	wg.Wait()
 	return nil
 }

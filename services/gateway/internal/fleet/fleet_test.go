@@ -1,16 +1,20 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -154,7 +158,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	bans := make(chan string, 1)
-	if _, err := conn.NC.Subscribe(events.APISubject(events.AggregateProxy, "report-ban"), func(m *nats.Msg) {
+	if _, err := conn.NC.Subscribe(events.APISubject(api.NounProxy, api.VerbReportBan), func(m *nats.Msg) {
 		bans <- string(m.Data)
 		_ = m.Respond([]byte(`{}`))
 	}); err != nil {
@@ -175,7 +179,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	}
 
 	// The micro service.
-	m, err := conn.NC.Request(Subject("gw1", "info"), nil, 10*time.Second)
+	m, err := conn.NC.Request(events.GatewaySubject("gw1", events.GatewayInfo), nil, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +187,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &info); err != nil || info.Name != "gw1" || info.Key != seal.Public(key) || info.Pools["p"].Credentials != "ok" || info.Pools["p"].Strategy != events.StrategyLeastConnections {
 		t.Errorf("info: %s", m.Data)
 	}
-	if m, err := conn.NC.Request(Subject("gw1", "stats"), nil, 10*time.Second); err != nil || !strings.Contains(string(m.Data), `"name":"gw1"`) {
+	if m, err := conn.NC.Request(events.GatewaySubject("gw1", events.GatewayStats), nil, 10*time.Second); err != nil || !strings.Contains(string(m.Data), `"name":"gw1"`) {
 		t.Errorf("stats: %v %v", m, err)
 	}
 
@@ -213,5 +217,121 @@ func TestCheckName(t *testing.T) {
 		if err := CheckName(bad); err == nil {
 			t.Errorf("CheckName(%q): nil; want an error", bad)
 		}
+	}
+}
+
+// logLines records the lines a slog.Logger writes.
+type logLines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// TestBanReports: a ban report is retried while the planner fails or does
+// not answer, not after a refusal, and Run waits for the reports in
+// flight when it stops.
+func TestBanReports(t *testing.T) {
+	conn := bustest.Start(t)
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The planner's report-ban: p-flaky fails twice, then is retired;
+	// p-gone is unknown; p-slow is never answered.
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	release := make(chan struct{})
+	svc, err := micro.AddService(conn.NC, micro.Config{Name: "fleet-planner", Version: "0.0.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }()
+	err = svc.AddEndpoint("proxy-report-ban", micro.HandlerFunc(func(req micro.Request) {
+		var ban api.ProxyBanRequest
+		_ = json.Unmarshal(req.Data(), &ban)
+		mu.Lock()
+		attempts[ban.ID]++
+		n := attempts[ban.ID]
+		mu.Unlock()
+		switch {
+		case ban.ID == "p-slow":
+			go func() {
+				<-release
+				_ = req.RespondJSON(events.ProxyView{ID: ban.ID})
+			}()
+		case ban.ID == "p-gone":
+			aerr := &api.APIError{Status: "422", Code: api.CodeNotFound, Message: `id: unknown proxy "p-gone"`}
+			_ = req.Error(aerr.Status, aerr.Message, api.ErrorBody(aerr))
+		case n < 3:
+			aerr := &api.APIError{Status: "500", Code: api.CodeInternal, Message: "could not record the decision; retry"}
+			_ = req.Error(aerr.Status, aerr.Message, api.ErrorBody(aerr))
+		default:
+			_ = req.RespondJSON(events.ProxyView{ID: ban.ID, State: events.ProxyRetiring, Reason: "banned: " + ban.Reason})
+		}
+	}), micro.WithEndpointSubject(events.APISubject(api.NounProxy, api.VerbReportBan)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+
+	var logs logLines
+	table := route.NewTable(nil)
+	f, err := New(conn, table, Config{Name: "gw1", Key: key}, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.banBackoff = 10 * time.Millisecond
+	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string) bool { return true }})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, srv) }()
+
+	count := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return attempts[id]
+	}
+	f.Banned("p", ban.Verdict{Proxy: "p-flaky", Rule: "captcha"})
+	f.Banned("p", ban.Verdict{Proxy: "p-gone", Rule: "captcha"})
+	f.Banned("p", ban.Verdict{Proxy: "p-slow", Rule: "captcha"})
+	waitFor(t, "p-flaky reported", func() bool { return strings.Contains(logs.String(), `msg="proxy reported banned" proxy=p-flaky`) })
+	waitFor(t, "p-gone given up", func() bool {
+		return strings.Contains(logs.String(), `msg="report a banned proxy; it is reported again when its responses match the rule again" proxy=p-gone`)
+	})
+	waitFor(t, "p-slow sent", func() bool { return count("p-slow") == 1 })
+	if n := count("p-flaky"); n != 3 {
+		t.Errorf("p-flaky: %d attempts, want 3 (two failures, then the report)", n)
+	}
+	if n := count("p-gone"); n != 1 {
+		t.Errorf("p-gone: %d attempts, want 1: a refusal is not retried", n)
+	}
+
+	// Stopping cancels p-slow's request, and Run returns after it ended.
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(banRequestTimeout / 2):
+		t.Fatal("Run did not return after cancel; the ban report's request does not follow the context")
+	}
+	if !strings.Contains(logs.String(), `proxy=p-slow pool=p rule=captcha err="context canceled"`) {
+		t.Errorf("Run returned before the p-slow report ended; log:\n%s", logs.String())
+	}
+	if n := count("p-slow"); n != 1 {
+		t.Errorf("p-slow: %d attempts, want 1: a report is not retried once the gateway stops", n)
 	}
 }

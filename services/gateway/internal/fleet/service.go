@@ -3,17 +3,15 @@ package fleet
 import (
 	"github.com/nats-io/nats.go/micro"
 
+	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/services/gateway/internal/forward"
 )
 
 // ServiceName is the gateway's micro service: `nats micro info
-// fleet-gateway` lists the gateways; each answers on its own subjects.
+// fleet-gateway` lists the gateways; each answers on its own subjects
+// ([events.GatewaySubject]).
 const ServiceName = "fleet-gateway"
-
-// Subject returns the subject of one gateway's endpoint:
-// fleet.gateway.<name>.<endpoint> (info, stats).
-func Subject(name, endpoint string) string { return "fleet.gateway." + name + "." + endpoint }
 
 // Info is the reply of the info endpoint.
 type Info struct {
@@ -85,11 +83,11 @@ func (f *Fleet) startService() (micro.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := svc.AddGroup("fleet.gateway." + f.cfg.Name)
-	if err := g.AddEndpoint("info", micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.info()) })); err != nil {
+	g := svc.AddGroup(events.GatewayGroup(f.cfg.Name))
+	if err := g.AddEndpoint(events.GatewayInfo, micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.info()) })); err != nil {
 		return nil, err
 	}
-	if err := g.AddEndpoint("stats", micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.stats()) })); err != nil {
+	if err := g.AddEndpoint(events.GatewayStats, micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.stats()) })); err != nil {
 		return nil, err
 	}
 	return svc, nil

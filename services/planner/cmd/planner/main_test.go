@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
@@ -139,16 +139,16 @@ func TestEmbeddedServeAndGracefulStop(t *testing.T) {
 	if _, err := kv.Put(ctx, agent.HeartbeatKey("local", "t1"), hb); err != nil {
 		t.Fatal(err)
 	}
-	var resp *nats.Msg
+	planner := api.NewClient(c.NC, api.WithTimeout(10*time.Second))
 	for {
 		// Until the planner has seen the heartbeat, "local" is unknown.
-		resp, err = c.NC.Request(events.APISubject("pool", "apply"), []byte(`{"name":"demo","provider":"local","size":3}`), 10*time.Second)
-		if err == nil && resp.Header.Get("Nats-Service-Error-Code") == "" {
+		_, err = planner.PoolApply(ctx, events.PoolSpec{Name: "demo", Provider: "local", Size: 3})
+		if err == nil {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("apply never accepted: %v %v", err, resp)
+			t.Fatalf("apply never accepted: %v", err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
@@ -35,113 +36,35 @@ const requestTimeout = 30 * time.Second
 // maxConflictRetries bounds how often one request re-reads and re-decides.
 const maxConflictRetries = 5
 
-// Error codes in the JSON body of an error reply.
-const (
-	CodeBadRequest  = "bad_request"
-	CodeInvalid     = "invalid"
-	CodeNotFound    = "not_found"
-	CodeConflict    = "conflict"
-	CodeInternal    = "internal"
-	CodeUnavailable = "unavailable"
-)
-
-// APIError is the body of an error reply: {"error": APIError}. The micro
-// error code (Nats-Service-Error-Code) is "400" for a request that cannot be
-// read, "422" for one that can but is not acceptable.
-type APIError struct {
-	Code    string              `json:"code"`
-	Message string              `json:"message"`
-	Fields  []events.FieldError `json:"fields,omitempty"`
-
-	status string
-}
-
-func (e *APIError) Error() string { return e.Code + ": " + e.Message }
-
 // badRequest refuses a request that cannot be read. field is the path of
 // the offending value ("auth.username", "targets[1]"), or "" for the body
 // as a whole; the message starts with it.
-func badRequest(field, msg string) *APIError {
+func badRequest(field, msg string) *api.APIError {
 	if field == "" {
 		field = bodyPath
 	}
-	return &APIError{status: "400", Code: CodeBadRequest, Message: field + ": " + msg,
+	return &api.APIError{Status: "400", Code: api.CodeBadRequest, Message: field + ": " + msg,
 		Fields: []events.FieldError{{Field: field, Reason: msg}}}
 }
 
-func invalid(fields []events.FieldError) *APIError {
+func invalid(fields []events.FieldError) *api.APIError {
 	parts := make([]string, len(fields))
 	for i := range fields {
 		parts[i] = fields[i].Error()
 	}
-	return &APIError{status: "422", Code: CodeInvalid, Message: strings.Join(parts, "; "), Fields: fields}
+	return &api.APIError{Status: "422", Code: api.CodeInvalid, Message: strings.Join(parts, "; "), Fields: fields}
 }
 
-func notFound(field, what, value string) *APIError {
-	return &APIError{status: "422", Code: CodeNotFound, Message: field + ": " + what + " " + strconv.Quote(value),
+func notFound(field, what, value string) *api.APIError {
+	return &api.APIError{Status: "422", Code: api.CodeNotFound, Message: field + ": " + what + " " + strconv.Quote(value),
 		Fields: []events.FieldError{{Field: field, Reason: what, Value: value}}}
 }
 
-func internal(msg string) *APIError {
-	return &APIError{status: "500", Code: CodeInternal, Message: msg}
+func internal(msg string) *api.APIError {
+	return &api.APIError{Status: "500", Code: api.CodeInternal, Message: msg}
 }
 
-// Requests of the API besides pool.apply (whose body is an events.PoolSpec).
-type (
-	// NameRequest selects a pool: pool.get, pool.delete.
-	NameRequest struct {
-		Name string `json:"name"`
-	}
-	// ProxyRequest selects a proxy: proxy.get, proxy.recycle.
-	ProxyRequest struct {
-		ID string `json:"id"`
-	}
-	// ProxyDeleteRequest is the body of proxy.delete.
-	ProxyDeleteRequest struct {
-		ID string `json:"id"`
-		// SkipCleanup leaves the instance in place: the proxy is retired and
-		// abandoned without a delete command.
-		SkipCleanup bool `json:"skipCleanup,omitempty"`
-	}
-	// ProxyRecycleRequest is the body of proxy.recycle. The proxy is
-	// replaced surge first (the replacement is ready before it is
-	// retired) unless Now, which retires it at once.
-	ProxyRecycleRequest struct {
-		ID  string `json:"id"`
-		Now bool   `json:"now,omitempty"`
-	}
-	// ProxyBanRequest is the body of proxy.report-ban: the proxy's egress
-	// is banned by a site; Reason says by what or where (optional).
-	ProxyBanRequest struct {
-		ID     string `json:"id"`
-		Reason string `json:"reason,omitempty"`
-	}
-	// ProxyListRequest is the body of proxy.list: one page of the live
-	// proxies in id order, of one pool when Pool is set.
-	ProxyListRequest struct {
-		Pool string `json:"pool,omitempty"`
-		PageRequest
-	}
-	// PoolListRequest is the body of pool.list: one page of the pools in
-	// name order.
-	PoolListRequest struct {
-		PageRequest
-	}
-	// PoolList is the reply of pool.list.
-	PoolList struct {
-		Pools []PoolView `json:"pools"`
-		// Next is the After of the next page; "" on the last page.
-		Next string `json:"next"`
-	}
-	// ProxyList is the reply of proxy.list.
-	ProxyList struct {
-		Proxies []events.ProxyView `json:"proxies"`
-		// Next is the After of the next page; "" on the last page.
-		Next string `json:"next"`
-	}
-)
-
-type handlerFunc func(ctx context.Context, body []byte) (any, *APIError)
+type handlerFunc func(ctx context.Context, body []byte) (any, *api.APIError)
 
 // startAPI adds this replica's instance of the fleet-planner micro
 // service: every endpoint but those only the leader serves (see
@@ -166,16 +89,16 @@ func (p *Planner) addService(serve func(noun, verb string) bool, role string) (m
 		noun, verb string
 		fn         handlerFunc
 	}{
-		{"pool", "apply", p.poolApply},
-		{"pool", "get", p.poolGet},
-		{"pool", "list", p.poolList},
-		{"pool", "delete", p.poolDelete},
-		{"proxy", "get", p.proxyGet},
-		{"proxy", "list", p.proxyList},
-		{"proxy", "delete", p.proxyDelete},
-		{"proxy", "recycle", p.proxyRecycle},
-		{"proxy", "report-ban", p.proxyReportBan},
-		{"instance", "delete", p.instanceDelete},
+		{api.NounPool, api.VerbApply, p.poolApply},
+		{api.NounPool, api.VerbGet, p.poolGet},
+		{api.NounPool, api.VerbList, p.poolList},
+		{api.NounPool, api.VerbDelete, p.poolDelete},
+		{api.NounProxy, api.VerbGet, p.proxyGet},
+		{api.NounProxy, api.VerbList, p.proxyList},
+		{api.NounProxy, api.VerbDelete, p.proxyDelete},
+		{api.NounProxy, api.VerbRecycle, p.proxyRecycle},
+		{api.NounProxy, api.VerbReportBan, p.proxyReportBan},
+		{api.NounInstance, api.VerbDelete, p.instanceDelete},
 	}
 	groups := map[string]micro.Group{}
 	for _, e := range endpoints {
@@ -223,17 +146,16 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 			body, aerr = p.replyBody(out)
 		}
 		if aerr != nil {
-			code = aerr.status
+			code = aerr.Status
 			level := p.log.InfoContext
-			if strings.HasPrefix(aerr.status, "5") {
+			if strings.HasPrefix(aerr.Status, "5") {
 				span.SetStatus(codes.Error, aerr.Code+": "+aerr.Message)
 			}
-			if aerr.status == "500" {
+			if aerr.Status == "500" {
 				level = p.log.ErrorContext
 			}
-			level(ctx, "request refused", "endpoint", name, "code", aerr.status, "error", aerr.Message)
-			body, _ := json.Marshal(map[string]*APIError{"error": aerr})
-			if err := req.Error(aerr.status, aerr.Message, body); err != nil {
+			level(ctx, "request refused", "endpoint", name, "code", aerr.Status, "error", aerr.Message)
+			if err := req.Error(aerr.Status, aerr.Message, api.ErrorBody(aerr)); err != nil {
 				p.log.Warn("reply", "endpoint", name, "err", err)
 			}
 			return
@@ -247,7 +169,7 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 // replyBody encodes a reply and refuses one over [Planner.replyBudget]: the
 // server would drop it and the client would wait for nothing. List replies
 // are built to fit (see paging.go); this catches any other.
-func (p *Planner) replyBody(out any) ([]byte, *APIError) {
+func (p *Planner) replyBody(out any) ([]byte, *api.APIError) {
 	body, ok := out.(json.RawMessage)
 	if !ok {
 		var err error
@@ -264,7 +186,7 @@ func (p *Planner) replyBody(out any) ([]byte, *APIError) {
 // poolApply accepts a pool spec: it validates it, writes its secrets to
 // fleet-secrets and appends pool applied with the next revision. An
 // unchanged spec appends nothing.
-func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
+func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *api.APIError) {
 	var spec events.PoolSpec
 	present, aerr := decodeStrictPresent(body, &spec, false)
 	if aerr != nil {
@@ -328,13 +250,13 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *APIError) {
 		p.probeCredNow(ctx, spec.Name)
 		return p.poolView(spec.Name), nil
 	}
-	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
+	return nil, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the pool keeps changing concurrently; retry"}
 }
 
 // ensureSecrets rewrites the secrets of an unchanged re-apply when the
 // stored ones do not match (a write that raced or a lost bucket), so a
 // re-apply always repairs them.
-func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec events.PoolSecrets) *APIError {
+func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec events.PoolSecrets) *api.APIError {
 	e, err := p.secrets.Get(ctx, pool)
 	if err == nil {
 		var have events.PoolSecrets
@@ -355,7 +277,7 @@ func (p *Planner) ensureSecrets(ctx context.Context, pool string, rev int, sec e
 // validateSpec checks the spec's fields, then that its provider entry and
 // targets are known to the fleet. required lists the problems the decode
 // found (fields left out); they are reported with the others.
-func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec, required ...events.FieldError) *APIError {
+func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec, required ...events.FieldError) *api.APIError {
 	fields := append([]events.FieldError(nil), required...)
 	var ve *events.ValidationError
 	if err := spec.Validate(); errors.As(err, &ve) {
@@ -404,17 +326,17 @@ func (p *Planner) validateSpec(ctx context.Context, spec *events.PoolSpec, requi
 	return nil
 }
 
-func (p *Planner) poolView(name string) PoolView {
+func (p *Planner) poolView(name string) api.PoolView {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pl := p.st.pools[name]; pl != nil {
 		return pl.view()
 	}
-	return PoolView{Name: name}
+	return api.PoolView{Name: name}
 }
 
 // lookupPool returns a copy of the pool named by req, or a 422.
-func (p *Planner) lookupPool(field, name string) (Pool, *APIError) {
+func (p *Planner) lookupPool(field, name string) (Pool, *api.APIError) {
 	if fe := events.CheckIdentifier(field, name); fe != nil {
 		return Pool{}, invalid([]events.FieldError{*fe})
 	}
@@ -427,8 +349,8 @@ func (p *Planner) lookupPool(field, name string) (Pool, *APIError) {
 	return *pl, nil
 }
 
-func (p *Planner) poolGet(_ context.Context, body []byte) (any, *APIError) {
-	var req NameRequest
+func (p *Planner) poolGet(_ context.Context, body []byte) (any, *api.APIError) {
+	var req api.NameRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -440,8 +362,8 @@ func (p *Planner) poolGet(_ context.Context, body []byte) (any, *APIError) {
 
 // poolList answers one page of the pools an operator can see: applied
 // ones, and deleted ones until their last proxy is gone.
-func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
-	var req PoolListRequest
+func (p *Planner) poolList(_ context.Context, body []byte) (any, *api.APIError) {
+	var req api.PoolListRequest
 	present, aerr := decodeStrictPresent(body, &req, true)
 	if aerr != nil {
 		return nil, aerr
@@ -462,20 +384,20 @@ func (p *Planner) poolList(_ context.Context, body []byte) (any, *APIError) {
 		}
 	}
 	pools := firstAfter(visible, func(pl *Pool) string { return pl.Name }, req.After, limit+1)
-	views := make([]PoolView, len(pools))
+	views := make([]api.PoolView, len(pools))
 	for i, pl := range pools {
 		views[i] = pl.view()
 	}
 	p.mu.Unlock()
-	return pageJSON("pools", views, func(v PoolView) string { return v.Name }, limit, p.replyBudget(), "pool")
+	return pageJSON("pools", views, func(v api.PoolView) string { return v.Name }, limit, p.replyBudget(), "pool")
 }
 
 // poolDelete appends pool deleted, then removes the pool's secrets from
 // fleet-secrets; the reconciler retires every proxy of the pool (deletes
 // need no secrets). Deleting a deleted pool appends nothing and removes
 // secrets a crash left behind.
-func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) {
-	var req NameRequest
+func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.NameRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -514,12 +436,12 @@ func (p *Planner) poolDelete(ctx context.Context, body []byte) (any, *APIError) 
 		}
 		return p.poolView(req.Name), nil
 	}
-	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the pool keeps changing concurrently; retry"}
+	return nil, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the pool keeps changing concurrently; retry"}
 }
 
 // lookupProxy returns a copy of the proxy with id, or a 422. A proxy that
 // finished long ago is no longer in memory: it is folded from the log.
-func (p *Planner) lookupProxy(ctx context.Context, id string) (Proxy, *APIError) {
+func (p *Planner) lookupProxy(ctx context.Context, id string) (Proxy, *api.APIError) {
 	if fe := events.CheckIdentifier("id", id); fe != nil {
 		return Proxy{}, invalid([]events.FieldError{*fe})
 	}
@@ -537,8 +459,8 @@ func (p *Planner) lookupProxy(ctx context.Context, id string) (Proxy, *APIError)
 	return p.recallProxy(ctx, id)
 }
 
-func (p *Planner) proxyGet(ctx context.Context, body []byte) (any, *APIError) {
-	var req ProxyRequest
+func (p *Planner) proxyGet(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.ProxyRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -551,8 +473,8 @@ func (p *Planner) proxyGet(ctx context.Context, body []byte) (any, *APIError) {
 
 // proxyList answers one page of the live proxies (not deleted or
 // abandoned), of one pool or of all, in id order.
-func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
-	var req ProxyListRequest
+func (p *Planner) proxyList(_ context.Context, body []byte) (any, *api.APIError) {
+	var req api.ProxyListRequest
 	present, aerr := decodeStrictPresent(body, &req, true)
 	if aerr != nil {
 		return nil, aerr
@@ -597,8 +519,8 @@ func (p *Planner) proxyList(_ context.Context, body []byte) (any, *APIError) {
 	return pageJSON("proxies", views, func(v events.ProxyView) string { return v.ID }, limit, p.replyBudget(), "proxy")
 }
 
-func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError) {
-	var req ProxyDeleteRequest
+func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.ProxyDeleteRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -609,8 +531,8 @@ func (p *Planner) proxyDelete(ctx context.Context, body []byte) (any, *APIError)
 	return p.retireByOperator(ctx, req.ID, reason, req.SkipCleanup, false)
 }
 
-func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *APIError) {
-	var req ProxyRecycleRequest
+func (p *Planner) proxyRecycle(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.ProxyRecycleRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -628,8 +550,8 @@ const maxBanReason = 160
 // replacement in the same request, so the pool does not wait a reconcile
 // round. When no target can take the replacement now, the proxy is retired
 // all the same and the pool's Placed condition says why it stays short.
-func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIError) {
-	var req ProxyBanRequest
+func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.ProxyBanRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -651,7 +573,7 @@ func (p *Planner) proxyReportBan(ctx context.Context, body []byte) (any, *APIErr
 // says why it stays short). The leader decides it (see writer.go); the
 // reconciler replaces the proxy if its pool still wants it. Repeating the
 // request changes nothing.
-func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup, replace bool) (any, *APIError) {
+func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipCleanup, replace bool) (any, *api.APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	for range maxConflictRetries {
 		x, aerr := p.lookupProxy(ctx, id)
@@ -662,7 +584,7 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 			return x.ProxyView, nil
 		}
 		var u *unit
-		var lerr *APIError
+		var lerr *api.APIError
 		if aerr := p.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
 			if x, lerr = p.lookupProxy(ctx, id); lerr != nil {
 				return
@@ -717,5 +639,5 @@ func (p *Planner) retireByOperator(ctx context.Context, id, reason string, skipC
 		}
 		return x.ProxyView, nil
 	}
-	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
+	return nil, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -175,7 +176,7 @@ func TestAutoscaleFollowsDemand(t *testing.T) {
 	r := h.startScaler("p1", clock)
 	h.ok(poolApply, autoscaled, nil)
 	h.requested(3)
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolGet, `{"name":"web"}`, &pv)
 	if pv.Size != 3 || pv.ScaleReason != "" {
 		t.Fatalf("before any demand: size %d, reason %q; want the starting size 3 and no reason", pv.Size, pv.ScaleReason)
@@ -290,7 +291,7 @@ func TestAutoscaleSurvivesReapplyAndRestart(t *testing.T) {
 
 	// The same pool with another maxAge: still 10, nothing retired or
 	// rolled.
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"web","provider":"local","size":3,"maxAge":"1h","autoscale":{"min":2,"max":10,"targetConnections":4,"scaleDownAfter":"10s"}}`, &pv)
 	if pv.Size != 10 || pv.Revision != 2 {
 		t.Fatalf("re-applied: size %d at revision %d, want 10 at 2", pv.Size, pv.Revision)
@@ -335,7 +336,7 @@ func TestAutoscaleSurvivesReapplyAndRestart(t *testing.T) {
 	}
 
 	// Autoscale off: back to size 3.
-	pv = PoolView{}
+	pv = api.PoolView{}
 	h.ok(poolApply, `{"name":"web","provider":"local","size":3,"maxAge":"1h"}`, &pv)
 	if pv.Size != 3 || pv.ScaleReason != "" {
 		t.Fatalf("autoscale off: size %d, reason %q; want 3 and none", pv.Size, pv.ScaleReason)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/events"
@@ -122,7 +123,10 @@ func startPlanner(tb testing.TB, c *bus.Conn, cfg Config) (p *Planner, took time
 		}
 		if p.Ready() {
 			// Ready is set just before the API is added: ask it.
-			_, err := conn.NC.Request(events.APISubject("pool", "list"), []byte(`{}`), 10*time.Second)
+			var err error
+			for _, err = range api.NewClient(conn.NC, api.WithTimeout(10*time.Second)).PoolList(context.Background(), api.PoolListRequest{}) {
+				break
+			}
 			if err == nil {
 				return p, time.Since(start), stop
 			}
@@ -499,11 +503,9 @@ func convergeOnce(b *testing.B, size int) time.Duration {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	body := fmt.Sprintf(`{"name":"big","provider":"local","size":%d}`, size)
 	start := time.Now()
-	msg, err := c.NC.Request(events.APISubject("pool", "apply"), []byte(body), 30*time.Second)
-	if err != nil || msg.Header.Get("Nats-Service-Error-Code") != "" {
-		b.Fatalf("pool.apply: %v %s", err, msg.Data)
+	if _, err := api.NewClient(c.NC, api.WithTimeout(30*time.Second)).PoolApply(ctx, events.PoolSpec{Name: "big", Provider: "local", Size: size}); err != nil {
+		b.Fatalf("pool.apply: %v", err)
 	}
 	timeout := time.After(10 * time.Minute)
 	for {

@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
 // condition returns the pool's condition of type typ as pool.get answers.
 func (h *harness) condition(pool, typ string) (events.Condition, bool) {
 	h.t.Helper()
-	var v PoolView
+	var v api.PoolView
 	h.ok(poolGet, `{"name":"`+pool+`"}`, &v)
 	return events.FindCondition(v.Conditions, typ)
 }

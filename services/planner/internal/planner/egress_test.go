@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -16,7 +17,7 @@ func TestPoolEgressReachesCommands(t *testing.T) {
 	h.agent(agent.Info{Entry: "local", Target: "t1"})
 	h.leader()
 	want := &events.Egress{AllowCIDRs: []string{"10.1.0.0/16", "fd12::/16"}, AllowPorts: []int{8080, 8443}}
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{"allowCIDRs":["10.1.0.0/16","fd12::/16"],"allowPorts":[8080,8443]}}`, &pv)
 	if !reflect.DeepEqual(pv.Spec.Egress, want) {
 		t.Fatalf("apply reply egress: got %+v, want %+v", pv.Spec.Egress, want)
@@ -38,13 +39,13 @@ func TestPoolEgressReachesCommands(t *testing.T) {
 			t.Errorf("create %s egress: got %+v, want %+v", c.Create.ProxyID, c.Create.Egress, want)
 		}
 	}
-	var changed PoolView
+	var changed api.PoolView
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{"allowPorts":[8080]}}`, &changed)
 	if changed.Revision != 2 || changed.ShapeRevision != 2 || !reflect.DeepEqual(changed.Spec.Egress, &events.Egress{AllowPorts: []int{8080}}) {
 		t.Errorf("changing egress: revision %d, shape revision %d, egress %+v; want 2, 2 (the pool rolls), ports [8080]", changed.Revision, changed.ShapeRevision, changed.Spec.Egress)
 	}
 	// An empty allowance is no allowance.
-	var empty, none PoolView
+	var empty, none api.PoolView
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":2,"egress":{}}`, &empty)
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, &none)
 	if empty.Revision != 3 || none.Revision != 3 || none.Spec.Egress != nil || empty.Spec.Egress != nil {

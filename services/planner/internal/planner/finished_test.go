@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -141,8 +142,8 @@ func TestGCAfterFinishedProxiesLeftMemory(t *testing.T) {
 		t.Errorf("the deleted proxy's lingering instance was not reported as an orphan")
 	}
 
-	var rep InstanceDeleteReply
-	b, _ := json.Marshal(InstanceDeleteRequest{Entry: "local", Target: "t1", Name: events.InstanceName(gone)})
+	var rep api.InstanceDeleteReply
+	b, _ := json.Marshal(api.InstanceDeleteRequest{Entry: "local", Target: "t1", Name: events.InstanceName(gone)})
 	h.ok(instanceDelete, string(b), &rep)
 	if rep.Previous != events.ProxyAbandoned || rep.ProxyID != gone {
 		t.Errorf("instance.delete of the abandoned proxy's instance: got %+v, want previous abandoned", rep)

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -234,9 +235,12 @@ func (h *harness) waitFor(what string, cond func() bool) {
 type reply struct {
 	Code  string // micro error code, "" on success
 	Body  []byte
-	Error *APIError
+	Error *api.APIError
 }
 
+// request sends body as it is to subject with the headers hdr (a trace,
+// or nil) and reads the reply with [api.Decode]; an error reply must carry
+// its JSON error body.
 func (h *harness) request(subject, body string, hdr nats.Header) reply {
 	h.t.Helper()
 	msg := nats.NewMsg(subject)
@@ -256,20 +260,22 @@ func (h *harness) request(subject, body string, hdr nats.Header) reply {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err != nil {
+	var raw json.RawMessage
+	err = api.Decode(subject, resp, err, &raw)
+	var aerr *api.APIError
+	switch {
+	case err == nil:
+		return reply{Body: raw}
+	case resp == nil || !errors.As(err, &aerr):
 		h.t.Fatalf("request %s %s: %v", subject, body, err)
 	}
-	r := reply{Code: resp.Header.Get("Nats-Service-Error-Code"), Body: resp.Data}
-	if r.Code != "" {
-		var wrap struct {
-			Error *APIError `json:"error"`
-		}
-		if err := json.Unmarshal(resp.Data, &wrap); err != nil || wrap.Error == nil {
-			h.t.Fatalf("error reply %s without a JSON error body: %q", r.Code, resp.Data)
-		}
-		r.Error = wrap.Error
+	var wrap struct {
+		Error *api.APIError `json:"error"`
 	}
-	return r
+	if err := json.Unmarshal(resp.Data, &wrap); err != nil || wrap.Error == nil {
+		h.t.Fatalf("error reply %s without a JSON error body: %q", aerr.Status, resp.Data)
+	}
+	return reply{Code: aerr.Status, Body: resp.Data, Error: aerr}
 }
 
 // ok sends a request that must succeed and decodes its reply into out.

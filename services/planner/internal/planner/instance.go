@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -18,27 +19,6 @@ import (
 // instanceDeleteReason is the retiring reason recorded when an operator
 // deletes an instance through instance.delete.
 const instanceDeleteReason = "instance deleted by operator"
-
-// InstanceDeleteRequest is the body of instance.delete: one instance on one
-// target of an entry, by its backend name ("px-…").
-type InstanceDeleteRequest struct {
-	Entry  string `json:"entry"`
-	Target string `json:"target"`
-	Name   string `json:"name"`
-}
-
-// InstanceDeleteReply is the answer of instance.delete: the delete command
-// sent for the instance. The agent records the outcome on the proxy's
-// subject (deleted, or failed with the reason).
-type InstanceDeleteReply struct {
-	Entry    string `json:"entry"`
-	Target   string `json:"target"`
-	Name     string `json:"name"`
-	ProxyID  string `json:"proxyID"`
-	Pool     string `json:"pool,omitempty"`
-	Attempt  int    `json:"attempt"`
-	Previous string `json:"previous"` // what the planner knew of the proxy: abandoned, deleted or unknown
-}
 
 // instanceDelete deletes an instance no live proxy owns, typically one left
 // behind on purpose by proxy.delete with skipCleanup. It asks the target's
@@ -52,8 +32,8 @@ type InstanceDeleteReply struct {
 // because the proxy's last event is no longer terminal. The driver checks
 // the marker again before it deletes. Repeating the request re-sends the
 // same command (same Msg-Id).
-func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIError) {
-	var req InstanceDeleteRequest
+func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.InstanceDeleteRequest
 	if aerr := decodeStrict(body, &req, false); aerr != nil {
 		return nil, aerr
 	}
@@ -75,7 +55,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 	}
 	if err != nil {
 		p.log.WarnContext(ctx, "instance.delete: inventory request", "entry", req.Entry, "target", req.Target, "err", err)
-		return nil, &APIError{status: "503", Code: CodeUnavailable,
+		return nil, &api.APIError{Status: "503", Code: api.CodeUnavailable,
 			Message: "target: the agent of " + where + " did not answer the inventory request; retry"}
 	}
 	var inst agent.Instance
@@ -104,7 +84,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 	switch {
 	case aerr == nil:
 		previous = x.State
-	case aerr.Code != CodeNotFound:
+	case aerr.Code != api.CodeNotFound:
 		return nil, aerr
 	}
 	if previous != "unknown" && !events.IsTerminal(previous) {
@@ -135,7 +115,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 	}
 	p.log.InfoContext(ctx, "instance delete sent", "proxy", id, "pool", inst.Marker.Pool, "entry", req.Entry,
 		"target", req.Target, "instance", inst.Name, "previous", previous, "attempt", attempt)
-	return InstanceDeleteReply{Entry: req.Entry, Target: req.Target, Name: inst.Name, ProxyID: id,
+	return api.InstanceDeleteReply{Entry: req.Entry, Target: req.Target, Name: inst.Name, ProxyID: id,
 		Pool: inst.Marker.Pool, Attempt: attempt, Previous: previous}, nil
 }
 
@@ -145,7 +125,7 @@ func (p *Planner) instanceDelete(ctx context.Context, body []byte) (any, *APIErr
 // request re-sends the same command and a request after a failed delete
 // sends a new one. This is the garbage collector's path for orphans (see
 // [Planner.deleteOrphan]), open here to abandoned proxies too.
-func (p *Planner) retireInstance(ctx context.Context, f *flight, id string) (int, *APIError) {
+func (p *Planner) retireInstance(ctx context.Context, f *flight, id string) (int, *api.APIError) {
 	for range maxConflictRetries {
 		evs, err := p.store.Load(ctx, events.AggregateProxy, id)
 		if err != nil {
@@ -181,11 +161,11 @@ func (p *Planner) retireInstance(ctx context.Context, f *flight, id string) (int
 		}
 		return retirings + 1, nil
 	}
-	return 0, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
+	return 0, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
 }
 
 // unprocessable refuses a well-formed request naming something that cannot
 // be acted on: 422 naming field.
-func unprocessable(field, reason, value string) *APIError {
+func unprocessable(field, reason, value string) *api.APIError {
 	return invalid([]events.FieldError{{Field: field, Reason: reason, Value: value}})
 }

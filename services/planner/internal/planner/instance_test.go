@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -50,7 +51,7 @@ func TestInstanceDeleteOfAbandonedProxy(t *testing.T) {
 	h.settle(r, 2)
 
 	body := func(target, name string) string {
-		b, _ := json.Marshal(InstanceDeleteRequest{Entry: "local", Target: target, Name: name})
+		b, _ := json.Marshal(api.InstanceDeleteRequest{Entry: "local", Target: target, Name: name})
 		return string(b)
 	}
 	refusals := []struct {
@@ -73,8 +74,8 @@ func TestInstanceDeleteOfAbandonedProxy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
 			rep := h.request(instanceDelete, tc.body, nil)
-			if rep.Code != "422" || rep.Error.Code != CodeInvalid {
-				t.Fatalf("got %q %+v, want 422 %s", rep.Code, rep.Error, CodeInvalid)
+			if rep.Code != "422" || rep.Error.Code != api.CodeInvalid {
+				t.Fatalf("got %q %+v, want 422 %s", rep.Code, rep.Error, api.CodeInvalid)
 			}
 			if rep.Error.Message != tc.message {
 				t.Errorf("message:\n got %q\nwant %q", rep.Error.Message, tc.message)
@@ -91,9 +92,9 @@ func TestInstanceDeleteOfAbandonedProxy(t *testing.T) {
 		t.Fatalf("delete commands before instance.delete: got %d, want 0", n)
 	}
 
-	var rep InstanceDeleteReply
+	var rep api.InstanceDeleteReply
 	h.ok(instanceDelete, body("t1", events.InstanceName(gone)), &rep)
-	want := InstanceDeleteReply{Entry: "local", Target: "t1", Name: events.InstanceName(gone), ProxyID: gone, Pool: "demo", Attempt: 2, Previous: events.ProxyAbandoned}
+	want := api.InstanceDeleteReply{Entry: "local", Target: "t1", Name: events.InstanceName(gone), ProxyID: gone, Pool: "demo", Attempt: 2, Previous: events.ProxyAbandoned}
 	if rep != want {
 		t.Errorf("reply: got %+v, want %+v", rep, want)
 	}
@@ -151,7 +152,7 @@ func TestInstanceDeleteOfAbandonedProxy(t *testing.T) {
 	if rr := h.request(instanceDelete, body("t1", events.InstanceName(gone)), nil); rr.Code != "422" {
 		t.Errorf("instance.delete of a deleted instance: got %q, want 422", rr.Code)
 	}
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolGet, `{"name":"demo"}`, &pv)
 	if pv.Active != 2 {
 		t.Errorf("pool active: got %d, want 2 (the live proxy and the replacement)", pv.Active)

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"strconv"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/page"
 )
@@ -21,13 +22,10 @@ const (
 	MaxPageLimit = page.MaxLimit
 )
 
-// PageRequest is the paging part of a list request.
-type PageRequest = page.Request
-
 // check validates the paging fields of a request decoded with present (the
 // keys it carried) and returns the limit to use. what names the key After
 // holds ("proxy id", "pool name").
-func checkPage(r PageRequest, present map[string]bool, what string) (int, []events.FieldError) {
+func checkPage(r api.PageRequest, present map[string]bool, what string) (int, []events.FieldError) {
 	var fields []events.FieldError
 	limit := DefaultPageLimit
 	if present["limit"] {
@@ -57,7 +55,7 @@ func firstAfter[T any](all iter.Seq[T], key func(T) string, after string, n int)
 
 // pageJSON encodes a page as [page.Encode] does; what names an item ("proxy",
 // "pool") in the error for one too big for any reply.
-func pageJSON[T any](field string, items []T, key func(T) string, limit, budget int, what string) (json.RawMessage, *APIError) {
+func pageJSON[T any](field string, items []T, key func(T) string, limit, budget int, what string) (json.RawMessage, *api.APIError) {
 	raw, err := page.Encode(field, items, key, limit, budget)
 	var big *page.TooBigError
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -115,7 +116,7 @@ func (h *harness) listPage(subject, body string) listedPage {
 	}
 	var raw struct {
 		Proxies []events.ProxyView `json:"proxies"`
-		Pools   []PoolView         `json:"pools"`
+		Pools   []api.PoolView     `json:"pools"`
 		Next    *string            `json:"next"`
 	}
 	if err := json.Unmarshal(r.Body, &raw); err != nil {
@@ -346,7 +347,7 @@ func TestListRepliesFitMaxPayload(t *testing.T) {
 	if _, aerr := r.replyBody(json.RawMessage(`"` + strings.Repeat("x", budget-2) + `"`)); aerr != nil {
 		t.Errorf("a reply of exactly the budget: %v", aerr)
 	}
-	if _, aerr := r.replyBody(strings.Repeat("x", budget)); aerr == nil || aerr.status != "500" ||
+	if _, aerr := r.replyBody(strings.Repeat("x", budget)); aerr == nil || aerr.Status != "500" ||
 		!strings.Contains(aerr.Message, "does not fit under the server's max payload") {
 		t.Errorf("a reply over the budget: got %v, want a 500 saying it does not fit", aerr)
 	}
@@ -442,7 +443,7 @@ func TestPoolSizeUpTo100000(t *testing.T) {
 	h := newHarness(t)
 	h.agent(agent.Info{Entry: "local", Target: "t1", Capacity: 2})
 	r := h.leader()
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"huge","provider":"local","size":100000}`, &pv)
 	if pv.Spec.Size != 100_000 || pv.Revision != 1 {
 		t.Fatalf("apply 100000: got size %d revision %d, want 100000 at revision 1", pv.Spec.Size, pv.Revision)
@@ -491,9 +492,9 @@ func TestPoolGetCountsLiveProxies(t *testing.T) {
 	h.waitFor("the failed proxy retired", func() bool { return r.poolView("demo").States[events.ProxyRetiring] == 1 })
 	check := func(what string, want map[string]int, active int) {
 		t.Helper()
-		var pv PoolView
+		var pv api.PoolView
 		h.ok(poolGet, `{"name":"demo"}`, &pv)
-		var pl PoolList
+		var pl api.PoolList
 		h.ok(poolList, `{}`, &pl)
 		list := h.listPage(proxyList, `{"pool":"demo"}`)
 		sum := 0

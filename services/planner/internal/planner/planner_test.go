@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
@@ -83,9 +84,9 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			if r.Code != tc.wantCode {
 				t.Fatalf("code: got %q (%+v), want %q", r.Code, r.Error, tc.wantCode)
 			}
-			wantBodyCode := map[string]string{"400": CodeBadRequest, "422": CodeInvalid}[tc.wantCode]
+			wantBodyCode := map[string]string{"400": api.CodeBadRequest, "422": api.CodeInvalid}[tc.wantCode]
 			if strings.Contains(tc.wantText, "unknown pool") || strings.Contains(tc.wantText, "unknown proxy") {
-				wantBodyCode = CodeNotFound
+				wantBodyCode = api.CodeNotFound
 			}
 			if r.Error.Code != wantBodyCode {
 				t.Errorf("body code: got %q, want %q", r.Error.Code, wantBodyCode)
@@ -122,7 +123,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 }
 
-func hasField(e *APIError, field string) bool {
+func hasField(e *api.APIError, field string) bool {
 	for _, f := range e.Fields {
 		if f.Field == field {
 			return true
@@ -138,7 +139,7 @@ func TestApplyCreatesAndSpreadsProxies(t *testing.T) {
 	r := h.leader()
 
 	// The request of the README, exactly as written.
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":3}`, &pv)
 	if pv.Name != "demo" || pv.Revision != 1 || pv.Spec.Size != 3 || pv.Spec.Port != events.DefaultProxyPort {
 		t.Fatalf("apply reply: got %+v, want demo revision 1 size 3 port %d", pv, events.DefaultProxyPort)
@@ -187,12 +188,12 @@ func TestApplyCreatesAndSpreadsProxies(t *testing.T) {
 	}
 
 	// Reads.
-	var pl PoolList
+	var pl api.PoolList
 	h.ok(poolList, ``, &pl)
 	if len(pl.Pools) != 1 || pl.Pools[0].Name != "demo" || pl.Pools[0].Active != 3 {
 		t.Errorf("pool.list: got %+v", pl)
 	}
-	var xl ProxyList
+	var xl api.ProxyList
 	h.ok(proxyList, `{"pool":"demo"}`, &xl)
 	if len(xl.Proxies) != 3 {
 		t.Fatalf("proxy.list: got %d proxies, want 3", len(xl.Proxies))
@@ -249,7 +250,7 @@ func TestScaleDownRetiresUnhealthyFirst(t *testing.T) {
 	h.waitState(r, ids[2], events.ProxyUnhealthy)
 	h.waitState(r, ids[1], events.ProxyReady)
 
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, &pv)
 	if pv.Revision != 2 {
 		t.Fatalf("scale reply: revision %d, want 2", pv.Revision)
@@ -335,7 +336,7 @@ func TestPoolDeleteRetiresAll(t *testing.T) {
 	ids, req := h.requested(2)
 	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
 
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolDelete, `{"name":"demo"}`, &pv)
 	if !pv.Deleted || pv.Revision != 2 {
 		t.Fatalf("delete reply: got %+v, want deleted at revision 2", pv)
@@ -358,7 +359,7 @@ func TestPoolDeleteRetiresAll(t *testing.T) {
 		h.observe(id, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
 	}
 	h.waitFor("pool gone from the list", func() bool {
-		var pl PoolList
+		var pl api.PoolList
 		h.ok(poolList, `{}`, &pl)
 		return len(pl.Pools) == 0
 	})
@@ -421,7 +422,7 @@ func TestRestartEmitsNothing(t *testing.T) {
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
 	h.waitFor("2 deletes", func() bool { return len(h.commandsOf(events.VerbDelete)) == 2 })
 	h.settle(first, 3)
-	var before PoolView
+	var before api.PoolView
 	h.ok(poolGet, `{"name":"demo"}`, &before)
 	first.stop()
 
@@ -435,7 +436,7 @@ func TestRestartEmitsNothing(t *testing.T) {
 	if got := h.lastSeq(bus.CommandsStream); got != cmdSeq {
 		t.Errorf("FLEET_CMDS last seq after restart: got %d, want %d", got, cmdSeq)
 	}
-	var after PoolView
+	var after api.PoolView
 	h.ok(poolGet, `{"name":"demo"}`, &after)
 	if !equalJSON(before, after) {
 		t.Errorf("rebuilt pool: got %+v, want %+v", after, before)
@@ -532,7 +533,7 @@ func TestSecretsNeverEnterEvents(t *testing.T) {
 	// A changed password is a new revision, still out of the log.
 	spec.Auth.Password = "another-Secret-77"
 	body, _ = json.Marshal(spec)
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, string(body), &pv)
 	if pv.Revision != 2 {
 		t.Errorf("password change: revision %d, want 2", pv.Revision)
@@ -660,7 +661,7 @@ func TestApplyConflictRereads(t *testing.T) {
 	if aerr != nil {
 		t.Fatalf("apply: %v", aerr)
 	}
-	if pv := out.(PoolView); pv.Revision != 3 || pv.Spec.Size != 5 {
+	if pv := out.(api.PoolView); pv.Revision != 3 || pv.Spec.Size != 5 {
 		t.Errorf("apply after conflict: got %+v, want revision 3 size 5", pv)
 	}
 	applied := h.eventsOf(events.AggregatePool, events.PoolApplied)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -33,7 +34,7 @@ func TestPoolDeleteRemovesSecrets(t *testing.T) {
 		t.Fatalf("secrets after apply: %v", err)
 	}
 
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolDelete, `{"name":"demo"}`, &pv)
 	if !pv.Deleted || pv.Revision != 2 {
 		t.Fatalf("delete reply: got %+v, want deleted at revision 2", pv)

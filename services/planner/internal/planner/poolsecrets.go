@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -18,7 +19,7 @@ import (
 // so such an apply racing the removal is never undone. Called after the
 // deleted event is stored, so a crash in between leaves secrets that the
 // next pool.delete removes.
-func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *APIError {
+func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *api.APIError {
 	for range maxConflictRetries {
 		e, err := p.secrets.Get(ctx, pool)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -14,7 +15,7 @@ import (
 // replacement (replacedBy, replaceReason), which another proxy's event
 // records, is not recalled. It returns a 422 when the log holds no such
 // proxy.
-func (p *Planner) recallProxy(ctx context.Context, id string) (Proxy, *APIError) {
+func (p *Planner) recallProxy(ctx context.Context, id string) (Proxy, *api.APIError) {
 	last, err := p.store.Last(ctx, events.AggregateProxy, id)
 	if err != nil {
 		p.log.WarnContext(ctx, "read a proxy's last event", "proxy", id, "err", err)

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/services/planner/internal/decide"
 )
@@ -51,7 +52,7 @@ func (rc *reconciler) requestReplacement(ctx context.Context, f *flight, x Proxy
 
 // recycle replaces proxy id surge first: a replacement is requested now and
 // id is retired once it is ready. Repeating it changes nothing.
-func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
+func (p *Planner) recycle(ctx context.Context, id string) (any, *api.APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("proxy", id))
 	for range maxConflictRetries {
 		x, aerr := p.lookupProxy(ctx, id)
@@ -63,7 +64,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 		}
 		var u *unit
 		var err error
-		var lerr *APIError
+		var lerr *api.APIError
 		if aerr := p.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
 			// Looked up again on the leader: its view is the one that
 			// decides.
@@ -77,7 +78,7 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 		case lerr != nil:
 			return nil, lerr
 		case errors.Is(err, errNoTarget):
-			return nil, &APIError{status: "503", Code: CodeUnavailable,
+			return nil, &api.APIError{Status: "503", Code: api.CodeUnavailable,
 				Message: "id: " + err.Error() + `; retry later, or recycle with {"now":true} to retire the proxy at once`}
 		case err != nil:
 			p.log.ErrorContext(ctx, "request replacement", "proxy", id, "err", err)
@@ -99,5 +100,5 @@ func (p *Planner) recycle(ctx context.Context, id string) (any, *APIError) {
 		}
 		return x.ProxyView, nil
 	}
-	return nil, &APIError{status: "409", Code: CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
+	return nil, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the proxy keeps changing concurrently; retry"}
 }

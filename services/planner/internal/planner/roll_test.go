@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/planner/internal/decide"
@@ -144,7 +145,7 @@ func TestImageChangeRollsSurgeFirst(t *testing.T) {
 	originals, _ := h.requested(2)
 	h.waitFor("2 ready", func() bool { d.step(); return r.poolView("roll").States[events.ProxyReady] == 2 })
 
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolApply, `{"name":"roll","provider":"local","size":2,"image":"img-b","port":3129}`, &pv)
 	if pv.Revision != 2 || pv.ShapeRevision != 2 {
 		t.Fatalf("apply reply: revision %d, shape revision %d, want 2 and 2", pv.Revision, pv.ShapeRevision)
@@ -199,7 +200,7 @@ func TestNonShapingChangesRollNothing(t *testing.T) {
 		{"targets", `{"name":"steady","provider":"local","size":3,"maxAge":"24h","targets":["t1","t2"]}`, 3},
 	}
 	for i, st := range steps {
-		var pv PoolView
+		var pv api.PoolView
 		h.ok(poolApply, st.spec, &pv)
 		if want := i + 2; pv.Revision != want || pv.ShapeRevision != 1 {
 			t.Fatalf("after %s: revision %d, shape revision %d, want %d and 1", st.name, pv.Revision, pv.ShapeRevision, want)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/planner/internal/decide"
@@ -105,10 +106,10 @@ func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]strin
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
-	put := func(key string, v any, aerr *APIError) {
+	put := func(key string, v any, aerr *api.APIError) {
 		b, err := json.Marshal(struct {
 			V any
-			E *APIError
+			E *api.APIError
 		}{v, aerr})
 		if err != nil {
 			t.Fatal(err)

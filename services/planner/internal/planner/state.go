@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/planner/internal/decide"
@@ -488,36 +489,8 @@ func (s *state) applyProxy(ev bus.Event) bool {
 	return from != to
 }
 
-// PoolView is the API's answer about one pool.
-type PoolView struct {
-	Name     string          `json:"name"`
-	Spec     events.PoolSpec `json:"spec"`
-	Revision int             `json:"revision"`
-	Deleted  bool            `json:"deleted"`
-	// ShapeRevision is the revision at which the instance-shaping part of
-	// the spec last changed.
-	ShapeRevision int `json:"shapeRevision"`
-	// Size is the number of proxies the pool wants: Spec.Size, or for an
-	// autoscaled pool the size autoscaling set last.
-	Size int `json:"size"`
-	// ScaleReason is why autoscaling set Size ("autoscale: 37 connections
-	// for 10 proxies"); "" until it scaled the pool.
-	ScaleReason string `json:"scaleReason,omitempty"`
-	// Active counts the proxies that count toward Size.
-	Active int `json:"active"`
-	// Outdated counts the active proxies requested before ShapeRevision:
-	// they are being rolled.
-	Outdated int `json:"outdated"`
-	// States counts the pool's live proxies per state: deleted and
-	// abandoned ones are not counted.
-	States map[string]int `json:"states"`
-	// Conditions say whether the pool is ready, whether its proxies can be
-	// placed and whether a change is under way, and why.
-	Conditions []events.Condition `json:"conditions"`
-}
-
-func (p *Pool) view() PoolView {
-	v := PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision,
+func (p *Pool) view() api.PoolView {
+	v := api.PoolView{Name: p.Name, Spec: p.Spec, Revision: p.Revision, Deleted: p.Deleted, ShapeRevision: p.ShapeRevision,
 		Size: p.Size(), ScaleReason: p.ScaleReason, States: map[string]int{}, Conditions: append([]events.Condition{}, p.Conditions...)}
 	for _, x := range p.members {
 		if decide.IsActive(x.State) && p.IsOutdated(x.Proxy) {

@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"proxyfleet/pkg/api"
 )
 
 // bodyPath names the request body as a whole in an error, where no field
@@ -21,7 +23,7 @@ const bodyPath = "(body)"
 // case-insensitively, duplicate keys at any depth, trailing data. Every
 // error names the offending value by path ("auth.username",
 // "targets[1]"). allowEmpty accepts an empty body as an empty object.
-func decodeStrict(data []byte, out any, allowEmpty bool) *APIError {
+func decodeStrict(data []byte, out any, allowEmpty bool) *api.APIError {
 	_, aerr := decodeStrictPresent(data, out, allowEmpty)
 	return aerr
 }
@@ -29,7 +31,7 @@ func decodeStrict(data []byte, out any, allowEmpty bool) *APIError {
 // decodeStrictPresent is [decodeStrict] that also returns the paths of the
 // object keys that carried a value other than null, so a handler can tell
 // a field left out (or null) from one set to its zero value.
-func decodeStrictPresent(data []byte, out any, allowEmpty bool) (map[string]bool, *APIError) {
+func decodeStrictPresent(data []byte, out any, allowEmpty bool) (map[string]bool, *api.APIError) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		if allowEmpty {
 			return map[string]bool{}, nil
@@ -60,7 +62,7 @@ func decodeStrictPresent(data []byte, out any, allowEmpty bool) (map[string]bool
 // the paths of the object keys with a non-null value. Null is accepted
 // wherever encoding/json accepts it (it leaves the zero value); required
 // fields are the handler's business.
-func checkStrict(data []byte, t reflect.Type) (map[string]bool, *APIError) {
+func checkStrict(data []byte, t reflect.Type) (map[string]bool, *api.APIError) {
 	if !json.Valid(data) {
 		// Unmarshal's syntax error carries the exact offset; the
 		// streaming decoder's may not.
@@ -106,7 +108,7 @@ func deref(t reflect.Type) reflect.Type {
 
 // value checks the next JSON value against t; a nil t accepts any value
 // (its objects are still checked for duplicate keys).
-func (w *walker) value(path string, t reflect.Type) *APIError {
+func (w *walker) value(path string, t reflect.Type) *api.APIError {
 	w.null = false
 	t = deref(t)
 	if t != nil && (reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler)) {
@@ -181,7 +183,7 @@ func (w *walker) value(path string, t reflect.Type) *APIError {
 // opaque checks a value whose type decodes itself (a duration, say): its
 // raw JSON is checked for duplicate keys, then decoded on its own so its
 // error is reported at its path.
-func (w *walker) opaque(path string, t reflect.Type) *APIError {
+func (w *walker) opaque(path string, t reflect.Type) *api.APIError {
 	var raw json.RawMessage
 	if err := w.dec.Decode(&raw); err != nil {
 		return syntaxError(err)
@@ -205,7 +207,7 @@ func (w *walker) opaque(path string, t reflect.Type) *APIError {
 // object checks the members of an object whose '{' was read: t is a
 // struct (keys must match its json names exactly), a map (any key), or
 // nil (any key, any value).
-func (w *walker) object(path string, t reflect.Type) *APIError {
+func (w *walker) object(path string, t reflect.Type) *api.APIError {
 	var fields map[string]reflect.Type
 	var elem reflect.Type
 	switch {
@@ -249,7 +251,7 @@ func (w *walker) object(path string, t reflect.Type) *APIError {
 }
 
 // array checks the elements of an array whose '[' was read.
-func (w *walker) array(path string, elem reflect.Type) *APIError {
+func (w *walker) array(path string, elem reflect.Type) *api.APIError {
 	for i := 0; w.dec.More(); i++ {
 		if aerr := w.value(path+"["+strconv.Itoa(i)+"]", elem); aerr != nil {
 			return aerr
@@ -354,7 +356,7 @@ func tokenKind(tok json.Token) string {
 	return "null"
 }
 
-func syntaxError(err error) *APIError {
+func syntaxError(err error) *api.APIError {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &se):

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -122,7 +123,7 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 			}
 		})
 	}
-	var pv PoolView
+	var pv api.PoolView
 	h.ok(poolGet, `{"name":"demo"}`, &pv)
 	if pv.Spec.Size != 2 || pv.Revision != 1 || pv.Deleted {
 		t.Errorf("pool after the refused requests: size %d revision %d deleted %v, want size 2 revision 1", pv.Spec.Size, pv.Revision, pv.Deleted)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -18,14 +19,14 @@ var apiBodies = []struct {
 	allowEmpty bool
 }{
 	{"pool.apply", func() any { return &events.PoolSpec{} }, false},
-	{"pool.get", func() any { return &NameRequest{} }, false},
-	{"pool.list", func() any { return &PoolListRequest{} }, true},
-	{"proxy.get", func() any { return &ProxyRequest{} }, false},
-	{"proxy.list", func() any { return &ProxyListRequest{} }, true},
-	{"proxy.delete", func() any { return &ProxyDeleteRequest{} }, false},
-	{"proxy.recycle", func() any { return &ProxyRecycleRequest{} }, false},
-	{"proxy.report-ban", func() any { return &ProxyBanRequest{} }, false},
-	{"instance.delete", func() any { return &InstanceDeleteRequest{} }, false},
+	{"pool.get", func() any { return &api.NameRequest{} }, false},
+	{"pool.list", func() any { return &api.PoolListRequest{} }, true},
+	{"proxy.get", func() any { return &api.ProxyRequest{} }, false},
+	{"proxy.list", func() any { return &api.ProxyListRequest{} }, true},
+	{"proxy.delete", func() any { return &api.ProxyDeleteRequest{} }, false},
+	{"proxy.recycle", func() any { return &api.ProxyRecycleRequest{} }, false},
+	{"proxy.report-ban", func() any { return &api.ProxyBanRequest{} }, false},
+	{"instance.delete", func() any { return &api.InstanceDeleteRequest{} }, false},
 	{"probe", func() any { return &strictProbe{} }, false},
 }
 
@@ -64,36 +65,36 @@ func FuzzDecodeStrict(f *testing.F) {
 		f.Add(uint8(9), []byte(s))
 	}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
-		api := apiBodies[int(which)%len(apiBodies)]
-		out := api.new()
-		present, aerr := decodeStrictPresent(body, out, api.allowEmpty)
+		ep := apiBodies[int(which)%len(apiBodies)]
+		out := ep.new()
+		present, aerr := decodeStrictPresent(body, out, ep.allowEmpty)
 		if aerr != nil {
-			if aerr.status != "400" || aerr.Code != CodeBadRequest {
-				t.Fatalf("%s %q: refused with %s %s; want 400 %s", api.name, body, aerr.status, aerr.Code, CodeBadRequest)
+			if aerr.Status != "400" || aerr.Code != api.CodeBadRequest {
+				t.Fatalf("%s %q: refused with %s %s; want 400 %s", ep.name, body, aerr.Status, aerr.Code, api.CodeBadRequest)
 			}
 			if len(aerr.Fields) != 1 || aerr.Fields[0].Field == "" || aerr.Message != aerr.Fields[0].Field+": "+aerr.Fields[0].Reason {
-				t.Fatalf("%s %q: refusal %q does not name a field path: %+v", api.name, body, aerr.Message, aerr.Fields)
+				t.Fatalf("%s %q: refusal %q does not name a field path: %+v", ep.name, body, aerr.Message, aerr.Fields)
 			}
 			if strings.ContainsAny(aerr.Message, "\r\n") {
-				t.Fatalf("%s %q: refusal %q is more than one line", api.name, body, aerr.Message)
+				t.Fatalf("%s %q: refusal %q is more than one line", ep.name, body, aerr.Message)
 			}
 			return
 		}
 		if len(bytes.TrimSpace(body)) == 0 {
-			if !api.allowEmpty {
-				t.Fatalf("%s: accepted an empty body", api.name)
+			if !ep.allowEmpty {
+				t.Fatalf("%s: accepted an empty body", ep.name)
 			}
 			return
 		}
 		if dup := duplicateKey(body); dup != "" {
-			t.Fatalf("%s %q: accepted the duplicate key %q", api.name, body, dup)
+			t.Fatalf("%s %q: accepted the duplicate key %q", ep.name, body, dup)
 		}
 		if k := inexactKey(body, reflect.TypeOf(out)); k != "" {
-			t.Fatalf("%s %q: accepted the key %q, which is not a field's exact JSON name", api.name, body, k)
+			t.Fatalf("%s %q: accepted the key %q, which is not a field's exact JSON name", ep.name, body, k)
 		}
-		viaJSON := api.new()
+		viaJSON := ep.new()
 		if err := json.Unmarshal(body, viaJSON); err != nil || !reflect.DeepEqual(out, viaJSON) {
-			t.Fatalf("%s %q: decoded %+v; encoding/json decodes %+v, %v", api.name, body, out, viaJSON, err)
+			t.Fatalf("%s %q: decoded %+v; encoding/json decodes %+v, %v", ep.name, body, out, viaJSON, err)
 		}
 		var top map[string]json.RawMessage
 		if err := json.Unmarshal(body, &top); err != nil {
@@ -101,19 +102,19 @@ func FuzzDecodeStrict(f *testing.F) {
 		}
 		for k, v := range top {
 			if present[joinPath("", k)] == bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-				t.Fatalf("%s %q: present[%q] = %v for the value %s", api.name, body, k, present[k], v)
+				t.Fatalf("%s %q: present[%q] = %v for the value %s", ep.name, body, k, present[k], v)
 			}
 		}
 		enc, err := json.Marshal(out)
 		if err != nil {
-			t.Fatalf("%s: %+v does not encode: %v", api.name, out, err)
+			t.Fatalf("%s: %+v does not encode: %v", ep.name, out, err)
 		}
-		again := api.new()
-		if aerr := decodeStrict(enc, again, api.allowEmpty); aerr != nil {
-			t.Fatalf("%s: the re-encoding %s of %q is refused: %v", api.name, enc, body, aerr)
+		again := ep.new()
+		if aerr := decodeStrict(enc, again, ep.allowEmpty); aerr != nil {
+			t.Fatalf("%s: the re-encoding %s of %q is refused: %v", ep.name, enc, body, aerr)
 		}
 		if !reflect.DeepEqual(out, again) {
-			t.Fatalf("%s: %s decodes to %+v; want %+v", api.name, enc, again, out)
+			t.Fatalf("%s: %s decodes to %+v; want %+v", ep.name, enc, again, out)
 		}
 	})
 }

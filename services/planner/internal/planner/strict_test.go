@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 )
 
@@ -100,8 +101,8 @@ func TestDecodeStrictNamesEveryRefusalByPath(t *testing.T) {
 			if aerr == nil {
 				t.Fatalf("%s: accepted, want %q", tc.body, tc.want)
 			}
-			if aerr.status != "400" || aerr.Code != CodeBadRequest {
-				t.Errorf("status %s code %s, want 400 %s", aerr.status, aerr.Code, CodeBadRequest)
+			if aerr.Status != "400" || aerr.Code != api.CodeBadRequest {
+				t.Errorf("status %s code %s, want 400 %s", aerr.Status, aerr.Code, api.CodeBadRequest)
 			}
 			if aerr.Message != tc.want {
 				t.Errorf("message:\n got %q\nwant %q", aerr.Message, tc.want)
@@ -115,9 +116,9 @@ func TestDecodeStrictNamesEveryRefusalByPath(t *testing.T) {
 
 func spec() any     { return &events.PoolSpec{} }
 func probe() any    { return &strictProbe{} }
-func name() any     { return &NameRequest{} }
-func proxyDel() any { return &ProxyDeleteRequest{} }
-func instDel() any  { return &InstanceDeleteRequest{} }
+func name() any     { return &api.NameRequest{} }
+func proxyDel() any { return &api.ProxyDeleteRequest{} }
+func instDel() any  { return &api.InstanceDeleteRequest{} }
 
 func TestDecodeStrictAcceptsWhatItShould(t *testing.T) {
 	cases := []struct {
@@ -160,7 +161,7 @@ func TestDecodeStrictAcceptsWhatItShould(t *testing.T) {
 			}
 		})
 	}
-	if aerr := decodeStrict(nil, &ProxyListRequest{}, true); aerr != nil {
+	if aerr := decodeStrict(nil, &api.ProxyListRequest{}, true); aerr != nil {
 		t.Errorf("empty body where allowed: %v", aerr)
 	}
 }

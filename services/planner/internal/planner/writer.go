@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -47,15 +48,15 @@ type leaderJob struct {
 
 // errNotLeading answers a deciding request that reached a replica whose
 // term ended meanwhile.
-func errNotLeading() *APIError {
-	return &APIError{status: "503", Code: CodeUnavailable, Message: "this planner replica no longer leads; retry (the next leader answers)"}
+func errNotLeading() *api.APIError {
+	return &api.APIError{Status: "503", Code: api.CodeUnavailable, Message: "this planner replica no longer leads; retry (the next leader answers)"}
 }
 
 // asLeader runs fn on the leader's reconciler goroutine, between rounds,
 // with a flight of the leader's term, and returns once the flight has
 // settled: every unit fn decided has its verdict. It refuses when this
 // replica does not lead or stops leading before fn ran.
-func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, rc *reconciler, f *flight)) *APIError {
+func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, rc *reconciler, f *flight)) *api.APIError {
 	l := p.leading.Load()
 	if l == nil {
 		return errNotLeading()

@@ -3,7 +3,7 @@ package proxmox_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
@@ -82,28 +83,27 @@ func startService(t *testing.T, binDir string, conn *bus.Conn, svc string, args 
 	return logs
 }
 
-// api sends one operator request to the planner and fails the test on an
-// error answer. An answer containing retryWhile is retried until ctx ends.
-func api(t *testing.T, ctx context.Context, conn *bus.Conn, noun, verb string, body any, retryWhile string) []byte {
+// accepted calls fn, one request of the planner's API, until it
+// succeeds, and fails the test on a refusal. While no planner answers yet,
+// and while the refusal's message contains retryWhile (when not ""), it
+// calls fn again until ctx ends.
+func accepted(t *testing.T, ctx context.Context, what, retryWhile string, fn func(context.Context) error) {
 	t.Helper()
-	b, _ := json.Marshal(body)
 	for {
-		msg, err := conn.NC.RequestWithContext(ctx, events.APISubject(noun, verb), b)
-		if err == nil {
-			code := msg.Header.Get("Nats-Service-Error-Code")
-			if code != "" && retryWhile != "" && strings.Contains(string(msg.Data), retryWhile) && ctx.Err() == nil {
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			if code != "" {
-				t.Fatalf("%s.%s: error %s %s: %s", noun, verb, code, msg.Header.Get("Nats-Service-Error"), msg.Data)
-			}
-			return msg.Data
+		err := fn(ctx)
+		aerr, refused := errors.AsType[*api.APIError](err)
+		switch {
+		case err == nil:
+			return
+		case ctx.Err() != nil:
+			t.Fatalf("%s: %v", what, err)
+		case errors.Is(err, api.ErrNoReply):
+			// The planner is not serving yet.
+		case refused && retryWhile != "" && strings.Contains(aerr.Message, retryWhile):
+		default:
+			t.Fatalf("%s: %v", what, err)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("%s.%s: %v", noun, verb, err)
-		}
-		time.Sleep(50 * time.Millisecond) // the planner is not serving yet
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -123,8 +123,11 @@ func TestPoolThroughPlannerAndHealth(t *testing.T) {
 	e.runAgent(e.driver())
 
 	// The planner learns the target from the agent's heartbeat.
-	api(t, ctx, e.conn, "pool", "apply", events.PoolSpec{Name: "web", Provider: entry, Size: 3, Image: "debian-13", Profile: "small"},
-		"no agent announced it")
+	planner := api.NewClient(e.conn.NC)
+	accepted(t, ctx, "pool.apply web", "no agent announced it", func(ctx context.Context) error {
+		_, err := planner.PoolApply(ctx, events.PoolSpec{Name: "web", Provider: entry, Size: 3, Image: "debian-13", Profile: "small"})
+		return err
+	})
 
 	store := bus.NewEventStore(e.conn, "test", nil)
 	running := map[string]events.ProxyRunningData{}
@@ -164,7 +167,10 @@ func TestPoolThroughPlannerAndHealth(t *testing.T) {
 		t.Errorf("%d VMs for a pool of 3", n)
 	}
 
-	api(t, ctx, e.conn, "pool", "delete", map[string]string{"name": "web"}, "")
+	accepted(t, ctx, "pool.delete web", "", func(ctx context.Context) error {
+		_, err := planner.PoolDelete(ctx, "web")
+		return err
+	})
 	for {
 		vms, seeds, keys := e.fake.VMs(), e.fake.Volumes(node, "proxy-seeds"), e.reservations()
 		if len(vms) == 0 && len(seeds) == 0 && len(keys) == 0 {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
@@ -121,7 +122,15 @@ func (r *Runtime) appendTerminated(ctx context.Context, last *bus.Event, proxyID
 	defer span.End()
 	data := events.ProxyFailedData{Class: events.ClassTerminated, Reason: reason, Attempt: attempt}
 	id := events.ProxyEventID(proxyID, events.ProxyFailed, last.Seq) + "." + events.ClassTerminated
-	if err := r.publish(ctx, proxyID, events.ProxyFailed, id, data); err != nil {
+	// Expecting the event the proxy was judged by: a decision appended
+	// meanwhile (the planner retiring it) makes the instance's death its
+	// delete's business, and the next recheck judges again.
+	err := r.publishExpecting(ctx, proxyID, events.ProxyFailed, id, data, &bus.Expect{Seq: last.Seq})
+	if errors.Is(err, bus.ErrConflict) {
+		r.log.DebugContext(ctx, "recheck: the proxy changed since it was judged; judging it again next time", "proxy", proxyID)
+		return
+	}
+	if err != nil {
 		spanFailed(ctx, err, "append failed")
 		r.log.WarnContext(ctx, "recheck: publish failed; the next recheck tries again", "proxy", proxyID, "err", err)
 		return

@@ -561,6 +561,13 @@ func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, p
 // publish appends one observation of proxyID to FLEET_EVENTS under a
 // producer span of its own, which the event carries as its trace context.
 func (r *Runtime) publish(ctx context.Context, proxyID, kind, msgID string, data any) error {
+	return r.publishExpecting(ctx, proxyID, kind, msgID, data, nil)
+}
+
+// publishExpecting appends an observation that holds only while the
+// proxy's last event is still the one expect names: a conflict means the
+// proxy changed since it was judged, and nothing is appended.
+func (r *Runtime) publishExpecting(ctx context.Context, proxyID, kind, msgID string, data any, expect *bus.Expect) error {
 	ctx, span := r.tracer.Start(ctx, "agent.publish", trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("event", kind),
 			attribute.String("messaging.system", "nats"),
@@ -568,7 +575,7 @@ func (r *Runtime) publish(ctx context.Context, proxyID, kind, msgID string, data
 			attribute.String("messaging.destination.name", events.SubjectOf(r.source, events.AggregateProxy, proxyID, kind)),
 			attribute.String("messaging.message.id", msgID)))
 	defer span.End()
-	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, kind, msgID, data, nil)
+	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, kind, msgID, data, expect)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "append "+kind+" failed")

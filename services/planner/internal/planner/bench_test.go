@@ -168,7 +168,7 @@ func BenchmarkPlannerStart(b *testing.B) {
 	// The snapshot the last sub-benchmark starts from, written by a
 	// replica that replayed the log up to it.
 	p, _, stop := startPlanner(b, c, cfg)
-	snapSeq, err := p.writeSnapshot(context.Background())
+	snapSeq, err := p.snap.writeSnapshot(context.Background())
 	stop()
 	if err != nil {
 		b.Fatal(err)
@@ -207,8 +207,8 @@ func BenchmarkPlannerStart(b *testing.B) {
 		for range b.N {
 			p, took, stop := startPlanner(b, c, cfg)
 			stop()
-			if p.snapLoaded != 0 {
-				b.Fatalf("started from a snapshot at %d", p.snapLoaded)
+			if p.snap.loaded != 0 {
+				b.Fatalf("started from a snapshot at %d", p.snap.loaded)
 			}
 			total += took
 		}
@@ -224,8 +224,8 @@ func BenchmarkPlannerStart(b *testing.B) {
 		for range b.N {
 			p, took, stop := startPlanner(b, c, cfg)
 			stop()
-			if p.snapLoaded != snapSeq {
-				b.Fatalf("started from snapshot %d, want %d", p.snapLoaded, snapSeq)
+			if p.snap.loaded != snapSeq {
+				b.Fatalf("started from snapshot %d, want %d", p.snap.loaded, snapSeq)
 			}
 			total += took
 		}

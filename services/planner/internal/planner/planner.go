@@ -201,17 +201,8 @@ type Planner struct {
 	seen map[string]map[string]bool
 	// progressed is closed and replaced whenever st advances.
 	progressed chan struct{}
-	// snapLoaded is the sequence of the snapshot Run started from, 0 after
-	// a full replay; set before the projection follows the log.
-	snapLoaded uint64
-	// snapSeq is the sequence of the newest snapshot this replica wrote,
-	// loaded or found stored.
-	snapSeq uint64
-	// snapKick asks the snapshot loop for a snapshot.
-	snapKick chan struct{}
-	// snapStore is the snapshot object store, opened on first use by the
-	// one goroutine that loads or writes snapshots at a time.
-	snapStore jetstream.ObjectStore
+	// snap writes and loads the state's snapshots (snapshot.go).
+	snap *snapshots
 	// leaseKV is fleet-planner, set by Run: the leader lease and the
 	// snapshot writer's claim.
 	leaseKV jetstream.KeyValue
@@ -251,7 +242,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		return nil, fmt.Errorf("planner metrics: %w", err)
 	}
 	log = log.With("planner", cfg.ID)
-	return &Planner{
+	p := &Planner{
 		m:          m,
 		conn:       conn,
 		store:      bus.NewEventStore(conn, Source, log),
@@ -266,9 +257,10 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		seen:       map[string]map[string]bool{},
 		progressed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
-		snapKick:   make(chan struct{}, 1),
 		deposed:    make(chan *leadership, 1),
-	}, nil
+	}
+	p.snap = &snapshots{Planner: p, kick: make(chan struct{}, 1)}
+	return p, nil
 }
 
 // IsLeader reports whether this replica holds the lease and reconciles.
@@ -305,9 +297,9 @@ func (p *Planner) Run(ctx context.Context) error {
 
 	start := time.Now()
 	var fromSnap uint64
-	if st := p.loadSnapshot(ctx); st != nil {
+	if st := p.snap.loadSnapshot(ctx); st != nil {
 		p.mu.Lock()
-		p.st, p.snapSeq, p.snapLoaded, fromSnap = st, st.seq, st.seq, st.seq
+		p.st, p.snap.seq, p.snap.loaded, fromSnap = st, st.seq, st.seq, st.seq
 		p.mu.Unlock()
 		p.log.Info("state loaded from a snapshot; replaying the events after it", "seq", fromSnap, "took", time.Since(start).String())
 	}
@@ -329,7 +321,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	seq := p.st.seq
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
-	wg.Go(func() { p.snapshotLoop(ctx) })
+	wg.Go(func() { p.snap.snapshotLoop(ctx) })
 	for _, r := range p.credReaders {
 		wg.Go(func() { p.probeCredsLoop(ctx, r) })
 	}
@@ -395,11 +387,11 @@ func (p *Planner) onEvent(ev bus.Event) error {
 	relevant := p.st.apply(ev)
 	close(p.progressed)
 	p.progressed = make(chan struct{})
-	due := p.cfg.SnapshotEvery > 0 && p.st.seq-p.snapSeq >= uint64(p.cfg.SnapshotEvery)
+	due := p.cfg.SnapshotEvery > 0 && p.st.seq-p.snap.seq >= uint64(p.cfg.SnapshotEvery)
 	p.mu.Unlock()
 	if due {
 		select {
-		case p.snapKick <- struct{}{}:
+		case p.snap.kick <- struct{}{}:
 		default:
 		}
 	}

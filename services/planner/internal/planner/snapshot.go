@@ -314,16 +314,34 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 	return s, nil
 }
 
-// snapshots returns the snapshot object store, opened on first use.
-func (p *Planner) snapshotStore(ctx context.Context) (jetstream.ObjectStore, error) {
-	if p.snapStore != nil {
-		return p.snapStore, nil
+// snapshots is the planner's checkpointing: it writes the state into the
+// object store and loads the latest snapshot at start. It embeds the
+// planner whose state it writes.
+type snapshots struct {
+	*Planner
+	// loaded is the sequence of the snapshot Run started from, 0 after a
+	// full replay; set before the projection follows the log.
+	loaded uint64
+	// seq is the sequence of the newest snapshot this replica wrote,
+	// loaded or found stored.
+	seq uint64
+	// kick asks the snapshot loop for a snapshot.
+	kick chan struct{}
+	// store is the snapshot object store, opened on first use by the one
+	// goroutine that loads or writes snapshots at a time.
+	store jetstream.ObjectStore
+}
+
+// snapshotStore returns the snapshot object store, opened on first use.
+func (sn *snapshots) snapshotStore(ctx context.Context) (jetstream.ObjectStore, error) {
+	if sn.store != nil {
+		return sn.store, nil
 	}
-	obs, err := p.conn.JS.ObjectStore(ctx, bus.ObjectSnapshots)
+	obs, err := sn.conn.JS.ObjectStore(ctx, bus.ObjectSnapshots)
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", bus.ObjectSnapshots, err)
 	}
-	p.snapStore = obs
+	sn.store = obs
 	return obs, nil
 }
 
@@ -337,8 +355,8 @@ func (e errNoSnapshot) Error() string { return "no snapshot has been written yet
 // the event log, or nil (with a warning saying why) when the log must be
 // replayed from its start. A missing snapshot is worth a warning only when
 // the log is long enough that one should have been written.
-func (p *Planner) loadSnapshot(ctx context.Context) *state {
-	st, err := p.readSnapshot(ctx)
+func (sn *snapshots) loadSnapshot(ctx context.Context) *state {
+	st, err := sn.readSnapshot(ctx)
 	if err == nil {
 		return st
 	}
@@ -347,20 +365,20 @@ func (p *Planner) loadSnapshot(ctx context.Context) *state {
 	}
 	level := slog.LevelWarn
 	var none errNoSnapshot
-	if errors.As(err, &none) && (p.cfg.SnapshotEvery < 0 || none.last < uint64(p.cfg.SnapshotEvery)) {
+	if errors.As(err, &none) && (sn.cfg.SnapshotEvery < 0 || none.last < uint64(sn.cfg.SnapshotEvery)) {
 		level = slog.LevelInfo
 	}
-	p.log.Log(ctx, level, "no usable planner snapshot; replaying the whole event log", "reason", err.Error())
+	sn.log.Log(ctx, level, "no usable planner snapshot; replaying the whole event log", "reason", err.Error())
 	return nil
 }
 
 // readSnapshot reads and checks the latest snapshot.
-func (p *Planner) readSnapshot(ctx context.Context) (*state, error) {
-	obs, err := p.snapshotStore(ctx)
+func (sn *snapshots) readSnapshot(ctx context.Context) (*state, error) {
+	obs, err := sn.snapshotStore(ctx)
 	if err != nil {
 		return nil, err
 	}
-	stream, err := p.conn.JS.Stream(ctx, bus.EventsStream)
+	stream, err := sn.conn.JS.Stream(ctx, bus.EventsStream)
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", bus.EventsStream, err)
 	}
@@ -391,14 +409,14 @@ func (p *Planner) readSnapshot(ctx context.Context) (*state, error) {
 		return nil, fmt.Errorf("read the snapshot: %w", err)
 	}
 	defer res.Close()
-	st, err := decodeSnapshot(res, p.log, p.cfg.KeepFinished)
+	st, err := decodeSnapshot(res, sn.log, sn.cfg.KeepFinished)
 	if err != nil {
 		return nil, fmt.Errorf("the snapshot is unreadable: %w", err)
 	}
 	if st.seq != seq {
 		return nil, fmt.Errorf("the snapshot's body covers sequence %d, its info says %d", st.seq, seq)
 	}
-	if err := p.checkAnchor(ctx, stream, st.anchor); err != nil {
+	if err := sn.checkAnchor(ctx, stream, st.anchor); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -406,7 +424,7 @@ func (p *Planner) readSnapshot(ctx context.Context) (*state, error) {
 
 // checkAnchor verifies that the event the snapshot names is in the stream
 // at its sequence.
-func (p *Planner) checkAnchor(ctx context.Context, stream jetstream.Stream, a anchor) error {
+func (sn *snapshots) checkAnchor(ctx context.Context, stream jetstream.Stream, a anchor) error {
 	if a.Seq == 0 {
 		return nil
 	}
@@ -436,13 +454,13 @@ var (
 // snapshot covers; [errSnapshotBusy] when another replica holds the write
 // claim; the stored snapshot's sequence and [errSnapshotSkipped] when that
 // one is at least as new.
-func (p *Planner) writeSnapshot(ctx context.Context) (uint64, error) {
-	obs, err := p.snapshotStore(ctx)
+func (sn *snapshots) writeSnapshot(ctx context.Context) (uint64, error) {
+	obs, err := sn.snapshotStore(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if p.leaseKV != nil {
-		rev, err := p.leaseKV.Create(ctx, snapshotClaimKey, []byte(p.cfg.ID))
+	if sn.leaseKV != nil {
+		rev, err := sn.leaseKV.Create(ctx, snapshotClaimKey, []byte(sn.cfg.ID))
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, errSnapshotBusy
 		}
@@ -452,12 +470,12 @@ func (p *Planner) writeSnapshot(ctx context.Context) (uint64, error) {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			_ = p.leaseKV.Delete(dctx, snapshotClaimKey, jetstream.LastRevision(rev))
+			_ = sn.leaseKV.Delete(dctx, snapshotClaimKey, jetstream.LastRevision(rev))
 		}()
 	}
-	p.mu.Lock()
-	img := p.st.image()
-	p.mu.Unlock()
+	sn.mu.Lock()
+	img := sn.st.image()
+	sn.mu.Unlock()
 	seq := img.header.Seq
 	if info, err := obs.GetInfo(ctx, snapshotObject); err == nil && info.Metadata[metaVersion] == strconv.Itoa(snapshotVersion) {
 		if have, err := strconv.ParseUint(info.Metadata[metaSeq], 10, 64); err == nil && have >= seq {
@@ -499,10 +517,10 @@ const (
 // SnapshotEvery sequences past the last one, and at least every
 // SnapshotInterval while it advances. It runs once the projection caught
 // up; a kick during the replay is served when it starts.
-func (p *Planner) snapshotLoop(ctx context.Context) {
+func (sn *snapshots) snapshotLoop(ctx context.Context) {
 	var tick <-chan time.Time
-	if p.cfg.SnapshotInterval > 0 {
-		t := time.NewTicker(p.cfg.SnapshotInterval)
+	if sn.cfg.SnapshotInterval > 0 {
+		t := time.NewTicker(sn.cfg.SnapshotInterval)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -511,45 +529,45 @@ func (p *Planner) snapshotLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-p.snapKick:
+		case <-sn.kick:
 		case <-tick:
 		}
 		if time.Now().Before(retryAt) {
 			continue
 		}
-		p.mu.Lock()
-		behind := p.st.seq - p.snapSeq
-		p.mu.Unlock()
+		sn.mu.Lock()
+		behind := sn.st.seq - sn.seq
+		sn.mu.Unlock()
 		if behind == 0 {
 			continue
 		}
 		start := time.Now()
-		seq, err := p.writeSnapshot(ctx)
+		seq, err := sn.writeSnapshot(ctx)
 		switch {
 		case errors.Is(err, errSnapshotSkipped):
-			p.noteSnapshot(seq)
-			p.log.Debug("snapshot skipped: the stored one is as new", "stored", seq)
+			sn.noteSnapshot(seq)
+			sn.log.Debug("snapshot skipped: the stored one is as new", "stored", seq)
 		case errors.Is(err, errSnapshotBusy):
 			retryAt = time.Now().Add(snapshotBusyRetry)
-			p.log.Debug("snapshot skipped: another replica is writing one")
+			sn.log.Debug("snapshot skipped: another replica is writing one")
 		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
 			retryAt = time.Now().Add(snapshotRetry)
-			p.log.Warn("writing a planner snapshot failed; start-up replays more of the log until one is written", "err", err, "retryIn", snapshotRetry.String())
+			sn.log.Warn("writing a planner snapshot failed; start-up replays more of the log until one is written", "err", err, "retryIn", snapshotRetry.String())
 		default:
-			p.noteSnapshot(seq)
-			p.log.Info("planner snapshot written", "seq", seq, "took", time.Since(start).Round(time.Millisecond).String())
+			sn.noteSnapshot(seq)
+			sn.log.Info("planner snapshot written", "seq", seq, "took", time.Since(start).Round(time.Millisecond).String())
 		}
 	}
 }
 
 // noteSnapshot records that a snapshot at seq is stored.
-func (p *Planner) noteSnapshot(seq uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if seq > p.snapSeq {
-		p.snapSeq = seq
+func (sn *snapshots) noteSnapshot(seq uint64) {
+	sn.mu.Lock()
+	defer sn.mu.Unlock()
+	if seq > sn.seq {
+		sn.seq = seq
 	}
 }

@@ -338,7 +338,7 @@ func TestStartFromSnapshotReplaysOnlyTheTail(t *testing.T) {
 	g.fill(3000)
 	p1 := h.follower("p1")
 	h.folded(p1)
-	k, err := p1.writeSnapshot(t.Context())
+	k, err := p1.snap.writeSnapshot(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,14 +346,14 @@ func TestStartFromSnapshotReplaysOnlyTheTail(t *testing.T) {
 		t.Fatalf("snapshot covers %d, want the stream's last sequence %d", k, last)
 	}
 	// Writing again with nothing new stores nothing new.
-	if again, err := p1.writeSnapshot(t.Context()); !errors.Is(err, errSnapshotSkipped) || again != k {
+	if again, err := p1.snap.writeSnapshot(t.Context()); !errors.Is(err, errSnapshotSkipped) || again != k {
 		t.Fatalf("second snapshot at the same sequence: got %d, %v; want %d, skipped", again, err, k)
 	}
 	g.fill(g.n + 1500)
 
 	p2 := h.follower("p2")
-	if p2.snapLoaded != k {
-		t.Fatalf("p2 started from snapshot %d, want %d", p2.snapLoaded, k)
+	if p2.snap.loaded != k {
+		t.Fatalf("p2 started from snapshot %d, want %d", p2.snap.loaded, k)
 	}
 	h.compareWithReplay(p2, "p2 (snapshot + tail)")
 	h.compareWithReplay(p1, "p1 (full replay, then followed)")
@@ -416,9 +416,9 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 			// A snapshot is due every 100 sequences (so a missing one is
 			// worth a warning), but none is written during the test.
 			r := h.startPlannerWith(Config{ID: fmt.Sprintf("r%d", i), SnapshotEvery: 100, SnapshotInterval: -1, KeepFinished: testKeep}, nil,
-				func(p *Planner) { p.log, p.snapKick = slog.New(rec), nil })
-			if r.snapLoaded != 0 {
-				t.Fatalf("loaded the %s snapshot (at %d), want a full replay", tc.name, r.snapLoaded)
+				func(p *Planner) { p.log, p.snap.kick = slog.New(rec), nil })
+			if r.snap.loaded != 0 {
+				t.Fatalf("loaded the %s snapshot (at %d), want a full replay", tc.name, r.snap.loaded)
 			}
 			if logs := rec.all(); !slices.Contains(logs, "WARN no usable planner snapshot; replaying the whole event log") {
 				t.Errorf("warnings: got %q, want one saying the log is replayed", logs)
@@ -431,8 +431,8 @@ func TestUnusableSnapshotFallsBackToFullReplay(t *testing.T) {
 	// alone.
 	h.putSnapshot(valid, version, k, 1024)
 	r := h.follower("valid")
-	if r.snapLoaded != k {
-		t.Fatalf("valid snapshot: started from %d, want %d", r.snapLoaded, k)
+	if r.snap.loaded != k {
+		t.Fatalf("valid snapshot: started from %d, want %d", r.snap.loaded, k)
 	}
 	h.compareWithReplay(r, "valid snapshot")
 }
@@ -465,7 +465,7 @@ func TestSnapshotOfRecreatedStreamIsNotLoaded(t *testing.T) {
 	h.holdLease()
 	newLogGen(t, h.c, 17).fill(800)
 	p1 := h.follower("p1")
-	k, err := p1.writeSnapshot(t.Context())
+	k, err := p1.snap.writeSnapshot(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,8 +481,8 @@ func TestSnapshotOfRecreatedStreamIsNotLoaded(t *testing.T) {
 		t.Fatalf("the new history (%d events) must outgrow the snapshot (%d)", last, k)
 	}
 	p2 := h.follower("p2")
-	if p2.snapLoaded != 0 {
-		t.Fatalf("loaded the old stream's snapshot (at %d)", p2.snapLoaded)
+	if p2.snap.loaded != 0 {
+		t.Fatalf("loaded the old stream's snapshot (at %d)", p2.snap.loaded)
 	}
 	h.compareWithReplay(p2, "after the stream was recreated")
 }

@@ -220,7 +220,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *api.APIErro
 				if aerr := p.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
 					return nil, aerr
 				}
-				p.probeCredNow(ctx, spec.Name)
+				p.creds.probeCredNow(ctx, spec.Name)
 				return p.poolView(spec.Name), nil
 			}
 		}
@@ -247,7 +247,7 @@ func (p *Planner) poolApply(ctx context.Context, body []byte) (any, *api.APIErro
 		if err := p.waitSeq(ctx, seq); err != nil {
 			return nil, internal("pool recorded but not yet visible; get it again")
 		}
-		p.probeCredNow(ctx, spec.Name)
+		p.creds.probeCredNow(ctx, spec.Name)
 		return p.poolView(spec.Name), nil
 	}
 	return nil, &api.APIError{Status: "409", Code: api.CodeConflict, Message: "the pool keeps changing concurrently; retry"}

@@ -185,9 +185,9 @@ type Planner struct {
 	demand   demandSeen
 
 	secrets jetstream.KeyValue
-	// credReaders are health (fleet-probe-creds) and the gateway
-	// (fleet-gateway-creds), set by Run.
-	credReaders []*credReader
+	// creds seals the pools' passwords to health and the gateway
+	// (probecreds.go).
+	creds *credentials
 	// digestKey keys the secrets digests in events; set by Run.
 	digestKey []byte
 	// agentsKV is fleet-agents, set by Run before the API starts.
@@ -260,6 +260,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		deposed:    make(chan *leadership, 1),
 	}
 	p.snap = &snapshots{Planner: p, kick: make(chan struct{}, 1)}
+	p.creds = &credentials{Planner: p}
 	return p, nil
 }
 
@@ -322,8 +323,8 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
 	wg.Go(func() { p.snap.snapshotLoop(ctx) })
-	for _, r := range p.credReaders {
-		wg.Go(func() { p.probeCredsLoop(ctx, r) })
+	for _, r := range p.creds.readers {
+		wg.Go(func() { p.creds.probeCredsLoop(ctx, r) })
 	}
 
 	svc, err := p.startAPI()
@@ -346,12 +347,12 @@ func (p *Planner) openSecrets(ctx context.Context) error {
 	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
 	}
-	p.credReaders = nil
+	p.creds.readers = nil
 	for _, r := range []credReader{{name: "health", bucket: bus.BucketProbeCreds}, {name: "the gateway", bucket: bus.BucketGatewayCreds}} {
 		if r.kv, err = p.conn.JS.KeyValue(ctx, r.bucket); err != nil {
 			return fmt.Errorf("bucket %s: %w", r.bucket, err)
 		}
-		p.credReaders = append(p.credReaders, &r)
+		p.creds.readers = append(p.creds.readers, &r)
 	}
 	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
 		return err

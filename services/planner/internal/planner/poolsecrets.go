@@ -23,7 +23,7 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *api.
 	for range maxConflictRetries {
 		e, err := p.secrets.Get(ctx, pool)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			p.removeCreds(ctx, pool, rev)
+			p.creds.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		if err != nil {
@@ -37,7 +37,7 @@ func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *api.
 		err = p.secrets.Purge(ctx, pool, jetstream.LastRevision(e.Revision()))
 		if err == nil {
 			p.log.InfoContext(ctx, "pool secrets removed", "pool", pool, "revision", rev)
-			p.removeCreds(ctx, pool, rev)
+			p.creds.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		// Most likely the key changed since it was read: read it again.

@@ -18,6 +18,16 @@ import (
 // a write that raced a key change or an apply.
 const probeCredsSweep = 30 * time.Second
 
+// credentials keeps the pools' passwords sealed to each service that
+// uses them (health, the gateway) in that service's bucket. It embeds the
+// planner whose state and fleet-secrets it reads.
+type credentials struct {
+	*Planner
+	// readers are health (fleet-probe-creds) and the gateway
+	// (fleet-gateway-creds), set by Run.
+	readers []*credReader
+}
+
 // credReader is a service that uses the pools' proxy passwords without
 // reading fleet-secrets: it announces a curve key under
 // events.ProbeRecipientKey in its bucket, and the planner seals each
@@ -33,7 +43,7 @@ type credReader struct {
 // probeCredsLoop keeps r's bucket current, so r uses each pool's
 // password without reading fleet-secrets: at start, whenever r announces
 // a new key, and every probeCredsSweep.
-func (p *Planner) probeCredsLoop(ctx context.Context, r *credReader) {
+func (c *credentials) probeCredsLoop(ctx context.Context, r *credReader) {
 	t := time.NewTicker(probeCredsSweep)
 	defer t.Stop()
 	var w jetstream.KeyWatcher
@@ -42,11 +52,11 @@ func (p *Planner) probeCredsLoop(ctx context.Context, r *credReader) {
 		if w == nil {
 			var err error
 			if w, err = r.kv.Watch(ctx, events.ProbeRecipientKey, jetstream.UpdatesOnly()); err != nil {
-				p.log.Warn("watch the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
+				c.log.Warn("watch the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
 				w = nil
 			}
 		}
-		p.syncProbeCreds(ctx, r)
+		c.syncProbeCreds(ctx, r)
 		var updates <-chan jetstream.KeyValueEntry
 		if w != nil {
 			updates = w.Updates()
@@ -65,7 +75,7 @@ func (p *Planner) probeCredsLoop(ctx context.Context, r *credReader) {
 }
 
 // probeRecipient returns the curve key r announced, "" when none.
-func (p *Planner) probeRecipient(ctx context.Context, r *credReader) (string, error) {
+func (c *credentials) probeRecipient(ctx context.Context, r *credReader) (string, error) {
 	e, err := r.kv.Get(ctx, events.ProbeRecipientKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", nil
@@ -75,7 +85,7 @@ func (p *Planner) probeRecipient(ctx context.Context, r *credReader) (string, er
 	}
 	to := string(e.Value())
 	if err := seal.CheckPublic(to); err != nil {
-		p.log.Warn("the announced key is not a curve key; passwords are not sealed to it until it is", "reader", r.name, "bucket", r.bucket, "key", events.ProbeRecipientKey)
+		c.log.Warn("the announced key is not a curve key; passwords are not sealed to it until it is", "reader", r.name, "bucket", r.bucket, "key", events.ProbeRecipientKey)
 		return "", nil
 	}
 	return to, nil
@@ -83,10 +93,10 @@ func (p *Planner) probeRecipient(ctx context.Context, r *credReader) (string, er
 
 // syncProbeCreds brings every pool's credential in r's bucket up to
 // date, and removes those of deleted pools.
-func (p *Planner) syncProbeCreds(ctx context.Context, r *credReader) {
-	to, err := p.probeRecipient(ctx, r)
+func (c *credentials) syncProbeCreds(ctx context.Context, r *credReader) {
+	to, err := c.probeRecipient(ctx, r)
 	if err != nil {
-		p.log.Warn("read the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
+		c.log.Warn("read the announced key", "reader", r.name, "bucket", r.bucket, "err", err)
 		return
 	}
 	type poolRev struct {
@@ -94,22 +104,22 @@ func (p *Planner) syncProbeCreds(ctx context.Context, r *credReader) {
 		deleted bool
 		rev     int
 	}
-	p.mu.Lock()
-	pools := make([]poolRev, 0, len(p.st.pools))
-	for name, pl := range p.st.pools {
+	c.mu.Lock()
+	pools := make([]poolRev, 0, len(c.st.pools))
+	for name, pl := range c.st.pools {
 		pools = append(pools, poolRev{name: name, deleted: pl.Deleted, rev: pl.Revision})
 	}
-	p.mu.Unlock()
+	c.mu.Unlock()
 	for _, pl := range pools {
 		if ctx.Err() != nil {
 			return
 		}
 		if pl.deleted {
-			p.removeProbeCred(ctx, r, pl.name, pl.rev)
+			c.removeProbeCred(ctx, r, pl.name, pl.rev)
 			continue
 		}
 		if to != "" {
-			p.syncProbeCred(ctx, r, pl.name, to)
+			c.syncProbeCred(ctx, r, pl.name, to)
 		}
 	}
 }
@@ -117,26 +127,26 @@ func (p *Planner) syncProbeCreds(ctx context.Context, r *credReader) {
 // probeCredNow brings an applied pool's credentials up to date at once,
 // so health and the gateway use a new password without waiting for the
 // sweep. A failure only delays it to the sweep.
-func (p *Planner) probeCredNow(ctx context.Context, pool string) {
-	for _, r := range p.credReaders {
-		to, err := p.probeRecipient(ctx, r)
+func (c *credentials) probeCredNow(ctx context.Context, pool string) {
+	for _, r := range c.readers {
+		to, err := c.probeRecipient(ctx, r)
 		if err != nil || to == "" {
 			continue
 		}
-		p.syncProbeCred(ctx, r, pool, to)
+		c.syncProbeCred(ctx, r, pool, to)
 	}
 }
 
 // syncProbeCred seals the pool's password from fleet-secrets to r's key
 // to, unless the stored credential already is that. A pool without a
 // password has no credential.
-func (p *Planner) syncProbeCred(ctx context.Context, r *credReader, pool, to string) {
-	e, err := p.secrets.Get(ctx, pool)
+func (c *credentials) syncProbeCred(ctx context.Context, r *credReader, pool, to string) {
+	e, err := c.secrets.Get(ctx, pool)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return
 	}
 	if err != nil {
-		p.log.Warn("read pool secrets for the probe credential", "pool", pool, "err", err)
+		c.log.Warn("read pool secrets for the probe credential", "pool", pool, "err", err)
 		return
 	}
 	var s events.PoolSecrets
@@ -145,7 +155,7 @@ func (p *Planner) syncProbeCred(ctx context.Context, r *credReader, pool, to str
 	}
 	if s.Password == "" {
 		if err := r.kv.Purge(ctx, pool); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			p.log.Warn("remove the credential of a pool without password", "reader", r.name, "pool", pool, "err", err)
+			c.log.Warn("remove the credential of a pool without password", "reader", r.name, "pool", pool, "err", err)
 		}
 		return
 	}
@@ -159,44 +169,44 @@ func (p *Planner) syncProbeCred(ctx context.Context, r *credReader, pool, to str
 	box, err := seal.Seal(plain, to)
 	clear(plain)
 	if err != nil {
-		p.log.Warn("seal the credential", "reader", r.name, "pool", pool, "err", err)
+		c.log.Warn("seal the credential", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
 	raw, _ := json.Marshal(events.ProbeCredential{Revision: s.Revision, Sealed: *box})
 	if _, err := r.kv.Put(ctx, pool, raw); err != nil {
-		p.log.Warn("store the credential", "reader", r.name, "bucket", r.bucket, "pool", pool, "err", err)
+		c.log.Warn("store the credential", "reader", r.name, "bucket", r.bucket, "pool", pool, "err", err)
 		return
 	}
-	p.log.Debug("credential sealed to the announced key", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", s.Revision)
+	c.log.Debug("credential sealed to the announced key", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", s.Revision)
 }
 
 // removeProbeCred purges r's credential of a pool deleted at revision
 // rev; one sealed from a later revision (the pool was applied again) is
 // kept.
-func (p *Planner) removeProbeCred(ctx context.Context, r *credReader, pool string, rev int) {
+func (c *credentials) removeProbeCred(ctx context.Context, r *credReader, pool string, rev int) {
 	e, err := r.kv.Get(ctx, pool)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return
 	}
 	if err != nil {
-		p.log.Warn("read the credential for removal", "reader", r.name, "pool", pool, "err", err)
+		c.log.Warn("read the credential for removal", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
-	var c events.ProbeCredential
-	if json.Unmarshal(e.Value(), &c) == nil && c.Revision > rev {
+	var cred events.ProbeCredential
+	if json.Unmarshal(e.Value(), &cred) == nil && cred.Revision > rev {
 		return
 	}
 	if err := r.kv.Purge(ctx, pool, jetstream.LastRevision(e.Revision())); err != nil {
-		p.log.Debug("purge the credential", "reader", r.name, "pool", pool, "err", err)
+		c.log.Debug("purge the credential", "reader", r.name, "pool", pool, "err", err)
 		return
 	}
-	p.log.Info("credential removed", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", rev)
+	c.log.Info("credential removed", "reader", r.name, "bucket", r.bucket, "pool", pool, "revision", rev)
 }
 
 // removeCreds purges every reader's credential of a pool deleted at
 // revision rev.
-func (p *Planner) removeCreds(ctx context.Context, pool string, rev int) {
-	for _, r := range p.credReaders {
-		p.removeProbeCred(ctx, r, pool, rev)
+func (c *credentials) removeCreds(ctx context.Context, pool string, rev int) {
+	for _, r := range c.readers {
+		c.removeProbeCred(ctx, r, pool, rev)
 	}
 }

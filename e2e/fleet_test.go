@@ -31,6 +31,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // binDir holds the service binaries built once for the package.
@@ -493,15 +494,10 @@ func (f *fleet) subjectCount(filter string) (int, uint64) {
 	return len(info.State.Subjects), n
 }
 
+// waitFor is [testwait.Until], under the name every e2e test uses.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Until(t, within, what, cond)
 }
 
 // origin is a local HTTP server the tests reach through the proxies.

@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,12 +14,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // metricsTarget is one entry of <run-dir>/metrics-targets.json
@@ -183,7 +182,7 @@ func TestObserve(t *testing.T) {
 		"PROXYFLEET_OTLP_HTTP_ADDR="+otlpHTTP,
 	)
 	obs.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out lockedBuffer
+	var out testwait.Buffer
 	obs.Stdout, obs.Stderr = &out, &out
 	if err := obs.Start(); err != nil {
 		t.Fatal(err)
@@ -353,22 +352,4 @@ func cleanUpPool(t *testing.T, r *runScript, env string) {
 	if o, err := r.shell(env + ` && nats req fleet.api.pool.delete '{"name":"demo"}'`); err != nil {
 		t.Logf("pool.delete: %v\n%s", err, o)
 	}
-}
-
-// lockedBuffer collects a process's output for reading while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

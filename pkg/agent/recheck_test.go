@@ -202,17 +202,6 @@ func TestRecheckDoesNotRaceCommands(t *testing.T) {
 	h.waitQueueEmpty()
 }
 
-func waitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func count(evs []bus.Event, kind string) int {
 	n := 0
 	for _, e := range evs {

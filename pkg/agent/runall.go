@@ -2,9 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
+
+	"proxyfleet/pkg/rungroup"
 )
 
 // Runner serves until its context ends; a [*Runtime] is one. String names
@@ -22,23 +22,16 @@ func (r *Runtime) String() string {
 }
 
 // RunAll runs every runner of one process (an agent serving several
-// targets) until ctx ends. The first to fail stops the others, so a
-// supervisor restarts the process whole rather than leave it half serving.
-// RunAll returns when all have returned, with every failure joined, each
-// named by its runner.
+// targets) until ctx ends, as one stage of a [rungroup.Group]: the first to
+// return stops the others, so a supervisor restarts the process whole
+// rather than leave it half serving. RunAll returns when all have
+// returned, with the first failure, named by its runner.
 func RunAll(ctx context.Context, runners ...Runner) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make([]error, len(runners))
-	var wg sync.WaitGroup
+	members := make([]rungroup.Member, len(runners))
 	for i, r := range runners {
-		wg.Go(func() {
-			if err := r.Run(ctx); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", r, err)
-				cancel()
-			}
-		})
+		members[i] = rungroup.Member{Name: r.String(), Run: r.Run}
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	var g rungroup.Group
+	g.Add(members...)
+	return g.Run(ctx)
 }

@@ -542,16 +542,12 @@ func (r *Runtime) handleCreate(ctx context.Context, msg jetstream.Msg, cmd event
 // command was taken.)
 func (r *Runtime) begin(ctx context.Context, msg jetstream.Msg, verb, proxyID, pool string, attempt int) (context.Context, *slog.Logger, func()) {
 	ctx = telemetry.Extract(ctx, msg.Headers())
-	attrs := []attribute.KeyValue{
+	attrs := append(telemetry.MessagingAttrs(telemetry.OpProcess, msg.Subject(), ""),
 		attribute.String("proxy", proxyID), attribute.String("pool", pool),
 		attribute.String("entry", r.cfg.Info.Entry), attribute.String("target", r.cfg.Info.Target), attribute.Int("attempt", attempt),
-		attribute.String("messaging.system", "nats"),
-		attribute.String("messaging.operation.type", "process"),
-		attribute.String("messaging.destination.name", msg.Subject()),
-		attribute.String("messaging.consumer.group.name", bus.AgentConsumerName(r.cfg.Info.Entry, r.cfg.Info.Target)),
-	}
+		telemetry.AttrConsumerGroup.String(bus.AgentConsumerName(r.cfg.Info.Entry, r.cfg.Info.Target)))
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
-		attrs = append(attrs, attribute.String("messaging.message.id", id))
+		attrs = append(attrs, telemetry.AttrMessageID.String(id))
 	}
 	ctx, span := r.tracer.Start(ctx, "agent."+verb, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	log := r.log.With("proxy", proxyID, "pool", pool, "attempt", attempt)
@@ -569,11 +565,8 @@ func (r *Runtime) publish(ctx context.Context, proxyID, kind, msgID string, data
 // proxy changed since it was judged, and nothing is appended.
 func (r *Runtime) publishExpecting(ctx context.Context, proxyID, kind, msgID string, data any, expect *bus.Expect) error {
 	ctx, span := r.tracer.Start(ctx, "agent.publish", trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("event", kind),
-			attribute.String("messaging.system", "nats"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.destination.name", events.SubjectOf(r.source, events.AggregateProxy, proxyID, kind)),
-			attribute.String("messaging.message.id", msgID)))
+		trace.WithAttributes(telemetry.MessagingAttrs(telemetry.OpSend, events.SubjectOf(r.source, events.AggregateProxy, proxyID, kind), "")...),
+		trace.WithAttributes(attribute.String("proxy", proxyID), attribute.String("event", kind), telemetry.AttrMessageID.String(msgID)))
 	defer span.End()
 	_, err := r.store.Append(ctx, events.AggregateProxy, proxyID, kind, msgID, data, expect)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // memDriver is a stateful in-memory backend: instances get an address after
@@ -196,20 +197,26 @@ func (h *harness) waitFor(id, kind string) []bus.Event {
 // waitForWithin is waitFor with its own deadline.
 func (h *harness) waitForWithin(id, kind string, within time.Duration) []bus.Event {
 	h.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		evs, err := h.store.Load(context.Background(), events.AggregateProxy, id)
-		if err != nil {
+	var evs []bus.Event
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	err := testwait.For(ctx, func() bool {
+		var err error
+		if evs, err = h.store.Load(context.Background(), events.AggregateProxy, id); err != nil {
 			h.t.Fatal(err)
 		}
-		if len(evs) > 0 && evs[len(evs)-1].Kind == kind {
-			return evs
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(evs) > 0 && evs[len(evs)-1].Kind == kind
+	})
+	if err != nil {
+		h.t.Fatalf("proxy %s never reached %s; events: %v", id, kind, kinds(evs))
 	}
-	evs, _ := h.store.Load(context.Background(), events.AggregateProxy, id)
-	h.t.Fatalf("proxy %s never reached %s; events: %v", id, kind, kinds(evs))
-	return nil
+	return evs
+}
+
+// waitCond waits for cond within the 20s these tests allow a condition.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testwait.Until(t, 20*time.Second, what, cond)
 }
 
 func kinds(evs []bus.Event) []string {
@@ -222,16 +229,11 @@ func kinds(evs []bus.Event) []string {
 
 func (h *harness) waitQueueEmpty() {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	testwait.Until(h.t, 20*time.Second, "the commands to be acknowledged", func() bool {
 		s, _ := h.conn.JS.Stream(context.Background(), bus.CommandsStream)
 		info, _ := s.Info(context.Background())
-		if info.State.Msgs == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	h.t.Fatal("commands were never acknowledged")
+		return info.State.Msgs == 0
+	})
 }
 
 func TestCreatePublishesProvisioningThenRunning(t *testing.T) {

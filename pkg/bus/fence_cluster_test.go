@@ -14,6 +14,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 )
 
 // startCluster runs three JetStream servers routed into one cluster, as an
@@ -202,18 +203,13 @@ func TestFencedBatchesOnReplicatedStream(t *testing.T) {
 // applied an acknowledged batch yet.
 func waitLast(ctx context.Context, t *testing.T, s *bus.EventStore, id string) *bus.Event {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		last, err := s.Last(ctx, events.AggregateProxy, id)
-		if err != nil {
+	var last *bus.Event
+	testwait.Until(t, 30*time.Second, id+" stored", func() bool {
+		var err error
+		if last, err = s.Last(ctx, events.AggregateProxy, id); err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if last != nil {
-			return last
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not stored after 30 s", id)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return last != nil
+	})
+	return last
 }

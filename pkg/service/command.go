@@ -2,11 +2,12 @@ package service
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
+
+	"proxyfleet/pkg/rungroup"
 )
 
 // Command is the command line of one agent binary: the common [Flags]
@@ -56,29 +57,26 @@ func (c *Command) Printf(format string, args ...any) {
 }
 
 // Serve runs the service until SIGINT or SIGTERM: it starts the logger,
-// telemetry and NATS ([Start]), calls run with a context that ends on the
-// signal, and closes them when run returns. The exit status is 0 when run
-// returns nil or ends with the cancelled context after the signal, 1 when
-// start-up or run fails (the error is logged), and 2
-// when no NATS server is given (a [Command] never embeds one).
+// telemetry and NATS ([Start]), runs run as the one member of a
+// [rungroup.Group] (its context ends on the signal), and closes them when run
+// returns. The exit status is 0 when run returns nil or ends with the
+// cancelled context after the signal, 1 when start-up or run fails, or run
+// does not return within the group's stop bound (the error is logged), and
+// 2 when no NATS server is given (a [Command] never embeds one).
 func (c *Command) Serve(run func(ctx context.Context, base *Base) error) int {
 	if err := c.Common.needServer(c.Name); err != nil {
 		return c.Fail(2, err)
 	}
-	ctx, stop := SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
 	base, err := Start(ctx, c.Name, c.Common)
 	if err != nil {
 		return c.Fail(1, err)
 	}
 	defer base.Close()
-	if err := run(ctx, base); err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			// The signal came while run was still starting (an error
-			// wrapping the cancelled context): a clean stop all the same.
-			base.Log.Info("stopped by signal", "during", err.Error())
-			return 0
-		}
+	g := rungroup.Group{Log: base.Log}
+	g.Go(c.Name, func(ctx context.Context) error { return run(ctx, base) })
+	if err := g.Run(ctx); err != nil {
 		base.Log.Error("stopped", "err", err)
 		return 1
 	}

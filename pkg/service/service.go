@@ -1,7 +1,7 @@
 // Package service is the start-up every proxyfleet binary shares: the common
 // flags (NATS, data directory, logging, metrics), the JSON logger, telemetry,
-// the NATS connection and the stream topology, and a context that ends on
-// SIGINT or SIGTERM. Each cmd/<svc>/main.go composes it with its own adapters.
+// the NATS connection and the stream topology. Each cmd/<svc>/main.go
+// composes it with its own adapters and runs them in a [rungroup.Group].
 package service
 
 import (
@@ -12,8 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"proxyfleet/pkg/bus"
@@ -198,9 +196,46 @@ func (b *Base) Close() {
 	_ = b.Tel.Close(ctx)
 }
 
-// SignalContext returns a context cancelled by SIGINT or SIGTERM.
-func SignalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// NewFlagSet returns the flag set of service name: parse errors are
+// returned, and --help prints usage and then every flag.
+func NewFlagSet(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// ParseFlags parses args into fs and refuses positional arguments. After
+// --help its error is [flag.ErrHelp].
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
+// Main is the func main of a service whose command line parse reads: it
+// returns the exit status, 0 after --help or a clean stop, 2 when parse
+// fails and 1 when run does, the error on stderr as "<name>: <err>".
+func Main[F any](name string, args []string, stderr io.Writer, parse func(args []string) (F, error), run func(F) error) int {
+	f, err := parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	if err := run(f); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
 }
 
 // ParseArgs parses a service's command line into fs, which must use

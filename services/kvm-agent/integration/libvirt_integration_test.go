@@ -29,6 +29,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/kvm-agent/internal/config"
 	"proxyfleet/services/kvm-agent/internal/image"
 	"proxyfleet/services/kvm-agent/internal/kvm"
@@ -99,15 +100,10 @@ func hasVolume(t *testing.T, pool, prefix string) []string {
 	return out
 }
 
+// eventually waits for cond within timeout.
 func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testwait.Until(t, timeout, what, cond)
 }
 
 // testImage makes a small qcow2 disk with qemu-img and serves it.

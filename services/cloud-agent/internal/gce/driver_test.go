@@ -16,6 +16,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/cloud-agent/internal/config"
 )
 
@@ -59,19 +60,15 @@ func ctx(t testing.TB) context.Context {
 // waitRunning polls Get as the agent runtime does.
 func waitRunning(t *testing.T, d *Driver, ref agent.Ref) agent.Instance {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		inst, err := d.Get(ctx(t), ref)
-		if err != nil {
+	var inst agent.Instance
+	testwait.Until(t, 10*time.Second, ref.Name+" to reach running", func() bool {
+		var err error
+		if inst, err = d.Get(ctx(t), ref); err != nil {
 			t.Fatalf("get: %v", err)
 		}
-		if inst.State == agent.StateRunning {
-			return inst
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("%s never reached running", ref.Name)
-	return agent.Instance{}
+		return inst.State == agent.StateRunning
+	})
+	return inst
 }
 
 func TestCreateWaitsForOperationThenReportsAddress(t *testing.T) {

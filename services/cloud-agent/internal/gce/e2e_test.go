@@ -1,7 +1,6 @@
 package gce
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,25 +20,8 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/pkg/testwait"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent log writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // serviceAccountFile writes a service-account key whose token endpoint is
 // the fake, and returns its path and private key id.
@@ -78,7 +59,7 @@ func must[T any](v T, err error) T {
 // user-data appears in the logs.
 func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 	f := newFakeCompute(t, "zone-a")
-	var logs syncBuffer
+	var logs testwait.Buffer
 	log := telemetry.NewLogger(&logs, slog.LevelDebug, "cloud-agent")
 	// The client library's own logging at its highest level, to stderr.
 	t.Setenv("GOOGLE_SDK_GO_LOGGING_LEVEL", "debug")
@@ -125,9 +106,9 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 	}
 	providerIDs := map[string]string{}
 	for _, id := range ids {
-		evs := waitEvent(t, store, id, events.ProxyRunning)
+		ev := bustest.WaitEvent(t, 30*time.Second, store, id, events.ProxyRunning)
 		var run events.ProxyRunningData
-		if err := evs[len(evs)-1].DecodeData(&run); err != nil {
+		if err := ev.DecodeData(&run); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.HasPrefix(run.Address, "203.0.113.") || !strings.HasSuffix(run.Address, ":3128") {
@@ -146,7 +127,7 @@ func TestEndToEndWithoutSecretsInLogs(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		waitEvent(t, store, id, events.ProxyDeleted)
+		bustest.WaitEvent(t, 30*time.Second, store, id, events.ProxyDeleted)
 	}
 	if n := f.count(); n != 0 {
 		t.Fatalf("%d instances left after deleting the pool", n)
@@ -188,7 +169,7 @@ func captureStderr(t *testing.T) func() string {
 	}
 	old := os.Stderr
 	os.Stderr = w
-	var buf syncBuffer
+	var buf testwait.Buffer
 	done := make(chan struct{})
 	go func() { defer close(done); _, _ = io.Copy(&buf, r) }()
 	stopped := false
@@ -203,26 +184,4 @@ func captureStderr(t *testing.T) func() string {
 	}
 	t.Cleanup(func() { stop() })
 	return stop
-}
-
-func waitEvent(t *testing.T, store *bus.EventStore, id, kind string) []bus.Event {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		evs, err := store.Load(context.Background(), events.AggregateProxy, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(evs) > 0 && evs[len(evs)-1].Kind == kind {
-			return evs
-		}
-		if len(evs) > 0 && evs[len(evs)-1].Kind == events.ProxyFailed {
-			var fd events.ProxyFailedData
-			_ = evs[len(evs)-1].DecodeData(&fd)
-			t.Fatalf("proxy %s failed: %+v", id, fd)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("proxy %s never reached %s", id, kind)
-	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // system runs planner, health and cloud-agent as processes on one NATS
@@ -122,12 +123,10 @@ func (s *system) proxies(pool string) []proxyView {
 
 func (s *system) waitFor(what string, within time.Duration, cond func() bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if testwait.For(ctx, cond) == nil {
+		return
 	}
 	s.t.Fatalf("timed out waiting for %s\n--- cloud-agent log tail:\n%s\n--- planner log tail:\n%s", what, tail(s.log("cloud-agent")), tail(s.log("planner")))
 }

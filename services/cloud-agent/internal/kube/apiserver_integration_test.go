@@ -30,6 +30,7 @@ import (
 
 	"proxyfleet/pkg/testgate"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 )
 
 // KubeVersion is the kube-apiserver the tier builds (services/cloud-agent/tools/kube).
@@ -238,15 +239,13 @@ func (c *controlPlane) stop() {
 }
 
 func poll(timeout time.Duration, fn func() error) error {
-	deadline := time.Now().Add(timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	var err error
-	for time.Now().Before(deadline) {
-		if err = fn(); err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+	if testwait.For(ctx, func() bool { err = fn(); return err == nil }) != nil {
+		return err
 	}
-	return err
+	return nil
 }
 
 func randHex(n int) string {

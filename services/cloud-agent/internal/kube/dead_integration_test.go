@@ -56,9 +56,9 @@ func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 		_, err := bus.PublishCreate(context.Background(), conn, "test", cmd, 0)
 		must(t, err)
 		name := events.InstanceName(id)
-		waitKind(t, store, id, events.ProxyProvisioning)
+		bustest.WaitEvent(t, 60*time.Second, store, id, events.ProxyProvisioning)
 		e.setStatus(ns, name, corev1.PodRunning, "10.244.3."+string(rune('1'+i)))
-		waitKind(t, store, id, events.ProxyRunning)
+		bustest.WaitEvent(t, 60*time.Second, store, id, events.ProxyRunning)
 	}
 	// A recheck lists both Pods running before they die, as in a fleet
 	// where they served for a while.

@@ -523,13 +523,13 @@ func TestKubeEndToEnd(t *testing.T) {
 			_, err := e.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 			return err
 		}))
-		waitKind(t, store, id, events.ProxyProvisioning)
+		bustest.WaitEvent(t, 60*time.Second, store, id, events.ProxyProvisioning)
 		e.setStatus(ns, name, corev1.PodRunning, "10.244.2."+string(rune('1'+i)))
 	}
 	for i, id := range ids {
-		evs := waitKind(t, store, id, events.ProxyRunning)
+		ev := bustest.WaitEvent(t, 60*time.Second, store, id, events.ProxyRunning)
 		var run events.ProxyRunningData
-		must(t, evs[len(evs)-1].DecodeData(&run))
+		must(t, ev.DecodeData(&run))
 		if want := "10.244.2." + string(rune('1'+i)) + ":3128"; run.Address != want || run.ProviderID != ns+"/"+events.InstanceName(id) {
 			t.Fatalf("%s running %+v, want address %s", id, run, want)
 		}
@@ -539,7 +539,7 @@ func TestKubeEndToEnd(t *testing.T) {
 		must(t, err)
 	}
 	for _, id := range ids {
-		waitKind(t, store, id, events.ProxyDeleted)
+		bustest.WaitEvent(t, 60*time.Second, store, id, events.ProxyDeleted)
 	}
 	pods, err := e.admin.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	must(t, err)
@@ -564,30 +564,3 @@ func TestKubeEndToEnd(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
-func waitKind(t *testing.T, store *bus.EventStore, id, kind string) []bus.Event {
-	t.Helper()
-	var evs []bus.Event
-	err := poll(60*time.Second, func() error {
-		var err error
-		evs, err = store.Load(context.Background(), events.AggregateProxy, id)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if ev.Kind == events.ProxyFailed {
-				var fd events.ProxyFailedData
-				_ = ev.DecodeData(&fd)
-				t.Fatalf("proxy %s failed: %+v", id, fd)
-			}
-		}
-		if len(evs) > 0 && evs[len(evs)-1].Kind == kind {
-			return nil
-		}
-		return errors.New("not yet")
-	})
-	if err != nil {
-		t.Fatalf("proxy %s never reached %s", id, kind)
-	}
-	return evs
-}

@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +21,8 @@ import (
 	"proxyfleet/pkg/buildinfo"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/replica"
+	"proxyfleet/pkg/rungroup"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
@@ -63,11 +64,7 @@ type flags struct {
 
 func parse(args []string) (*flags, error) {
 	f := flags{}
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := service.NewFlagSet("gateway", usage)
 	f.base.Register(fs, "gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8888", "client address of the forward proxy; port 0 picks a free port (logged)")
 	fs.StringVar(&f.clientsFile, "clients-file", "", "htpasswd file of client passwords (bcrypt, htpasswd -B): user <pool> or * ; re-read when it changes; required unless --listen is loopback")
@@ -78,11 +75,8 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.demandInterval, "demand-interval", 2*time.Second, "how often each pool's demand is written to fleet-demand (at most 10s: the bucket keeps a report 15s)")
 	fs.DurationVar(&f.cooldown, "cooldown", 10*time.Second, "how long new connections avoid a proxy that failed one (it is reported to health, which probes it at once, once per cooldown); all cooling proxies are used when no other is left")
 	fs.DurationVar(&f.syncTimeout, "sync-timeout", 30*time.Second, "how long to wait for the fleet's views before accepting clients anyway")
-	if err := fs.Parse(args); err != nil {
+	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if f.demandInterval <= 0 || f.demandInterval > 10*time.Second {
 		return nil, fmt.Errorf("--demand-interval %s: want more than 0 and at most 10s", f.demandInterval)
@@ -105,40 +99,7 @@ func parse(args []string) (*flags, error) {
 	return &f, nil
 }
 
-// defaultName is "<hostname>-<port>", with what a name may not hold
-// replaced by '-': stable across restarts, unique per host and port.
-func defaultName(port string) string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "gateway"
-	}
-	b := []byte(host)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			b[i] = '-'
-		}
-	}
-	name := string(b)
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	return name + "-" + port
-}
-
-func main() {
-	f, err := parse(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(2)
-	}
-	if err := run(f); err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(service.Main("gateway", os.Args[1:], os.Stderr, parse, run)) }
 
 func run(f *flags) error {
 	auth := func(string, string) bool { return true }
@@ -168,10 +129,10 @@ func run(f *flags) error {
 	addr := ln.Addr().String()
 	if f.name == "" {
 		_, port, _ := net.SplitHostPort(addr)
-		f.name = defaultName(port)
+		f.name = replica.ID("gateway", port)
 	}
 
-	ctx, stop := service.SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, "gateway", f.base)
 	if err != nil {
@@ -197,64 +158,41 @@ func run(f *flags) error {
 	})
 	defer srv.Close()
 
-	rctx, cancel := context.WithCancel(ctx)
-	// fleetDone is closed when view.Run returned fleetErr. Every return
-	// waits for it, so the ban reports in flight end before the
-	// connection closes.
-	var fleetErr error
-	fleetDone := make(chan struct{})
-	go func() {
-		defer close(fleetDone)
-		fleetErr = view.Run(rctx, srv)
-	}()
-	defer func() {
-		cancel()
-		<-fleetDone
-	}()
-	select {
-	case <-view.Synced():
-	case <-fleetDone:
-		return fleetErr
-	case <-time.After(f.syncTimeout):
-		log.Warn("the fleet's views did not load in time; accepting clients anyway", "after", f.syncTimeout.String())
-	case <-ctx.Done():
-		return nil
-	}
-
+	// The fleet's views are added first: the forward proxy routes by them,
+	// so it stops (refusing new clients, finishing requests in flight)
+	// before they do.
+	g := rungroup.Group{Log: log}
+	g.Go("fleet", func(ctx context.Context) error { return view.Run(ctx, srv) })
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- hs.Serve(ln) }()
-	var lim syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
-		// A tunnel holds 6 descriptors: the two sockets and a splice pipe
-		// each way (docs/performance.md#gateway).
-		log.Info("open-file limit", "limit", lim.Cur, "tunnels_at_most", lim.Cur/6)
-	}
-	authMode := "clients file " + f.clientsFile
-	if f.clientsFile == "" {
-		authMode = "any password (loopback only; give --clients-file to check them)"
-	}
-	log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
-		"info", events.GatewaySubject(f.name, events.GatewayInfo), "stats", events.GatewaySubject(f.name, events.GatewayStats),
-		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
-
-	select {
-	case <-ctx.Done():
-	case err := <-serveDone:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serve: %w", err)
+	serve := rungroup.HTTP("serve", hs, ln, 5*time.Second)
+	serveHTTP := serve.Run
+	serve.Run = func(ctx context.Context) error {
+		select {
+		case <-view.Synced():
+		case <-time.After(f.syncTimeout):
+			log.Warn("the fleet's views did not load in time; accepting clients anyway", "after", f.syncTimeout.String())
+		case <-ctx.Done():
+			return nil
 		}
-	case <-fleetDone:
-		if fleetErr != nil {
-			return fleetErr
+		var lim syscall.Rlimit
+		if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+			// A tunnel holds 6 descriptors: the two sockets and a splice pipe
+			// each way (docs/performance.md#gateway).
+			log.Info("open-file limit", "limit", lim.Cur, "tunnels_at_most", lim.Cur/6)
 		}
+		authMode := "clients file " + f.clientsFile
+		if f.clientsFile == "" {
+			authMode = "any password (loopback only; give --clients-file to check them)"
+		}
+		log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
+			"info", events.GatewaySubject(f.name, events.GatewayInfo), "stats", events.GatewaySubject(f.name, events.GatewayStats),
+			"nats", telemetry.RedactURL(base.Conn.ClientURL()))
+		return serveHTTP(ctx)
 	}
-	log.Info("gateway stopping")
-	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer scancel()
-	_ = hs.Shutdown(sctx)
-	cancel()
-	<-fleetDone
+	g.Add(serve)
+	if err := g.Run(ctx); err != nil {
+		return err
+	}
 	log.Info("gateway stopped")
 	return nil
 }

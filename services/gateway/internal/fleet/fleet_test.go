@@ -19,21 +19,11 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/forward"
 	"proxyfleet/services/gateway/internal/route"
 )
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func put(t *testing.T, kv jetstream.KeyValue, key string, v any) {
 	t.Helper()
@@ -118,14 +108,14 @@ func TestFleetFollowsTheViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	put(t, creds, "p", events.ProbeCredential{Revision: 1, Sealed: *box})
-	waitFor(t, "the sealed password to open", func() bool {
+	testwait.Until(t, 20*time.Second, "the sealed password to open", func() bool {
 		u, pw, err := f.Credentials(route.Proxy{ID: "p-a", Pool: "p"})
 		return err == nil && u == "crawl" && pw == "pool-password-1"
 	})
 	// A box copied under another pool's name does not open as its password.
 	put(t, pools, "q", map[string]any{"name": "q", "spec": events.PoolSpec{Name: "q", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "crawl"}}})
 	put(t, creds, "q", events.ProbeCredential{Revision: 1, Sealed: *box})
-	waitFor(t, "q's copied box to be refused", func() bool {
+	testwait.Until(t, 20*time.Second, "q's copied box to be refused", func() bool {
 		_, _, err := f.Credentials(route.Proxy{ID: "q-a", Pool: "q"})
 		return err != nil && strings.Contains(err.Error(), `sealed for pool "p"`)
 	})
@@ -133,17 +123,17 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	// Transitions: p-b gets ready, p-a leaves, p-b's key is deleted.
 	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:2"})
 	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyUnhealthy, Address: "127.0.0.1:1"})
-	waitFor(t, "p-b ready and p-a gone from the table", func() bool {
+	testwait.Until(t, 20*time.Second, "p-b ready and p-a gone from the table", func() bool {
 		ids := table.IDs()
 		return len(ids) == 1 && ids[0] == "p-b"
 	})
 	if err := proxies.Delete(ctx, "p-b"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted p-b gone from the table", func() bool { return len(table.IDs()) == 0 })
+	testwait.Until(t, 20*time.Second, "the deleted p-b gone from the table", func() bool { return len(table.IDs()) == 0 })
 
 	// Demand: every known pool, zero without traffic.
-	waitFor(t, "demand of pool p", func() bool {
+	testwait.Until(t, 20*time.Second, "demand of pool p", func() bool {
 		e, err := demand.Get(ctx, events.DemandKey("p", "gw1"))
 		if err != nil {
 			return false
@@ -195,7 +185,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	if err := pools.Delete(ctx, "q"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "pool q forgotten", func() bool { return !f.Known("q") })
+	testwait.Until(t, 20*time.Second, "pool q forgotten", func() bool { return !f.Known("q") })
 	cancel()
 	select {
 	case err := <-done:
@@ -306,11 +296,11 @@ func TestBanReports(t *testing.T) {
 	f.Banned("p", ban.Verdict{Proxy: "p-flaky", Rule: "captcha"})
 	f.Banned("p", ban.Verdict{Proxy: "p-gone", Rule: "captcha"})
 	f.Banned("p", ban.Verdict{Proxy: "p-slow", Rule: "captcha"})
-	waitFor(t, "p-flaky reported", func() bool { return strings.Contains(logs.String(), `msg="proxy reported banned" proxy=p-flaky`) })
-	waitFor(t, "p-gone given up", func() bool {
+	testwait.Until(t, 20*time.Second, "p-flaky reported", func() bool { return strings.Contains(logs.String(), `msg="proxy reported banned" proxy=p-flaky`) })
+	testwait.Until(t, 20*time.Second, "p-gone given up", func() bool {
 		return strings.Contains(logs.String(), `msg="report a banned proxy; it is reported again when its responses match the rule again" proxy=p-gone`)
 	})
-	waitFor(t, "p-slow sent", func() bool { return count("p-slow") == 1 })
+	testwait.Until(t, 20*time.Second, "p-slow sent", func() bool { return count("p-slow") == 1 })
 	if n := count("p-flaky"); n != 3 {
 		t.Errorf("p-flaky: %d attempts, want 3 (two failures, then the report)", n)
 	}

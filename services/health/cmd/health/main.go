@@ -6,18 +6,17 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/replica"
+	"proxyfleet/pkg/rungroup"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
@@ -62,11 +61,7 @@ type flags struct {
 
 func parse(args []string) (*flags, error) {
 	f := flags{base: service.Flags{Embed: embedded.Start}}
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := service.NewFlagSet("health", usage)
 	f.base.Register(fs, "health")
 	fs.DurationVar(&f.probeInterval, "probe-interval", 5*time.Second, "time from the end of one probe of a proxy to the start of the next (jittered by ±20%)")
 	fs.DurationVar(&f.probeTimeout, "probe-timeout", 3*time.Second, "bound of each check of a probe (plain HTTP, CONNECT)")
@@ -77,13 +72,10 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.checkInterval, "check-interval", 30*time.Second, "time between two rounds of agent checks")
 	fs.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Second, "how long one agent may take to answer its check")
 	fs.StringVar(&f.probeKeyFile, "probe-key-file", "", "file holding health's curve (xkey) seed, created 0600 on first start; the planner seals each pool's probe password to its key; give every replica the same file (default <data-dir>/probe.xk)")
-	fs.StringVar(&f.replicaID, "replica-id", defaultReplicaID(), "name of this health replica among those splitting the probing (its key in fleet-health): letters, digits, '-', '_', '=', inner dots; unique per replica")
+	fs.StringVar(&f.replicaID, "replica-id", replica.ID("health", replica.PID()), "name of this health replica among those splitting the probing (its key in fleet-health): letters, digits, '-', '_', '=', inner dots; unique per replica")
 	fs.BoolVar(&f.rebuild, "rebuild-views", false, "drop fleet-proxies, fleet-pools and the projection consumer, replay FLEET_EVENTS into them, and exit")
-	if err := fs.Parse(args); err != nil {
+	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if f.probeConc < 0 {
 		return nil, fmt.Errorf("--probe-concurrency %d: want 0 (sized for the fleet) or more", f.probeConc)
@@ -97,43 +89,10 @@ func parse(args []string) (*flags, error) {
 	return &f, nil
 }
 
-// defaultReplicaID is "<hostname>-<pid>", with what a replica id may not
-// hold replaced by '-': unique among replicas that run at the same time.
-func defaultReplicaID() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "health"
-	}
-	b := []byte(host)
-	for i, c := range b {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '='
-		if !ok && !(c == '.' && i > 0 && i < len(b)-1 && b[i-1] != '.') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > 100 {
-		b = b[:100]
-	}
-	return fmt.Sprintf("%s-%d", b, os.Getpid())
-}
-
-func main() {
-	f, err := parse(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "health:", err)
-		os.Exit(2)
-	}
-	if err := run(f); err != nil {
-		fmt.Fprintln(os.Stderr, "health:", err)
-		os.Exit(1)
-	}
-}
+func main() { os.Exit(service.Main("health", os.Args[1:], os.Stderr, parse, run)) }
 
 func run(f *flags) error {
-	ctx, stop := service.SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, "health", f.base)
 	if err != nil {
@@ -151,8 +110,10 @@ func run(f *flags) error {
 		return nil
 	}
 
+	// The echo endpoint is added first: the probes fetch it through every
+	// proxy, so it stops after them.
+	g := rungroup.Group{Log: log}
 	echoURL := f.echoURL
-	var echoSrv *http.Server
 	if f.echoAddr != "" {
 		ln, err := net.Listen("tcp", f.echoAddr)
 		if err != nil {
@@ -161,8 +122,7 @@ func run(f *flags) error {
 		if echoURL == "" {
 			echoURL = echo.URL(ln.Addr().String())
 		}
-		echoSrv = &http.Server{Handler: echo.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = echoSrv.Serve(ln) }()
+		g.Add(rungroup.HTTP("echo", &http.Server{Handler: echo.Handler(), ReadHeaderTimeout: 5 * time.Second}, ln, 5*time.Second))
 		log.Info("echo endpoint serving", "addr", ln.Addr().String())
 	}
 
@@ -184,36 +144,10 @@ func run(f *flags) error {
 	}
 	checker := targets.New(base.Conn, targets.Config{Interval: f.checkInterval, Timeout: f.checkTimeout}, log)
 	projector := projection.New(base.Conn, log, base.Tel)
-
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, 3)
-	var wg sync.WaitGroup
-	for name, fn := range map[string]func(context.Context) error{
-		"projection": projector.Run, "probe": prober.Run, "targets": checker.Run,
-	} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(rctx); err != nil {
-				errs <- fmt.Errorf("%s: %w", name, err)
-				cancel()
-			}
-		}()
-	}
+	g.Add(rungroup.Member{Name: "projection", Run: projector.Run}, rungroup.Member{Name: "probe", Run: prober.Run}, rungroup.Member{Name: "targets", Run: checker.Run})
 	log.Info("health started", "replica", f.replicaID, "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
-	<-rctx.Done()
-	log.Info("health stopping")
-	wg.Wait()
-	if echoSrv != nil {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		_ = echoSrv.Shutdown(sctx)
-	}
-	select {
-	case err := <-errs:
+	if err := g.Run(ctx); err != nil {
 		return err
-	default:
 	}
 	log.Info("health stopped")
 	return nil

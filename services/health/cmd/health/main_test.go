@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
 )
@@ -58,27 +58,19 @@ func TestParseFlags(t *testing.T) {
 			t.Fatalf("--replica-id %q: got %v, want an error naming the flag", bad, err)
 		}
 	}
-	if err := probe.CheckReplica(defaultReplicaID()); err != nil {
-		t.Fatalf("default replica id: %v", err)
+	if err := probe.CheckReplica(f.replicaID); err != nil {
+		t.Fatalf("default replica id %q: %v", f.replicaID, err)
 	}
 }
 
-// syncBuf collects a process's output.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// build builds the health binary and returns its path.
+func build(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "health")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // TestBinaryProjectsRebuildsAndStops runs the real binary against a NATS
@@ -87,10 +79,7 @@ func (s *syncBuf) String() string {
 func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "health")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := build(ctx, t)
 	c := bustest.Start(t)
 	appendEv := func(agg, id, kind string, data any) {
 		t.Helper()
@@ -114,7 +103,7 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
 		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s",
 		"--metrics-addr", "127.0.0.1:0")
-	out := &syncBuf{}
+	out := &testwait.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -132,14 +121,19 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	})
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
-		for !cond() {
+		err := testwait.For(ctx, func() bool {
+			if cond() {
+				return true
+			}
 			select {
-			case <-ctx.Done():
-				t.Fatalf("timed out waiting for %s\n%s", what, out)
 			case <-exited:
 				t.Fatalf("health exited (%v) while waiting for %s\n%s", waitErr, what, out)
-			case <-time.After(20 * time.Millisecond):
+			default:
 			}
+			return false
+		})
+		if err != nil {
+			t.Fatalf("timed out waiting for %s\n%s", what, out)
 		}
 	}
 	proxies, err := c.JS.KeyValue(ctx, bus.BucketProxies)
@@ -264,10 +258,7 @@ func dump(t *testing.T, ctx context.Context, c *bus.Conn) map[string][]byte {
 func TestTwoReplicasSplitTheFleet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "health")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := build(ctx, t)
 	c := bustest.Start(t)
 	const n = 12
 	refusing := testnet.Refusing(t).String()
@@ -287,12 +278,12 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 	}
 	type proc struct {
 		cmd    *exec.Cmd
-		out    *syncBuf
+		out    *testwait.Buffer
 		exited chan struct{}
 		err    error
 	}
 	start := func(replica string) *proc {
-		p := &proc{out: &syncBuf{}, exited: make(chan struct{})}
+		p := &proc{out: &testwait.Buffer{}, exited: make(chan struct{})}
 		p.cmd = exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(), "--replica-id", replica,
 			"--echo-addr", "127.0.0.1:0", "--probe-interval", "100ms", "--probe-timeout", "500ms", "--check-interval", "1s")
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -332,12 +323,8 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 	}
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
-		for !cond() {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("timed out waiting for %s; members %v\nhealth-1:\n%s\nhealth-2:\n%s", what, probing(), one.out, two.out)
-			case <-time.After(20 * time.Millisecond):
-			}
+		if testwait.For(ctx, cond) != nil {
+			t.Fatalf("timed out waiting for %s; members %v\nhealth-1:\n%s\nhealth-2:\n%s", what, probing(), one.out, two.out)
 		}
 	}
 	eventually("both replicas probing a share each", func() bool {

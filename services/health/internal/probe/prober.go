@@ -587,19 +587,13 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 		// for the proxy: it starts a trace of its own, linked to the
 		// request's (carried by the requested event), rather than being
 		// appended to it.
-		opts := []trace.SpanStartOption{
-			trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind),
-				attribute.String("messaging.system", "nats"),
-				attribute.String("messaging.operation.type", "send"),
-				attribute.String("messaging.destination.name", events.SubjectOf(events.SourceHealth, events.AggregateProxy, id, kind)),
-				attribute.String("messaging.message.id", msgID)),
-		}
+		var request trace.SpanContext
 		if req, err := p.store.LastOf(ctx, events.AggregateProxy, id, events.ProxyRequested); err == nil && req != nil {
-			if sc := trace.SpanContextFromContext(telemetry.Extract(ctx, req.Header)); sc.IsValid() {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("link", "requested")}}))
-			}
+			request = trace.SpanContextFromContext(telemetry.Extract(ctx, req.Header))
 		}
+		opts := append(telemetry.NewRootLinkedTo(request, telemetry.LinkRequested), trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(telemetry.MessagingAttrs(telemetry.OpSend, events.SubjectOf(events.SourceHealth, events.AggregateProxy, id, kind), "")...),
+			trace.WithAttributes(attribute.String("proxy", id), attribute.String("pool", cur.Pool), attribute.String("event", kind), telemetry.AttrMessageID.String(msgID)))
 		sctx, span := p.tracer.Start(ctx, "health.transition", opts...)
 		_, err := p.store.Append(sctx, events.AggregateProxy, id, kind, msgID, data, nil)
 		if err != nil {

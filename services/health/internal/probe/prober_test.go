@@ -21,6 +21,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -35,31 +36,13 @@ func TestMain(m *testing.M) {
 
 const unhealthyAfter = 3
 
-// syncBuf is a log sink safe for concurrent writers.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // fleet is one test's NATS, projection, echo endpoint and prober.
 type fleet struct {
 	t     *testing.T
 	ctx   context.Context
 	conn  *bus.Conn
 	store *bus.EventStore
-	logs  *syncBuf
+	logs  *testwait.Buffer
 	// key is the probers' shared curve key.
 	key nkeys.KeyPair
 }
@@ -78,7 +61,7 @@ func startFleetEvery(t *testing.T, n int, interval time.Duration) *fleet {
 	c := bustest.Start(t)
 	echoSrv := httptest.NewServer(echo.Handler())
 	t.Cleanup(echoSrv.Close)
-	logs := &syncBuf{}
+	logs := &testwait.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	key, err := seal.NewKey()
 	if err != nil {
@@ -155,14 +138,10 @@ func (f *fleet) runningProxy(id, pool, user, addr string) {
 
 func (f *fleet) eventually(what string, cond func() bool) {
 	f.t.Helper()
-	for !cond() {
-		select {
-		case <-f.ctx.Done():
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			f.t.Fatalf("timed out waiting for %s; log tail:\n%s\nstacks:\n%s", what, tail(f.logs.String(), 4000), buf[:n])
-		case <-time.After(10 * time.Millisecond):
-		}
+	if testwait.For(f.ctx, cond) != nil {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		f.t.Fatalf("timed out waiting for %s; log tail:\n%s\nstacks:\n%s", what, tail(f.logs.String(), 4000), buf[:n])
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/testwait"
 )
 
 // Writes queued while the writer is busy are coalesced per key: the bucket
@@ -46,10 +47,12 @@ func TestRecordWriterKeepsTheLatestWrite(t *testing.T) {
 
 	// One put before the writer ran, then a, c and the deletes of b and
 	// gone: five messages, a written once.
-	waitFor(ctx, t, "the batch in the stream", func() bool {
+	if testwait.For(ctx, func() bool {
 		info, err := stream.Info(ctx)
 		return err == nil && info.State.LastSeq >= 5
-	})
+	}) != nil {
+		t.Fatal("timed out waiting for the batch in the stream")
+	}
 	if info, _ := stream.Info(ctx); info.State.LastSeq != 5 {
 		t.Fatalf("stream holds %d messages, want 5 (a coalesced to one put)", info.State.LastSeq)
 	}
@@ -62,7 +65,9 @@ func TestRecordWriterKeepsTheLatestWrite(t *testing.T) {
 
 	// Writes queued while it runs go out too.
 	w.put("a", []byte(`{"v":3}`))
-	waitFor(ctx, t, "a's third record", func() bool { return value(ctx, t, kv, "a") == `{"v":3}` })
+	if testwait.For(ctx, func() bool { return value(ctx, t, kv, "a") == `{"v":3}` }) != nil {
+		t.Fatal("timed out waiting for a's third record")
+	}
 }
 
 func value(ctx context.Context, t *testing.T, kv jetstream.KeyValue, key string) string {
@@ -75,15 +80,4 @@ func value(ctx context.Context, t *testing.T, kv jetstream.KeyValue, key string)
 		t.Fatal(err)
 	}
 	return string(e.Value())
-}
-
-func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }

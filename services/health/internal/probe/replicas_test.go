@@ -16,6 +16,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -58,7 +59,7 @@ func startReplica(t *testing.T, f *fleet, id string, log *slog.Logger) *replica 
 // replicaFleet starts an embedded NATS server and a fleet on it whose
 // logs, at level, go to the returned buffer; with project, a projector
 // keeps the views as health does. The fleet's context ends after timeout.
-func replicaFleet(t *testing.T, timeout time.Duration, level slog.Level, project bool) (*fleet, *slog.Logger, *syncBuf) {
+func replicaFleet(t *testing.T, timeout time.Duration, level slog.Level, project bool) (*fleet, *slog.Logger, *testwait.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
@@ -67,7 +68,7 @@ func replicaFleet(t *testing.T, timeout time.Duration, level slog.Level, project
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuf{}
+	logs := &testwait.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	f := &fleet{t: t, ctx: ctx, conn: c, store: bus.NewEventStore(c, "test", nil), logs: logs, key: key}
 	if project {

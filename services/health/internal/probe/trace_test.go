@@ -19,6 +19,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -38,7 +39,7 @@ func TestTransitionIsANewTraceLinkedToTheRequest(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	logs := &syncBuf{}
+	logs := &testwait.Buffer{}
 	log := telemetry.NewLogger(logs, slog.LevelInfo, "health")
 
 	// The request: the planner appends requested inside its span.

@@ -17,6 +17,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/projection"
 )
 
@@ -102,12 +103,8 @@ func (e *env) eventTime(seq uint64) time.Time {
 // eventually polls cond until it holds or the test's deadline passes.
 func (e *env) eventually(what string, cond func() bool) {
 	e.t.Helper()
-	for !cond() {
-		select {
-		case <-e.ctx.Done():
-			e.t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(10 * time.Millisecond):
-		}
+	if testwait.For(e.ctx, cond) != nil {
+		e.t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

@@ -1,19 +1,17 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/rungroup"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/local-agent/internal/forwardproxy"
@@ -89,21 +87,14 @@ Flags:
 		return 1
 	}
 	srv := forwardproxy.Server(forwardproxy.New(cfg))
-	ctx, stop := service.SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	g := rungroup.Group{Log: log}
+	g.Add(rungroup.HTTP("proxy", srv, ln, 2*time.Second))
 	log.Info("proxy listening", "addr", ln.Addr().String(), "auth", cfg.Auth != nil, "source_addr", *source)
-	select {
-	case err := <-done:
+	if err := g.Run(ctx); err != nil {
 		log.Error("serve", "err", err)
 		return 1
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		_ = srv.Close()
 	}
 	log.Info("proxy stopped")
 	return 0

@@ -98,7 +98,7 @@ func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string
 	_ = first.Wait()
 
 	startAgentProcess(t, conn, dataDir, ports, "agent-2.log", endpoint(t, o))
-	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	addr := waitRunning(t, store, cmd.ProxyID)
 	wantServes(t, addr, o)
 
 	d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil)
@@ -178,10 +178,7 @@ func TestProxiesSurviveInterruptOfAgentGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := createCommand("demo-sigint", nil)
-	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
-		t.Fatal(err)
-	}
-	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	addr := createRunning(ctx, t, conn, store, cmd)
 	if err := syscall.Kill(-agentCmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // agentBin is the local-agent binary built once for this package's tests:
@@ -172,14 +173,9 @@ func processGone(pid int) bool {
 	return err != nil || !p.running()
 }
 
-// eventually polls cond until it holds or 30s pass.
+// eventually waits for cond within the 30s the tests of this package
+// allow each condition.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(t, 30*time.Second, what, cond)
 }

@@ -49,28 +49,32 @@ func createCommand(proxyID string, auth *events.ProxyAuth) events.CreateCommand 
 	}
 }
 
-// waitEvent polls the proxy's events until one of kind appears and returns
-// it; it fails on a failed event.
-func waitEvent(t *testing.T, store *bus.EventStore, proxyID, kind string) bus.Event {
+// createRunning publishes cmd and returns the proxy's address once its
+// running event is stored.
+func createRunning(ctx context.Context, t *testing.T, conn *bus.Conn, store *bus.EventStore, cmd events.CreateCommand) string {
 	t.Helper()
-	var found *bus.Event
-	eventually(t, "proxy "+proxyID+" event "+kind, func() bool {
-		evs, err := store.Load(context.Background(), events.AggregateProxy, proxyID)
-		if err != nil {
-			t.Fatalf("load events: %v", err)
-		}
-		for i := range evs {
-			if evs[i].Kind == events.ProxyFailed && kind != events.ProxyFailed {
-				t.Fatalf("proxy failed: %s", evs[i].Data)
-			}
-			if evs[i].Kind == kind {
-				found = &evs[i]
-				return true
-			}
-		}
-		return false
-	})
-	return *found
+	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
+		t.Fatal(err)
+	}
+	return waitRunning(t, store, cmd.ProxyID)
+}
+
+// waitRunning waits for the running event of proxy id and returns its
+// address.
+func waitRunning(t *testing.T, store *bus.EventStore, id string) string {
+	t.Helper()
+	return runningAddress(t, bustest.WaitEvent(t, 30*time.Second, store, id, events.ProxyRunning))
+}
+
+// deleteProxy publishes the delete of cmd's proxy and waits for its
+// deleted event.
+func deleteProxy(ctx context.Context, t *testing.T, conn *bus.Conn, store *bus.EventStore, cmd events.CreateCommand) {
+	t.Helper()
+	del := events.DeleteCommand{ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target, Instance: cmd.Instance, Attempt: 1}
+	if _, err := bus.PublishDelete(ctx, conn, "test", del, 0); err != nil {
+		t.Fatal(err)
+	}
+	bustest.WaitEvent(t, 30*time.Second, store, cmd.ProxyID, events.ProxyDeleted)
 }
 
 func runningAddress(t *testing.T, ev bus.Event) string {
@@ -91,18 +95,11 @@ func TestRuntimeCreateAndDelete(t *testing.T) {
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt1", nil)
-	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
-		t.Fatal(err)
-	}
-	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	addr := createRunning(ctx, t, conn, store, cmd)
 	wantServes(t, addr, o)
 	pid := readState(t, d, cmd.Instance).PID
 
-	del := events.DeleteCommand{ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target, Instance: cmd.Instance, Attempt: 1}
-	if _, err := bus.PublishDelete(ctx, conn, "test", del, 0); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, store, cmd.ProxyID, events.ProxyDeleted)
+	deleteProxy(ctx, t, conn, store, cmd)
 	if !processGone(pid) {
 		t.Fatalf("process %d still runs after the deleted event", pid)
 	}
@@ -120,10 +117,7 @@ func TestRuntimeCreateWithAuth(t *testing.T) {
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt2", &events.ProxyAuth{Username: "crawler", Password: "pa55word"})
-	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
-		t.Fatal(err)
-	}
-	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	addr := createRunning(ctx, t, conn, store, cmd)
 	if code, _, _ := getVia(t, addr, "", "", o.URL+"/"); code != http.StatusProxyAuthRequired {
 		t.Errorf("without credentials: %d, want 407", code)
 	}

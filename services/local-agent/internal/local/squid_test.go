@@ -137,19 +137,12 @@ func TestSquidThroughRuntime(t *testing.T) {
 	store := bus.NewEventStore(conn, "test", nil)
 	ctx := ctxT(t)
 	cmd := createCommand("demo-squid3", &events.ProxyAuth{Username: "u", Password: "p"})
-	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
-		t.Fatal(err)
-	}
-	addr := runningAddress(t, waitEvent(t, store, cmd.ProxyID, events.ProxyRunning))
+	addr := createRunning(ctx, t, conn, store, cmd)
 	if code, body, _ := getVia(t, addr, "u", "p", o.URL+"/rt"); code != http.StatusOK || body != "hello /rt" {
 		t.Fatalf("GET via squid %s: %d %q, want 200 %q", addr, code, body, "hello /rt")
 	}
 	pid := readState(t, d, cmd.Instance).PID
-	del := events.DeleteCommand{ProxyID: cmd.ProxyID, Pool: cmd.Pool, Entry: cmd.Entry, Target: cmd.Target, Instance: cmd.Instance, Attempt: 1}
-	if _, err := bus.PublishDelete(ctx, conn, "test", del, 0); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, store, cmd.ProxyID, events.ProxyDeleted)
+	deleteProxy(ctx, t, conn, store, cmd)
 	if !processGone(pid) {
 		t.Fatalf("squid %d still runs after the deleted event", pid)
 	}

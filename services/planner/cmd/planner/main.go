@@ -7,8 +7,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +16,8 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/replica"
+	"proxyfleet/pkg/rungroup"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/planner/internal/planner"
@@ -101,11 +101,7 @@ func run() int {
 	if len(os.Args) > 1 && os.Args[1] == "bootstrap" {
 		return bootstrap(os.Args[2:])
 	}
-	fs := flag.NewFlagSet("planner", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	fs := service.NewFlagSet("planner", usage)
 	common := service.Flags{Embed: embedded.Start}
 	common.Register(fs, "planner")
 	var cfg planner.Config
@@ -135,7 +131,7 @@ func run() int {
 		"write a snapshot once the event log advanced this many sequences past the last one (-1: never by count)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 10*time.Minute,
 		"write a snapshot at least this often while events arrive (-1s: never by time)")
-	id := fs.String("id", "", "replica id in the leader lease (default <hostname>-<random>)")
+	id := fs.String("id", "", "replica id in the leader lease and its terms (default <hostname>-<pid>)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -148,10 +144,10 @@ func run() int {
 	}
 	cfg.ID = *id
 	if cfg.ID == "" {
-		cfg.ID = replicaID()
+		cfg.ID = replica.ID("planner", replica.PID())
 	}
 
-	ctx, stop := service.SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, "planner", common)
 	if err != nil {
@@ -165,7 +161,9 @@ func run() int {
 		return 1
 	}
 	base.Log.Info("planner starting", "replica", cfg.ID, "nats", telemetry.RedactURL(base.Conn.ClientURL()))
-	if err := p.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	g := rungroup.Group{Log: base.Log}
+	g.Go("planner", p.Run)
+	if err := g.Run(ctx); err != nil {
 		base.Log.Error("planner stopped", "err", err)
 		return 1
 	}
@@ -200,11 +198,7 @@ Usage: planner bootstrap [flags]
 
 // bootstrap is the planner's bootstrap subcommand.
 func bootstrap(args []string) int {
-	fs := flag.NewFlagSet("planner bootstrap", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), bootstrapUsage)
-		fs.PrintDefaults()
-	}
+	fs := service.NewFlagSet("planner bootstrap", bootstrapUsage)
 	var common service.Flags // no Embed: bootstrap needs a server to set up
 	common.Register(fs, "planner-bootstrap")
 	var agents agentList
@@ -214,7 +208,7 @@ func bootstrap(args []string) int {
 	}
 	// Everything is created below, once.
 	common.EnsureTopology = false
-	ctx, stop := service.SignalContext()
+	ctx, stop := rungroup.SignalContext()
 	defer stop()
 	base, err := service.Start(ctx, "planner-bootstrap", common)
 	if err != nil {
@@ -230,14 +224,4 @@ func bootstrap(args []string) int {
 	}
 	base.Log.Info("topology ready", "agents", agents.String(), "replicas", base.Conn.Replicas())
 	return 0
-}
-
-func replicaID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	if host == "" {
-		host = "planner"
-	}
-	return host + "-" + hex.EncodeToString(b[:])
 }

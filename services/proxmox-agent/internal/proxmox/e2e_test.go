@@ -52,34 +52,6 @@ func createCmd(proxy string) events.CreateCommand {
 	}
 }
 
-// waitEvent polls the proxy's last event until it is of type kind.
-func (e *env) waitEvent(ctx context.Context, store *bus.EventStore, proxy, kind string) *bus.Event {
-	e.t.Helper()
-	for {
-		last, err := store.Last(ctx, events.AggregateProxy, proxy)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if last != nil && last.Kind == kind {
-			return last
-		}
-		if last != nil && last.Kind == events.ProxyFailed {
-			var f events.ProxyFailedData
-			_ = last.DecodeData(&f)
-			e.t.Fatalf("proxy %s failed: %+v", proxy, f)
-		}
-		select {
-		case <-ctx.Done():
-			got := "none"
-			if last != nil {
-				got = last.Kind
-			}
-			e.t.Fatalf("proxy %s: no %s event (last: %s)", proxy, kind, got)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
 func TestEndToEndCreateAndDeleteThroughTheRuntime(t *testing.T) {
 	e := newEnv(t, pvetest.Options{NextIDAsString: true})
 	e.runAgent(e.driver())

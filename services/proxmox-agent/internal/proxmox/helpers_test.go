@@ -13,6 +13,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/proxmox-agent/internal/config"
 	"proxyfleet/services/proxmox-agent/internal/proxmox"
 	"proxyfleet/services/proxmox-agent/internal/pve"
@@ -96,20 +97,27 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // waitRunning polls Get until the instance runs with an address.
 func waitRunning(t *testing.T, ctx context.Context, d *proxmox.Driver, ref agent.Ref) agent.Instance {
 	t.Helper()
-	for {
-		inst, err := d.Get(ctx, ref)
+	var (
+		inst agent.Instance
+		err  error
+	)
+	if testwait.For(ctx, func() bool {
+		inst, err = d.Get(ctx, ref)
 		if err != nil && agent.Classify(err) != agent.ClassTransient {
 			t.Fatalf("Get %s: %v", ref.ProxyID, err)
 		}
-		if err == nil && inst.State == agent.StateRunning && inst.Address != "" {
-			return inst
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s never reached running: last %+v %v", ref.ProxyID, inst, err)
-		case <-time.After(2 * time.Millisecond):
-		}
+		return err == nil && inst.State == agent.StateRunning && inst.Address != ""
+	}) != nil {
+		t.Fatalf("%s never reached running: last %+v %v", ref.ProxyID, inst, err)
 	}
+	return inst
+}
+
+// waitEvent waits, within ctx's deadline, for proxy's event of kind.
+func (e *env) waitEvent(ctx context.Context, store *bus.EventStore, proxy, kind string) bus.Event {
+	e.t.Helper()
+	deadline, _ := ctx.Deadline()
+	return bustest.WaitEvent(e.t, time.Until(deadline), store, proxy, kind)
 }
 
 // reservations returns every live key of the fleet-vmids bucket.

@@ -1,7 +1,6 @@
 package proxmox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,26 +15,9 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
 )
-
-// lockedBuffer collects a process's output; safe to read while it runs.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // buildServices builds (with the workspace's go, in one invocation) the
 // binaries of the named proxyfleet services into a temporary directory.
@@ -56,12 +37,12 @@ func buildServices(t *testing.T, svcs ...string) string {
 
 // startService starts the binary of svc from binDir connected to conn, and
 // stops it at the end of the test.
-func startService(t *testing.T, binDir string, conn *bus.Conn, svc string, args ...string) *lockedBuffer {
+func startService(t *testing.T, binDir string, conn *bus.Conn, svc string, args ...string) *testwait.Buffer {
 	t.Helper()
 	bin := filepath.Join(binDir, svc)
 	args = append([]string{"--nats-url", conn.ClientURL(), "--data-dir", t.TempDir(), "--replicas", "1", "--log-level", "debug"}, args...)
 	cmd := exec.Command(bin, args...)
-	logs := &lockedBuffer{}
+	logs := &testwait.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,75 @@
+// Package testwait waits, in tests, for what happens asynchronously: a
+// condition polled until it holds, within a bound, instead of a sleep, and
+// a [Buffer] of a process's output to poll. bustest.WaitEvent builds on it
+// to wait for a proxy's event.
+package testwait
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Poll intervals: a condition is checked at once, then after firstPoll,
+// each wait half again as long up to maxPoll, so a quick change is seen
+// at once and a long wait (a VM booting) does not poll a server flat out.
+const (
+	firstPoll = 5 * time.Millisecond
+	maxPoll   = 50 * time.Millisecond
+)
+
+// For calls cond until it returns true, and returns nil then, or ctx's
+// error when ctx ends first. cond runs on the calling goroutine: it may
+// call t.Fatal for a state that can no longer turn out right. For is for
+// a test that bounds its waits by a context or says more when one times
+// out; [Until] is the common case.
+func For(ctx context.Context, cond func() bool) error {
+	wait := firstPoll
+	for !cond() {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(wait*3/2, maxPoll)
+	}
+	return nil
+}
+
+// Until calls cond until it returns true, and fails t with "timed out
+// after <within> waiting for <what>" when it has not within the given
+// time.
+func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := For(ctx, cond); err != nil {
+		t.Fatalf("timed out after %s waiting for %s", within, what)
+	}
+}
+
+// Buffer collects what a process or a logger writes, for a test to read
+// (and wait on) while the writing goes on: it is safe for concurrent
+// writers and readers. The zero value is ready to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}

@@ -129,7 +129,7 @@ func (p *Planner) handler(name string, fn handlerFunc) micro.Handler {
 		start := time.Now()
 		ctx := telemetry.Extract(context.Background(), nats.Header(req.Headers()))
 		ctx, span := p.tracer.Start(ctx, "planner.api."+name, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(messagingAttrs("process", req.Subject(), "")...),
+			trace.WithAttributes(telemetry.MessagingAttrs("process", req.Subject(), "")...),
 			trace.WithAttributes(attribute.String("rpc.system", "nats-micro"), attribute.String("rpc.method", name)))
 		defer span.End()
 		code := "ok"

@@ -58,6 +58,20 @@ func (h *harness) gateway(pool, name string, conns int) *fakeGateway {
 	return g
 }
 
+// staleReport writes one report of conns connections for pool, taken at
+// at, that nobody renews: a gateway gone long ago. It is never fresh, not
+// even for an instant an autoscaling round could see.
+func (h *harness) staleReport(pool, name string, conns int, at time.Time) {
+	h.t.Helper()
+	kv, err := h.c.JS.KeyValue(context.Background(), bus.BucketDemand)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	g := &fakeGateway{h: h, kv: kv, key: events.DemandKey(pool, name), pool: pool, name: name}
+	g.conns.Store(int64(conns))
+	g.put(at)
+}
+
 func (g *fakeGateway) put(at time.Time) {
 	d := events.GatewayDemand{Pool: g.pool, Gateway: g.name, Connections: int(g.conns.Load()), At: at.UTC()}
 	b, _ := json.Marshal(d)
@@ -185,9 +199,7 @@ func TestAutoscaleFollowsDemand(t *testing.T) {
 	// Reports that do not count, then 7 connections (2 proxies, fewer
 	// than 3: nothing happens while the clock stands still), then 30 more.
 	h.gateway("other", "g1", 100)
-	stale := h.gateway("web", "g3", 100)
-	stale.stop()
-	stale.put(time.Now().Add(-time.Minute))
+	h.staleReport("web", "g3", 100, time.Now().Add(-time.Minute))
 	g2 := h.gateway("web", "g2", 7)
 	h.demandSeen(r, "web", 7)
 	g1 := h.gateway("web", "g1", 30)

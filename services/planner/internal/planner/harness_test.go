@@ -25,6 +25,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/testwait"
 )
 
 func TestMain(m *testing.M) {
@@ -222,13 +223,7 @@ func (h *harness) settle(r *running, n int64) {
 
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Until(h.t, waitTimeout, what, cond)
 }
 
 // reply is an API answer.

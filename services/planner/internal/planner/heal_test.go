@@ -444,7 +444,7 @@ func TestReportBanRequestsItsReplacement(t *testing.T) {
 	}
 	h.waitFor("three create commands", func() bool { return len(h.commandsOf(events.VerbCreate)) >= 3 })
 	if n := len(h.commandsOf(events.VerbCreate)); n != 3 {
-		t.Errorf("create commands: got %d, want 3 (two originals, one replacement)", n)
+		t.Errorf("create commands: got %d, want 3 (two originals, one replacement): %v", n, createdProxies(h))
 	}
 
 	// No leader: the lease is held by someone else, and a replica that
@@ -470,6 +470,16 @@ func TestReportBanRequestsItsReplacement(t *testing.T) {
 	if after := h.streamSeq(bus.EventsStream); after != before {
 		t.Errorf("report-ban with no leader appended %d events", after-before)
 	}
+}
+
+// createdProxies lists the proxies create commands were sent for, each
+// with the attempts sent.
+func createdProxies(h *harness) map[string][]int {
+	out := map[string][]int{}
+	for _, c := range h.commandsOf(events.VerbCreate) {
+		out[c.Create.ProxyID] = append(out[c.Create.ProxyID], c.Create.Attempt)
+	}
+	return out
 }
 
 // TestProxyNeverReadyIsReplaced: a proxy running past the ready timeout

@@ -28,24 +28,6 @@ import (
 // attributes (OTel semantic conventions); its context is what the message
 // carries, so the consumer's span (the agent's, health's) is its child.
 
-// Semantic-convention attribute keys of messaging spans.
-const (
-	attrMessagingSystem    = attribute.Key("messaging.system")
-	attrMessagingDest      = attribute.Key("messaging.destination.name")
-	attrMessagingTemplate  = attribute.Key("messaging.destination.template")
-	attrMessagingOperation = attribute.Key("messaging.operation.type")
-	attrMessagingOpName    = attribute.Key("messaging.operation.name")
-)
-
-// messagingAttrs are the attributes of a messaging span on subject.
-func messagingAttrs(op, subject, template string) []attribute.KeyValue {
-	a := []attribute.KeyValue{attrMessagingSystem.String("nats"), attrMessagingDest.String(subject), attrMessagingOperation.String(op), attrMessagingOpName.String(op)}
-	if template != "" {
-		a = append(a, attrMessagingTemplate.String(template))
-	}
-	return a
-}
-
 // traceCtx continues the trace whose W3C traceparent is tp.
 func traceCtx(ctx context.Context, tp string) context.Context {
 	if tp == "" {
@@ -77,8 +59,7 @@ func causedBy(ctx context.Context, tp string) context.Context {
 func (p *Planner) startWork(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
 	if sc, ok := ctx.Value(causeKey{}).(trace.SpanContext); ok {
-		opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc,
-			Attributes: []attribute.KeyValue{attribute.String("proxyfleet.link", "caused-by")}}))
+		opts = append(opts, telemetry.NewRootLinkedTo(sc, telemetry.LinkCausedBy)...)
 		ctx = context.WithValue(ctx, causeKey{}, nil)
 	}
 	return p.tracer.Start(ctx, name, opts...)
@@ -88,7 +69,7 @@ func (p *Planner) startWork(ctx context.Context, name string, kind trace.SpanKin
 // subject (template is the subject with its variable parts named, which
 // also names the span).
 func (p *Planner) startPublish(ctx context.Context, subject, template string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	return p.startWork(ctx, "publish "+template, trace.SpanKindProducer, append(messagingAttrs("publish", subject, template), attrs...)...)
+	return p.startWork(ctx, "publish "+template, trace.SpanKindProducer, append(telemetry.MessagingAttrs("publish", subject, template), attrs...)...)
 }
 
 // poolCtx is the context of the work a round decides for pool: the first

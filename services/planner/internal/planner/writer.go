@@ -89,7 +89,7 @@ func (rc *reconciler) runJob(ctx context.Context, j leaderJob) {
 	if err := rc.waitSeq(jctx, rc.ownSeq); err != nil {
 		return
 	}
-	f := rc.newFlight(jctx)
+	f := rc.flight(jctx)
 	j.run(jctx, rc, f)
 	f.wait()
 }

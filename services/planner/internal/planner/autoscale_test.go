@@ -28,7 +28,9 @@ type fakeGateway struct {
 	stop  func()
 }
 
-func (h *harness) gateway(pool, name string, conns int) *fakeGateway {
+// newFakeGateway is a gateway reporting conns connections for pool that
+// has reported nothing yet.
+func (h *harness) newFakeGateway(pool, name string, conns int) *fakeGateway {
 	h.t.Helper()
 	kv, err := h.c.JS.KeyValue(context.Background(), bus.BucketDemand)
 	if err != nil {
@@ -36,6 +38,12 @@ func (h *harness) gateway(pool, name string, conns int) *fakeGateway {
 	}
 	g := &fakeGateway{h: h, kv: kv, key: events.DemandKey(pool, name), pool: pool, name: name}
 	g.conns.Store(int64(conns))
+	return g
+}
+
+func (h *harness) gateway(pool, name string, conns int) *fakeGateway {
+	h.t.Helper()
+	g := h.newFakeGateway(pool, name, conns)
 	g.put(time.Now())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -63,13 +71,7 @@ func (h *harness) gateway(pool, name string, conns int) *fakeGateway {
 // even for an instant an autoscaling round could see.
 func (h *harness) staleReport(pool, name string, conns int, at time.Time) {
 	h.t.Helper()
-	kv, err := h.c.JS.KeyValue(context.Background(), bus.BucketDemand)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	g := &fakeGateway{h: h, kv: kv, key: events.DemandKey(pool, name), pool: pool, name: name}
-	g.conns.Store(int64(conns))
-	g.put(at)
+	h.newFakeGateway(pool, name, conns).put(at)
 }
 
 func (g *fakeGateway) put(at time.Time) {

@@ -117,7 +117,7 @@ func ErrorBody(e *APIError) []byte {
 // Decode turns the outcome of one request to subject — the reply msg and
 // the error the request returned — into the reply decoded into out (nil to
 // ignore the body) or an error. It is the one reader of the micro error
-// headers:
+// headers (through [ReplyError]):
 //
 //   - an error reply is an [*APIError] with the Status of its
 //     Nats-Service-Error-Code header and the code, message and fields of
@@ -141,13 +141,8 @@ func Decode(subject string, msg *nats.Msg, err error, out any) error {
 	case msg == nil:
 		return fmt.Errorf("%s: no reply and no error", subject)
 	}
-	if status := msg.Header.Get(micro.ErrorCodeHeader); status != "" {
-		var body errorBody
-		if json.Unmarshal(msg.Data, &body) != nil || body.Error == nil || body.Error.Code == "" {
-			body.Error = &APIError{Code: codeOf(status), Message: msg.Header.Get(micro.ErrorHeader)}
-		}
-		body.Error.Status = status
-		return body.Error
+	if aerr := ReplyError(msg); aerr != nil {
+		return aerr
 	}
 	if out == nil {
 		return nil
@@ -156,6 +151,24 @@ func Decode(subject string, msg *nats.Msg, err error, out any) error {
 		return fmt.Errorf("%s: the reply does not decode: %w", subject, err)
 	}
 	return nil
+}
+
+// ReplyError returns the error an error reply of a micro service carries
+// (the planner's, an agent's), nil for a reply that is not one: the
+// Status of its Nats-Service-Error-Code header and the code, message and
+// fields of its body, or the header's text when the body holds none. It
+// is the one reader of the micro error headers.
+func ReplyError(msg *nats.Msg) *APIError {
+	status := msg.Header.Get(micro.ErrorCodeHeader)
+	if status == "" {
+		return nil
+	}
+	var body errorBody
+	if json.Unmarshal(msg.Data, &body) != nil || body.Error == nil || body.Error.Code == "" {
+		body.Error = &APIError{Code: codeOf(status), Message: msg.Header.Get(micro.ErrorHeader)}
+	}
+	body.Error.Status = status
+	return body.Error
 }
 
 // codeOf is the Code of an error reply whose body names none (not sent by

@@ -46,7 +46,8 @@ type (
 		Now bool   `json:"now,omitempty"`
 	}
 	// ProxyBanRequest is the body of proxy.report-ban: the proxy's egress
-	// is banned by a site; Reason says by what or where (optional).
+	// is banned by a site; Reason says by what or where (optional, at
+	// most [MaxBanReason] bytes).
 	ProxyBanRequest struct {
 		ID     string `json:"id"`
 		Reason string `json:"reason,omitempty"`
@@ -74,6 +75,9 @@ type (
 // PageRequest is the paging part of a list request (see package [page]):
 // Limit, and After, the Next of the previous page.
 type PageRequest = page.Request
+
+// MaxBanReason bounds the Reason of a [ProxyBanRequest], in bytes.
+const MaxBanReason = 160
 
 // Replies of the API. pool.apply, pool.get and pool.delete answer a
 // [PoolView]; proxy.get, proxy.delete, proxy.recycle and proxy.report-ban

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -160,10 +160,10 @@ func (c *Checker) check(ctx context.Context, entry, target string) Record {
 		rec.Error = fmt.Sprintf("the agent did not answer its check within %s", c.cfg.Timeout)
 	case err != nil:
 		rec.Error = err.Error()
-	case msg.Header.Get(micro.ErrorCodeHeader) != "":
-		rec.Error = fmt.Sprintf("the agent answered error %s: %s", msg.Header.Get(micro.ErrorCodeHeader), msg.Header.Get(micro.ErrorHeader))
 	default:
-		if err := json.Unmarshal(msg.Data, &rec.Verdicts); err != nil {
+		if aerr := api.ReplyError(msg); aerr != nil {
+			rec.Error = fmt.Sprintf("the agent answered error %s: %s", aerr.Status, aerr.Message)
+		} else if err := json.Unmarshal(msg.Data, &rec.Verdicts); err != nil {
 			rec.Verdicts = []agent.Verdict{}
 			rec.Error = "the agent's check answer does not decode: " + err.Error()
 		}

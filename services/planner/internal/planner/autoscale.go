@@ -2,11 +2,7 @@ package planner
 
 import (
 	"context"
-	"encoding/json"
-	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -41,131 +37,6 @@ import (
 // the bucket cannot be read (not yet synced, or the identity may not read
 // it), nothing is scaled: unknown demand is not zero demand.
 
-// demandRetry is how long the leader waits before it tries to open or
-// watch fleet-demand again.
-const demandRetry = 5 * time.Second
-
-// demandSeen is the leader's copy of fleet-demand: per pool, the last
-// report of each gateway. It is written by the watch and read by the
-// autoscaler, under mu.
-type demandSeen struct {
-	// synced is true once the watch delivered every key the bucket held
-	// when it started.
-	synced bool
-	pools  map[string]map[string]report
-}
-
-// report is one gateway's last demand report and when the server stored
-// it.
-type report struct {
-	events.GatewayDemand
-	stored time.Time
-}
-
-// watchDemand keeps p.demand current from fleet-demand while ctx lasts (the
-// leader's term). It opens the bucket itself, and retries, so a bucket the
-// planner may not read costs a warning, not the planner.
-func (p *Planner) watchDemand(ctx context.Context) {
-	defer p.setDemand(func(d *demandSeen) { *d = demandSeen{} })
-	warned := false
-	for ctx.Err() == nil {
-		kv, err := p.conn.JS.KeyValue(ctx, bus.BucketDemand)
-		var w jetstream.KeyWatcher
-		if err == nil {
-			w, err = kv.WatchAll(ctx)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if !warned {
-				p.log.Warn("cannot read the gateways' demand; pools with autoscale keep their size until it can be read", "bucket", bus.BucketDemand, "err", err)
-				warned = true
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(demandRetry):
-				continue
-			}
-		}
-		warned = false
-		p.readDemand(ctx, w)
-		bus.StopWatch(w)
-		p.setDemand(func(d *demandSeen) { *d = demandSeen{} })
-	}
-}
-
-func (p *Planner) readDemand(ctx context.Context, w jetstream.KeyWatcher) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				p.setDemand(func(d *demandSeen) { d.synced = true })
-				continue
-			}
-			p.onDemand(e)
-		}
-	}
-}
-
-// onDemand records one fleet-demand entry.
-func (p *Planner) onDemand(e jetstream.KeyValueEntry) {
-	pool, gateway, ok := strings.Cut(e.Key(), ".")
-	if !ok || !events.IsIdentifier(pool) || gateway == "" {
-		return
-	}
-	if e.Operation() != jetstream.KeyValuePut {
-		p.setDemand(func(d *demandSeen) { delete(d.pools[pool], gateway) })
-		return
-	}
-	var v events.GatewayDemand
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		p.log.Debug("ignoring an unreadable demand report", "key", e.Key(), "err", err)
-		return
-	}
-	p.setDemand(func(d *demandSeen) {
-		if d.pools == nil {
-			d.pools = map[string]map[string]report{}
-		}
-		if d.pools[pool] == nil {
-			d.pools[pool] = map[string]report{}
-		}
-		d.pools[pool][gateway] = report{GatewayDemand: v, stored: e.Created()}
-	})
-}
-
-func (p *Planner) setDemand(fn func(*demandSeen)) {
-	p.demandMu.Lock()
-	defer p.demandMu.Unlock()
-	fn(&p.demand)
-}
-
-// demandOf returns the connections pool's fresh reports sum to at now,
-// and whether the demand is known at all. A report is fresh while both its
-// time and the time the server stored it are within [bus.DemandTTL] of
-// now: the bucket's TTL drops stale keys without telling a watch, and a
-// gateway whose clock runs ahead does not keep its last report alive.
-func (p *Planner) demandOf(pool string, now time.Time) (int, bool) {
-	p.demandMu.Lock()
-	defer p.demandMu.Unlock()
-	if !p.demand.synced {
-		return 0, false
-	}
-	sum := 0
-	for _, v := range p.demand.pools[pool] {
-		if now.Sub(v.At) < bus.DemandTTL && now.Sub(v.stored) < bus.DemandTTL && v.Connections > 0 {
-			sum += v.Connections
-		}
-	}
-	return sum, true
-}
-
 // scalable is what the autoscaler needs of one pool, copied under the lock.
 type scalable struct {
 	name        string
@@ -197,7 +68,7 @@ func (rc *reconciler) autoscale(ctx context.Context) {
 	f := rc.flight(ctx)
 	for _, pl := range pools {
 		seen[pl.name] = true
-		conns, known := rc.demandOf(pl.name, now)
+		conns, known := rc.demand.of(pl.name, now)
 		if !known {
 			continue
 		}

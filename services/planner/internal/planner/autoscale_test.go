@@ -172,7 +172,7 @@ func (h *harness) scaleRounds(r *running, n int64) {
 func (h *harness) demandSeen(r *running, pool string, conns int) {
 	h.t.Helper()
 	h.waitFor("demand seen", func() bool {
-		n, ok := r.demandOf(pool, time.Now())
+		n, ok := r.demand.of(pool, time.Now())
 		return ok && n == conns
 	})
 }

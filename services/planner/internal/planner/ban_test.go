@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 )
@@ -32,7 +33,7 @@ func TestReportBanRetiresAndReplaces(t *testing.T) {
 		{"unknown id", `{"id":"demo-zzzzzzzzzz","reason":"403"}`, "422", "id", "unknown proxy"},
 		{"no id", `{"reason":"403"}`, "422", "id", "required"},
 		{"unknown field", `{"id":"` + id + `","why":"403"}`, "400", "why", "unknown field"},
-		{"reason too long", `{"id":"` + id + `","reason":"` + strings.Repeat("x", maxBanReason+1) + `"}`, "422", "reason", "at most"},
+		{"reason too long", `{"id":"` + id + `","reason":"` + strings.Repeat("x", api.MaxBanReason+1) + `"}`, "422", "reason", "at most"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)

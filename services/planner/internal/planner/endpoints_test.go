@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/apiserver"
 )
 
 // TestEndpointNamesAreUnique: nats micro info lists every endpoint under a
@@ -57,7 +58,7 @@ func serviceInfos(t *testing.T, nc *nats.Conn) []micro.Info {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest("$SRV.INFO."+ServiceName, inbox, nil); err != nil {
+	if err := nc.PublishRequest("$SRV.INFO."+apiserver.ServiceName, inbox, nil); err != nil {
 		t.Fatal(err)
 	}
 	var out []micro.Info

@@ -41,8 +41,7 @@ func (p *Planner) startTerm(ctx context.Context, lease uint64) (l *leadership, d
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	l = &leadership{term: term, cancel: cancel, jobs: make(chan leaderJob), ended: make(chan struct{})}
-	p.leading.Store(l)
-	p.leader.Store(true)
+	p.lease.leading.Store(l)
 	p.log.Info("leader lease acquired; reconciling", "term", term.Number, "termSeq", term.Seq, "lease", lease)
 	done = make(chan struct{})
 	go func() {
@@ -62,14 +61,13 @@ func (p *Planner) startTerm(ctx context.Context, lease uint64) (l *leadership, d
 // depose ends term l of this replica: its reconciler stops deciding at once
 // and lead gives the lease back. Only the first call for a term acts.
 func (p *Planner) depose(l *leadership, why string) {
-	if !p.leading.CompareAndSwap(l, nil) {
+	if !p.lease.leading.CompareAndSwap(l, nil) {
 		return
 	}
-	p.leader.Store(false)
 	p.log.Warn("deposed: no longer reconciling", "term", l.term.Number, "why", why)
 	l.cancel()
 	select {
-	case p.deposed <- l:
+	case p.lease.deposed <- l:
 	default:
 	}
 }
@@ -77,7 +75,7 @@ func (p *Planner) depose(l *leadership, why string) {
 // noteTerm is called for every term event the projection reads: a term
 // newer than this replica's own means another replica leads now.
 func (p *Planner) noteTerm(seq uint64) {
-	if l := p.leading.Load(); l != nil && seq > l.term.Seq {
+	if l := p.lease.leading.Load(); l != nil && seq > l.term.Seq {
 		p.depose(l, "another replica opened a newer planner term")
 	}
 }

@@ -38,7 +38,7 @@ func TestDeposedLeaderDecidesNothing(t *testing.T) {
 	if n := len(h.commands()); n != before {
 		t.Errorf("commands: got %d, want %d: a refused decision sent its command", n, before)
 	}
-	if p.leading.Load() != nil {
+	if p.lease.leading.Load() != nil {
 		t.Error("the replica still holds its term after a refused decision")
 	}
 }

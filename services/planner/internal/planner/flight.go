@@ -153,14 +153,14 @@ func (f *flight) decide(ctx context.Context, span trace.Span, pool, aggregate, i
 	typ := ds[len(ds)-1].Type
 	u := &unit{ctx: ctx, span: span, pool: pool, what: aggregate + " " + id + " " + typ, log: logArgs, stored: stored}
 	if f.term == nil {
-		l := p.leading.Load()
+		l := p.lease.leading.Load()
 		if l == nil {
 			p.log.DebugContext(ctx, "not leading: decision not sent", "decision", u.what)
 			u.err = errNotSent
 			endSpan(span)
 			return u
 		}
-		if at := p.renewed.Load(); at != nil {
+		if at := p.lease.renewed.Load(); at != nil {
 			if age := time.Since(*at); age >= p.cfg.LeaseTTL {
 				p.depose(l, "leader lease not renewed for "+age.Round(time.Millisecond).String())
 				u.err = errNotSent
@@ -211,7 +211,7 @@ func (f *flight) send() {
 func (f *flight) sendBatch(b *batch) {
 	term := f.term
 	if term == nil {
-		l := f.p.leading.Load()
+		l := f.p.lease.leading.Load()
 		if l == nil {
 			// Deposed since the units were added.
 			for _, u := range b.units {
@@ -319,7 +319,7 @@ func (f *flight) settle(n int) {
 			// its caller reads the newer term and sends it again.
 		case errors.Is(err, bus.ErrFenced):
 			p.log.WarnContext(b.units[0].ctx, "decisions refused by the event log: a newer planner term has opened", "decisions", b.n)
-			if l := p.leading.Load(); l != nil {
+			if l := p.lease.leading.Load(); l != nil {
 				p.depose(l, "a decision was refused: a newer planner term has opened")
 			}
 		case errors.Is(err, bus.ErrConflict):

@@ -2,17 +2,13 @@ package planner
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
-	"proxyfleet/pkg/page"
 )
 
 // gcReason is the retiring reason of an instance the garbage collector
@@ -110,40 +106,6 @@ func (rc *reconciler) gather(ctx context.Context) inventory {
 	}
 	wg.Wait()
 	return in
-}
-
-// requestInventory asks one agent for its marked instances, page by page;
-// InventoryTimeout bounds the whole walk.
-func (p *Planner) requestInventory(ctx context.Context, a agentSeen) ([]agent.Instance, error) {
-	rctx, cancel := context.WithTimeout(ctx, p.cfg.InventoryTimeout)
-	defer cancel()
-	var all []agent.Instance
-	after := ""
-	for {
-		body, err := json.Marshal(page.Request{Limit: page.MaxLimit, After: after})
-		if err != nil {
-			return nil, err
-		}
-		msg, err := p.conn.NC.RequestWithContext(rctx, events.AgentSubject(a.Entry, a.Target, events.AgentInventory), body)
-		if err != nil {
-			return nil, err
-		}
-		if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-			return nil, fmt.Errorf("agent answered error %s: %s", code, msg.Header.Get(micro.ErrorHeader))
-		}
-		var pg agent.Inventory
-		if err := json.Unmarshal(msg.Data, &pg); err != nil {
-			return nil, fmt.Errorf("unreadable inventory: %w", err)
-		}
-		all = append(all, pg.Instances...)
-		if pg.Next == "" {
-			return all, nil
-		}
-		if pg.Next <= after {
-			return nil, fmt.Errorf("inventory page after %q names next %q, which does not move forward", after, pg.Next)
-		}
-		after = pg.Next
-	}
 }
 
 // isUp reports whether a proxy in state s has an instance its agent must

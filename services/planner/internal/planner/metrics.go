@@ -35,8 +35,6 @@ type metrics struct {
 	commands     metric.Int64Counter
 	deadLetters  metric.Int64Counter
 	reconcile    metric.Float64Histogram
-	apiRequests  metric.Int64Counter
-	apiDuration  metric.Float64Histogram
 
 	desired      metric.Int64ObservableGauge
 	ready        metric.Int64ObservableGauge
@@ -77,9 +75,6 @@ func newMetrics(meter metric.Meter) (*metrics, error) {
 	counter(&m.deadLetters, "proxyfleet.planner.dead_letters", "{command}",
 		"Commands an agent never acknowledged (proxies failed with class dead-letter), by entry and target")
 	histogram(&m.reconcile, "proxyfleet.planner.reconcile.duration", "Duration of one reconcile round")
-	counter(&m.apiRequests, "proxyfleet.api.requests", "{request}",
-		"Operator API requests, by endpoint (pool.apply, …) and code (ok, or the error code: 400, 404, 409, 422, 500, 503)")
-	histogram(&m.apiDuration, "proxyfleet.api.request.duration", "Duration of one operator API request, by endpoint")
 	gauge(&m.desired, "proxyfleet.pool.desired_proxies", "{proxy}", "Proxies the pool wants: its size, or the size autoscaling set (0 once deleted)")
 	gauge(&m.ready, "proxyfleet.pool.ready_proxies", "{proxy}", "Proxies of the pool in state ready")
 	gauge(&m.proxies, "proxyfleet.pool.proxies", "{proxy}", "Live proxies of the pool by lifecycle state")
@@ -128,7 +123,7 @@ func (p *Planner) registerGauges() (metric.Registration, error) {
 			}
 		}
 		now := p.now()
-		for _, a := range p.agents {
+		for _, a := range p.agents.last {
 			o.ObserveFloat64(m.heartbeatAge, max(now.Sub(a.At).Seconds(), 0),
 				metric.WithAttributes(attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
 		}

@@ -16,6 +16,7 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
 )
 
 // seedBatch bounds the appends in flight while seeding.
@@ -206,8 +207,8 @@ func TestProxyListWalksEveryProxyOnce(t *testing.T) {
 	h.folded(r)
 
 	// Default and largest limits.
-	if pg := h.listPage(proxyList, ``); len(pg.ids) != DefaultPageLimit || pg.next != a[DefaultPageLimit-1] {
-		t.Errorf("empty body: got %d proxies, next %q; want %d, next %q", len(pg.ids), pg.next, DefaultPageLimit, a[DefaultPageLimit-1])
+	if pg := h.listPage(proxyList, ``); len(pg.ids) != page.DefaultLimit || pg.next != a[page.DefaultLimit-1] {
+		t.Errorf("empty body: got %d proxies, next %q; want %d, next %q", len(pg.ids), pg.next, page.DefaultLimit, a[page.DefaultLimit-1])
 	}
 	if pg := h.listPage(proxyList, `{"pool":"b"}`); len(pg.ids) != 300 || pg.next != "" || !slices.Equal(pg.ids, b) {
 		t.Errorf("pool b, default limit: got %d proxies, next %q; want all 300 in order, next \"\"", len(pg.ids), pg.next)
@@ -339,20 +340,12 @@ func TestListRepliesFitMaxPayload(t *testing.T) {
 	h.folded(r)
 
 	maxPayload := int(h.c.NC.MaxPayload())
-	budget := r.replyBudget()
+	budget := r.api.ReplyBudget()
 	if budget >= maxPayload {
 		t.Fatalf("reply budget %d, want below the max payload %d", budget, maxPayload)
 	}
-	// Any other reply over the budget is refused, not sent to be dropped.
-	if _, aerr := r.replyBody(json.RawMessage(`"` + strings.Repeat("x", budget-2) + `"`)); aerr != nil {
-		t.Errorf("a reply of exactly the budget: %v", aerr)
-	}
-	if _, aerr := r.replyBody(strings.Repeat("x", budget)); aerr == nil || aerr.Status != "500" ||
-		!strings.Contains(aerr.Message, "does not fit under the server's max payload") {
-		t.Errorf("a reply over the budget: got %v, want a 500 saying it does not fit", aerr)
-	}
 	for _, body := range []string{`"pool":"big"`, ""} {
-		got, pages := h.walk(proxyList, body, MaxPageLimit, nil)
+		got, pages := h.walk(proxyList, body, page.MaxLimit, nil)
 		if !slices.Equal(got, ids) {
 			t.Errorf("{%s}: walked %d proxies, want the %d in order", body, len(got), n)
 		}
@@ -362,7 +355,7 @@ func TestListRepliesFitMaxPayload(t *testing.T) {
 			if pg.size > budget {
 				t.Errorf("{%s} page %d: %d bytes, over the budget %d (max payload %d)", body, i, pg.size, budget, maxPayload)
 			}
-			if pg.next != "" && len(pg.ids) < MaxPageLimit {
+			if pg.next != "" && len(pg.ids) < page.MaxLimit {
 				cut++
 			}
 		}
@@ -523,85 +516,6 @@ func TestPoolGetCountsLiveProxies(t *testing.T) {
 	}
 }
 
-// TestFirstAfterMatchesASort: the heap selection returns what sorting
-// everything and slicing would, for every cursor and size.
-func TestFirstAfterMatchesASort(t *testing.T) {
-	keys := make([]string, 0, 500)
-	for i := range 500 {
-		keys = append(keys, fmt.Sprintf("k-%x", (i*7919)%1009)) // distinct, not in order
-	}
-	sorted := slices.Sorted(slices.Values(keys))
-	for _, after := range []string{"", sorted[0], sorted[137], sorted[498], sorted[499], "k-0", "zzz"} {
-		for _, n := range []int{1, 2, 10, 499, 500, 501, 1001} {
-			got := firstAfter(slices.Values(keys), func(s string) string { return s }, after, n)
-			i, _ := slices.BinarySearch(sorted, after)
-			for i < len(sorted) && sorted[i] <= after {
-				i++
-			}
-			want := sorted[i:min(len(sorted), i+n)]
-			if !slices.Equal(got, want) {
-				t.Errorf("after %q, n %d: got %d keys %v…, want %d", after, n, len(got), got[:min(3, len(got))], len(want))
-			}
-		}
-	}
-}
-
-// TestPageJSONFitsEveryBudget: whatever the budget, the page it writes
-// decodes as a list reply, stays within the budget, and its next resumes
-// exactly after its last item; an item too big for any page is refused,
-// naming it.
-func TestPageJSONFitsEveryBudget(t *testing.T) {
-	type item struct {
-		ID  string `json:"id"`
-		Pad string `json:"pad"`
-	}
-	var items []item
-	for i := range 40 {
-		items = append(items, item{ID: fmt.Sprintf("x-%03d", i), Pad: strings.Repeat("p", i*7%50)})
-	}
-	key := func(it item) string { return it.ID }
-	for budget := 200; budget <= 4000; budget += 37 {
-		for _, limit := range []int{1, 5, 39, 40, 41} {
-			raw, aerr := pageJSON("items", items, key, limit, budget, "item")
-			if aerr != nil {
-				t.Fatalf("budget %d limit %d: %v", budget, limit, aerr)
-			}
-			if len(raw) > budget {
-				t.Errorf("budget %d limit %d: %d bytes", budget, limit, len(raw))
-			}
-			var got struct {
-				Items []item `json:"items"`
-				Next  string `json:"next"`
-			}
-			if err := json.Unmarshal(raw, &got); err != nil {
-				t.Fatalf("budget %d limit %d: %v: %s", budget, limit, err, raw)
-			}
-			n := len(got.Items)
-			if n == 0 || n > limit || !slices.Equal(got.Items, items[:n]) {
-				t.Fatalf("budget %d limit %d: got %d items, want a prefix of at most %d", budget, limit, n, limit)
-			}
-			wantNext := ""
-			if n < len(items) {
-				wantNext = items[n-1].ID
-			}
-			if got.Next != wantNext {
-				t.Errorf("budget %d limit %d: next %q, want %q", budget, limit, got.Next, wantNext)
-			}
-			if n < limit && n < len(items) {
-				// Cut for size: the next item would not have fit.
-				b, _ := json.Marshal(items[n])
-				if len(raw)+1+len(b) <= budget-63 {
-					t.Errorf("budget %d limit %d: cut at %d items though item %d (%d bytes) fits", budget, limit, n, n, len(b))
-				}
-			}
-		}
-	}
-	big := []item{{ID: "x-big", Pad: strings.Repeat("p", 500)}}
-	if _, aerr := pageJSON("items", big, key, 10, 300, "item"); aerr == nil || !strings.Contains(aerr.Message, `item x-big alone does not fit`) || !strings.Contains(aerr.Message, `"after":"x-big"`) {
-		t.Errorf("an item over the budget: got %v, want an error naming it and how to list on", aerr)
-	}
-}
-
 // benchState is a planner state of one pool of n requested proxies.
 func benchState(b *testing.B, n int) *state {
 	b.Helper()
@@ -635,7 +549,7 @@ func benchState(b *testing.B, n int) *state {
 // live proxy, then slicing the page (baseline: what proxy.list did before
 // it was paged, plus the slicing).
 func BenchmarkProxyListPage(b *testing.B) {
-	const n, limit = 100_000, DefaultPageLimit
+	const n, limit = 100_000, page.DefaultLimit
 	st := benchState(b, n)
 	members := st.pools["big"].members
 	ids := slices.Sorted(maps.Keys(members))
@@ -659,9 +573,9 @@ func BenchmarkProxyListPage(b *testing.B) {
 	})
 	b.Run("first-after", func(b *testing.B) {
 		for b.Loop() {
-			page := firstAfter(maps.Values(members), func(x *Proxy) string { return x.ID }, after, limit+1)
-			views := make([]events.ProxyView, len(page))
-			for i, x := range page {
+			pg := page.FirstAfter(maps.Values(members), func(x *Proxy) string { return x.ID }, after, limit+1)
+			views := make([]events.ProxyView, len(pg))
+			for i, x := range pg {
 				views[i] = x.ProxyView
 			}
 			check(b, views)

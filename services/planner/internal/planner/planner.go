@@ -42,6 +42,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/services/planner/internal/apiserver"
 	"proxyfleet/services/planner/internal/decide"
 )
 
@@ -170,58 +171,93 @@ type Planner struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	m      *metrics
-	now    func() time.Time
-	// ageNow is the clock proxy ages are measured with for rotation; it is
-	// time.Now except in tests, which move it ahead (maxAge is at least a
-	// minute).
+	clocks
+	counters
+
+	// mu guards st, agents and progressed.
+	mu sync.Mutex
+	st *state
+	// progressed is closed and replaced whenever st advances.
+	progressed chan struct{}
+	// caughtUp is set once the projection has read the whole log.
+	caughtUp atomic.Bool
+	// agents is what the agents announced in fleet-agents.
+	agents agentBook
+	// demand is the leader's copy of fleet-demand (demand.go).
+	demand *demandBook
+
+	// lease is this replica's part in the election of the leader.
+	lease leaseState
+	// kick asks the reconciler for a round (see [Planner.poke]).
+	kick chan struct{}
+
+	// secrets are the pools' secrets: fleet-secrets, the digest key and
+	// their sealing to health and the gateway.
+	secrets poolSecrets
+	// snap writes and loads the state's snapshots (snapshot.go).
+	snap *snapshots
+	// api serves the operator API over backend{p}.
+	api *apiserver.Server
+
+	fp failpoints // test failpoints; empty in normal builds
+}
+
+// clocks are the planner's time sources: time.Now except in tests.
+type clocks struct {
+	now func() time.Time
+	// ageNow is the clock proxy ages are measured with for rotation; tests
+	// move it ahead (maxAge is at least a minute).
 	ageNow func() time.Time
 	// scaleNow is the clock an autoscaled pool's stretch of low demand is
-	// measured with; time.Now except in tests, which move it ahead
-	// (scaleDownAfter is at least 10s).
+	// measured with; tests move it ahead (scaleDownAfter is at least
+	// 10s).
 	scaleNow func() time.Time
+}
 
-	// demandMu guards demand, the leader's copy of fleet-demand.
-	demandMu sync.Mutex
-	demand   demandSeen
+// counters count the loops' completed work, for tests and logs.
+type counters struct {
+	rounds      atomic.Int64 // completed reconcile rounds
+	looked      atomic.Int64 // pools looked at by reconcile rounds
+	gcRounds    atomic.Int64 // completed garbage-collection rounds
+	scaleRounds atomic.Int64 // completed autoscaling rounds
+}
 
-	secrets jetstream.KeyValue
+// agentBook is what the agents announced: the last heartbeat of each
+// live one, and every target each entry announced since start. Guarded
+// by [Planner.mu].
+type agentBook struct {
+	// kv is fleet-agents, set by Run before the API starts.
+	kv jetstream.KeyValue
+	// last maps "<entry>.<target>" to its last heartbeat.
+	last map[string]agentSeen
+	// seen lists the targets of every entry that heartbeated since start.
+	seen map[string]map[string]bool
+}
+
+// leaseState is this replica's part in the election of the leader (see
+// [Planner.lead] and fence.go).
+type leaseState struct {
+	// kv is fleet-planner, set by Run: the leader lease and the snapshot
+	// writer's claim.
+	kv jetstream.KeyValue
+	// leading is this replica's current leader term, nil when it does not
+	// lead.
+	leading atomic.Pointer[leadership]
+	// deposed carries a term that [Planner.depose] ended to lead.
+	deposed chan *leadership
+	// renewed is when the last successful lease create or update was sent.
+	renewed atomic.Pointer[time.Time]
+}
+
+// poolSecrets are the pools' secrets as the planner keeps them.
+type poolSecrets struct {
+	// kv is fleet-secrets, set by Run.
+	kv jetstream.KeyValue
+	// digestKey keys the secrets digests in events; set by Run.
+	digestKey []byte
 	// creds seals the pools' passwords to health and the gateway
 	// (probecreds.go).
 	creds *credentials
-	// digestKey keys the secrets digests in events; set by Run.
-	digestKey []byte
-	// agentsKV is fleet-agents, set by Run before the API starts.
-	agentsKV jetstream.KeyValue
-
-	// mu guards st, agents, seen and progressed.
-	mu     sync.Mutex
-	st     *state
-	agents map[string]agentSeen // "<entry>.<target>" → last heartbeat
-	// seen lists the targets of every entry that heartbeated since start.
-	seen map[string]map[string]bool
-	// progressed is closed and replaced whenever st advances.
-	progressed chan struct{}
-	// snap writes and loads the state's snapshots (snapshot.go).
-	snap *snapshots
-	// leaseKV is fleet-planner, set by Run: the leader lease and the
-	// snapshot writer's claim.
-	leaseKV jetstream.KeyValue
-
-	caughtUp atomic.Bool
-	leader   atomic.Bool
-	// leading is this replica's current leader term, nil when it does not
-	// lead; deposed carries a term that [Planner.depose] ended to lead.
-	leading atomic.Pointer[leadership]
-	deposed chan *leadership
-	// renewed is when the last successful lease create or update was sent.
-	renewed  atomic.Pointer[time.Time]
-	fp       failpoints   // test failpoints; empty in normal builds
-	rounds   atomic.Int64 // completed reconcile rounds
-	looked   atomic.Int64 // pools looked at by reconcile rounds
-	gcRounds atomic.Int64 // completed garbage-collection rounds
-	// scaleRounds counts completed autoscaling rounds.
-	scaleRounds atomic.Int64
-	kick        chan struct{}
 }
 
 // New returns a planner replica using conn. log, tracer and meter may be
@@ -249,23 +285,24 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		cfg:        cfg,
 		log:        log,
 		tracer:     tracer,
-		now:        time.Now,
-		ageNow:     time.Now,
-		scaleNow:   time.Now,
+		clocks:     clocks{now: time.Now, ageNow: time.Now, scaleNow: time.Now},
 		st:         newState(log, cfg.KeepFinished),
-		agents:     map[string]agentSeen{},
-		seen:       map[string]map[string]bool{},
+		agents:     agentBook{last: map[string]agentSeen{}, seen: map[string]map[string]bool{}},
+		demand:     &demandBook{js: conn.JS, log: log},
 		progressed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
-		deposed:    make(chan *leadership, 1),
+		lease:      leaseState{deposed: make(chan *leadership, 1)},
 	}
 	p.snap = &snapshots{Planner: p, kick: make(chan struct{}, 1)}
-	p.creds = &credentials{Planner: p}
+	if p.api, err = apiserver.New(backend{p}, conn.NC, apiserver.Config{ID: cfg.ID, Log: log, Tracer: tracer, Meter: m.meter, Buckets: durationBuckets}); err != nil {
+		return nil, fmt.Errorf("planner API: %w", err)
+	}
+	p.secrets.creds = &credentials{Planner: p}
 	return p, nil
 }
 
 // IsLeader reports whether this replica holds the lease and reconciles.
-func (p *Planner) IsLeader() bool { return p.leader.Load() }
+func (p *Planner) IsLeader() bool { return p.lease.leading.Load() != nil }
 
 // Ready reports whether the projection has caught up with the event log and
 // the API is being served.
@@ -281,7 +318,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketAgents, err)
 	}
-	p.agentsKV = agentsKV
+	p.agents.kv = agentsKV
 	leaseKV, err := p.conn.JS.KeyValue(ctx, bus.BucketPlanner)
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
@@ -289,7 +326,7 @@ func (p *Planner) Run(ctx context.Context) error {
 	if err := p.openSecrets(ctx); err != nil {
 		return err
 	}
-	p.leaseKV = leaseKV
+	p.lease.kv = leaseKV
 	gauges, err := p.registerGauges()
 	if err != nil {
 		return fmt.Errorf("planner metrics: %w", err)
@@ -323,11 +360,11 @@ func (p *Planner) Run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.log.Info("state rebuilt from the event log", "seq", seq, "snapshot", fromSnap, "replayed", seq-fromSnap, "took", time.Since(start).String())
 	wg.Go(func() { p.snap.snapshotLoop(ctx) })
-	for _, r := range p.creds.readers {
-		wg.Go(func() { p.creds.probeCredsLoop(ctx, r) })
+	for _, r := range p.secrets.creds.readers {
+		wg.Go(func() { p.secrets.creds.probeCredsLoop(ctx, r) })
 	}
 
-	svc, err := p.startAPI()
+	svc, err := p.api.Start(apiserver.Replica)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("fleet-planner service: %w", err)
@@ -344,17 +381,17 @@ func (p *Planner) Run(ctx context.Context) error {
 // fleet-gateway-creds and reads (or creates) the digest key.
 func (p *Planner) openSecrets(ctx context.Context) error {
 	var err error
-	if p.secrets, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
+	if p.secrets.kv, err = p.conn.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketSecrets, err)
 	}
-	p.creds.readers = nil
+	p.secrets.creds.readers = nil
 	for _, r := range []credReader{{name: "health", bucket: bus.BucketProbeCreds}, {name: "the gateway", bucket: bus.BucketGatewayCreds}} {
 		if r.kv, err = p.conn.JS.KeyValue(ctx, r.bucket); err != nil {
 			return fmt.Errorf("bucket %s: %w", r.bucket, err)
 		}
-		p.creds.readers = append(p.creds.readers, &r)
+		p.secrets.creds.readers = append(p.secrets.creds.readers, &r)
 	}
-	if p.digestKey, err = loadDigestKey(ctx, p.secrets); err != nil {
+	if p.secrets.digestKey, err = loadDigestKey(ctx, p.secrets.kv); err != nil {
 		return err
 	}
 	return nil
@@ -478,24 +515,12 @@ func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
 				continue
 			}
 		}
-		p.readAgents(ctx, w)
-		bus.StopWatch(w)
-	}
-}
-
-func (p *Planner) readAgents(ctx context.Context, w jetstream.KeyWatcher) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
+		bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
 			if e != nil {
 				p.onAgent(e)
 			}
-		}
+		})
+		bus.StopWatch(w)
 	}
 }
 
@@ -508,7 +533,7 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(p.agents, key)
+		delete(p.agents.last, key)
 		return
 	}
 	var hb agent.Heartbeat
@@ -516,12 +541,12 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		p.log.Warn("ignoring unreadable heartbeat", "key", key, "err", err)
 		return
 	}
-	prev, known := p.agents[key]
+	prev, known := p.agents.last[key]
 	if hb.XKey != "" && seal.CheckPublic(hb.XKey) != nil {
 		p.log.Warn("ignoring the heartbeat's curve key: it is not a valid xkey", "key", key)
 		hb.XKey = ""
 	}
-	p.agents[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
+	p.agents.last[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
 	if !known {
 		// Each agent's dead-letter series exists from its first
 		// heartbeat, at 0, so an alert on its increase has a series to
@@ -529,10 +554,10 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		p.m.deadLetters.Add(context.Background(), 0, metric.WithAttributes(
 			attribute.String("entry", entry), attribute.String("target", target)))
 	}
-	if p.seen[entry] == nil {
-		p.seen[entry] = map[string]bool{}
+	if p.agents.seen[entry] == nil {
+		p.agents.seen[entry] = map[string]bool{}
 	}
-	p.seen[entry][target] = true
+	p.agents.seen[entry][target] = true
 	if (!known || prev.XKey != hb.XKey) && p.caughtUp.Load() {
 		p.poke()
 	}
@@ -542,15 +567,15 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 // an agent that announced itself an instant ago is known to the API even
 // before the watch delivers its heartbeat.
 func (p *Planner) refreshAgents(ctx context.Context, entry string) {
-	if p.agentsKV == nil {
+	if p.agents.kv == nil {
 		return
 	}
-	keys, err := p.agentsKV.ListKeysFiltered(ctx, entry+".*")
+	keys, err := p.agents.kv.ListKeysFiltered(ctx, entry+".*")
 	if err != nil {
 		return
 	}
 	for k := range keys.Keys() {
-		if e, err := p.agentsKV.Get(ctx, k); err == nil {
+		if e, err := p.agents.kv.Get(ctx, k); err == nil {
 			p.onAgent(e)
 		}
 	}
@@ -559,8 +584,8 @@ func (p *Planner) refreshAgents(ctx context.Context, entry string) {
 // liveAgents returns the agents whose heartbeat has not expired. Callers
 // hold p.mu.
 func (p *Planner) liveAgentsLocked(now time.Time) []agentSeen {
-	out := make([]agentSeen, 0, len(p.agents))
-	for _, a := range p.agents {
+	out := make([]agentSeen, 0, len(p.agents.last))
+	for _, a := range p.agents.last {
 		if now.Sub(a.At) < bus.AgentTTL {
 			out = append(out, a)
 		}
@@ -580,7 +605,7 @@ func (p *Planner) knownTargetsLocked(entry string) (map[string]bool, bool) {
 			out[t] = true
 		}
 	}
-	if m, ok := p.seen[entry]; ok {
+	if m, ok := p.agents.seen[entry]; ok {
 		known = true
 		for t := range m {
 			out[t] = true
@@ -595,7 +620,7 @@ func (p *Planner) knownEntriesLocked() []string {
 	for e := range p.st.targets {
 		set[e] = true
 	}
-	for e := range p.seen {
+	for e := range p.agents.seen {
 		set[e] = true
 	}
 	return slices.Sorted(maps.Keys(set))
@@ -618,12 +643,11 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 	var done chan struct{}
 	stepDown := func() {
 		if cur != nil {
-			p.leading.CompareAndSwap(cur, nil)
+			p.lease.leading.CompareAndSwap(cur, nil)
 			cur.cancel()
 			<-done
 			cur, done = nil, nil
 		}
-		p.leader.Store(false)
 	}
 	release := func() {
 		if rev == 0 {
@@ -641,7 +665,7 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 		rev = 0
 	}
 	for {
-		if cur != nil && p.leading.Load() != cur {
+		if cur != nil && p.lease.leading.Load() != cur {
 			// Deposed (the signal may have been consumed already).
 			stepDown()
 			release()
@@ -650,7 +674,7 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 			sent := time.Now()
 			if r, err := kv.Create(ctx, leaderKey, []byte(p.cfg.ID)); err == nil {
 				rev = r
-				p.renewed.Store(&sent)
+				p.lease.renewed.Store(&sent)
 				if cur, done, err = p.startTerm(ctx, rev); err != nil {
 					if ctx.Err() == nil {
 						p.log.Warn("leader lease acquired but no planner term could be opened; giving the lease back", "err", err)
@@ -664,7 +688,7 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 			sent := time.Now()
 			if r, err := kv.Update(ctx, leaderKey, []byte(p.cfg.ID), rev); err == nil {
 				rev = r
-				p.renewed.Store(&sent)
+				p.lease.renewed.Store(&sent)
 			} else if ctx.Err() == nil {
 				p.log.Warn("leader lease lost; no longer reconciling", "err", err)
 				rev = 0
@@ -679,7 +703,7 @@ func (p *Planner) lead(ctx context.Context, kv jetstream.KeyValue) {
 		select {
 		case <-t.C:
 			continue
-		case <-p.deposed:
+		case <-p.lease.deposed:
 			// Handled at the top of the loop; a stale signal of an
 			// earlier term changes nothing.
 			continue

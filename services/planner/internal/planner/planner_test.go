@@ -657,11 +657,13 @@ func TestApplyConflictRereads(t *testing.T) {
 		_ = p.store.Follow(ctx, p.st.seq+1, p.onEvent, nil)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	out, aerr := p.poolApply(context.Background(), []byte(`{"name":"demo","provider":"local","size":5}`))
+	want := events.PoolSpec{Name: "demo", Provider: "local", Size: 5}
+	want.Normalize()
+	pv, aerr := backend{p.Planner}.ApplyPool(context.Background(), want)
 	if aerr != nil {
 		t.Fatalf("apply: %v", aerr)
 	}
-	if pv := out.(api.PoolView); pv.Revision != 3 || pv.Spec.Size != 5 {
+	if pv.Revision != 3 || pv.Spec.Size != 5 {
 		t.Errorf("apply after conflict: got %+v, want revision 3 size 5", pv)
 	}
 	applied := h.eventsOf(events.AggregatePool, events.PoolApplied)
@@ -687,7 +689,7 @@ func (h *harness) manualPlanner() *reconciler {
 		h.t.Fatal(err)
 	}
 	l := &leadership{term: term, cancel: func() {}, jobs: make(chan leaderJob), ended: make(chan struct{})}
-	p.leading.Store(l)
+	p.lease.leading.Store(l)
 	h.feed(p)
 	p.caughtUp.Store(true)
 	agents, _ := h.agents.ListKeys(context.Background())
@@ -817,13 +819,13 @@ func TestLeaderRecoversUnsentCommands(t *testing.T) {
 	h.waitFor("agent seen", func() bool {
 		first.mu.Lock()
 		defer first.mu.Unlock()
-		return len(first.agents) == 1
+		return len(first.agents.last) == 1
 	})
 	h.goneAgent("local", "t1")
 	h.waitFor("agent gone", func() bool {
 		first.mu.Lock()
 		defer first.mu.Unlock()
-		return len(first.agents) == 0
+		return len(first.agents.last) == 0
 	})
 	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
 	h.settle(first, 2)

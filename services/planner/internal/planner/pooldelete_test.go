@@ -87,7 +87,7 @@ func TestPoolDeleteRemovesSecrets(t *testing.T) {
 	}
 	// A removal for the deletion at revision 2 that runs only now (a
 	// pool.delete racing the re-apply) leaves revision 3's secrets alone.
-	if aerr := r.removeSecrets(ctx, "demo", 2); aerr != nil {
+	if aerr := (backend{r.Planner}).removeSecrets(ctx, "demo", 2); aerr != nil {
 		t.Fatal(aerr)
 	}
 	e, err := h.secret.Get(ctx, "demo")

@@ -19,31 +19,52 @@ import (
 // so such an apply racing the removal is never undone. Called after the
 // deleted event is stored, so a crash in between leaves secrets that the
 // next pool.delete removes.
-func (p *Planner) removeSecrets(ctx context.Context, pool string, rev int) *api.APIError {
+func (b backend) removeSecrets(ctx context.Context, pool string, rev int) *api.APIError {
 	for range maxConflictRetries {
-		e, err := p.secrets.Get(ctx, pool)
+		e, err := b.secrets.kv.Get(ctx, pool)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			p.creds.removeCreds(ctx, pool, rev)
+			b.secrets.creds.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		if err != nil {
-			p.log.WarnContext(ctx, "read pool secrets for removal", "pool", pool, "err", err)
-			return internal("the pool is deleted but its secrets could not be read for removal; send pool.delete again")
+			b.log.WarnContext(ctx, "read pool secrets for removal", "pool", pool, "err", err)
+			return api.Internal("the pool is deleted but its secrets could not be read for removal; send pool.delete again")
 		}
 		var have events.PoolSecrets
 		if json.Unmarshal(e.Value(), &have) == nil && have.Revision > rev {
 			return nil
 		}
-		err = p.secrets.Purge(ctx, pool, jetstream.LastRevision(e.Revision()))
+		err = b.secrets.kv.Purge(ctx, pool, jetstream.LastRevision(e.Revision()))
 		if err == nil {
-			p.log.InfoContext(ctx, "pool secrets removed", "pool", pool, "revision", rev)
-			p.creds.removeCreds(ctx, pool, rev)
+			b.log.InfoContext(ctx, "pool secrets removed", "pool", pool, "revision", rev)
+			b.secrets.creds.removeCreds(ctx, pool, rev)
 			return nil
 		}
 		// Most likely the key changed since it was read: read it again.
-		p.log.DebugContext(ctx, "purge pool secrets", "pool", pool, "err", err)
+		b.log.DebugContext(ctx, "purge pool secrets", "pool", pool, "err", err)
 	}
-	return internal("the pool is deleted but its secrets could not be removed; send pool.delete again")
+	return api.Internal("the pool is deleted but its secrets could not be removed; send pool.delete again")
+}
+
+// ensureSecrets rewrites the secrets of an unchanged re-apply when the
+// stored ones do not match (a write that raced or a lost bucket), so a
+// re-apply always repairs them.
+func (b backend) ensureSecrets(ctx context.Context, pool string, rev int, sec events.PoolSecrets) *api.APIError {
+	e, err := b.secrets.kv.Get(ctx, pool)
+	if err == nil {
+		var have events.PoolSecrets
+		if json.Unmarshal(e.Value(), &have) == nil && have.Digest(b.secrets.digestKey) == sec.Digest(b.secrets.digestKey) {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return api.Internal("could not read the pool's secrets; retry")
+	}
+	sec.Revision = rev
+	raw, _ := json.Marshal(sec)
+	if _, err := b.secrets.kv.Put(ctx, pool, raw); err != nil {
+		return api.Internal("could not store the pool's secrets; retry")
+	}
+	return nil
 }
 
 // DigestKeyName is the fleet-secrets key holding the HMAC key of the

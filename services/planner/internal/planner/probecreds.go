@@ -141,7 +141,7 @@ func (c *credentials) probeCredNow(ctx context.Context, pool string) {
 // to, unless the stored credential already is that. A pool without a
 // password has no credential.
 func (c *credentials) syncProbeCred(ctx context.Context, r *credReader, pool, to string) {
-	e, err := c.secrets.Get(ctx, pool)
+	e, err := c.secrets.kv.Get(ctx, pool)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/planner/internal/apiserver"
 	"proxyfleet/services/planner/internal/decide"
 )
 
@@ -203,7 +204,7 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 func (rc *reconciler) reconcileLoop(ctx context.Context) {
 	rc.noteTraced()
 	rc.recoverCommands(ctx)
-	svc, err := rc.startDecidingAPI()
+	svc, err := rc.api.Start(apiserver.Leader)
 	if err != nil {
 		rc.log.Error("the leader's deciding endpoints could not be added; recycle, report-ban, proxy.delete and instance.delete are not served", "err", err)
 	} else {
@@ -213,7 +214,7 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 	gctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { rc.gatherLoop(gctx, inv) })
-	wg.Go(func() { rc.watchDemand(gctx) })
+	wg.Go(func() { rc.demand.watch(gctx) })
 	defer func() { cancel(); wg.Wait() }()
 	t := time.NewTicker(rc.cfg.ReconcileInterval)
 	defer t.Stop()
@@ -438,7 +439,7 @@ func (rc *reconciler) poolSecrets(ctx context.Context, r *round, pool Pool) (eve
 		return s, true
 	}
 	var s events.PoolSecrets
-	e, err := rc.secrets.Get(ctx, pool.Name)
+	e, err := rc.secrets.kv.Get(ctx, pool.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 	case err != nil:
@@ -450,7 +451,7 @@ func (rc *reconciler) poolSecrets(ctx context.Context, r *round, pool Pool) (eve
 			return s, false
 		}
 	}
-	if !s.Matches(rc.digestKey, pool.SecretsDigest) {
+	if !s.Matches(rc.secrets.digestKey, pool.SecretsDigest) {
 		rc.log.Error("pool secrets do not match the applied revision; re-apply the pool", "pool", pool.Name, "revision", pool.Revision)
 		return s, false
 	}

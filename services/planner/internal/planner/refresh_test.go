@@ -27,10 +27,10 @@ func TestValidateReadsFreshHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.agentsKV = kv
+	p.agents.kv = kv
 	spec := events.PoolSpec{Name: "fresh", Provider: "local", Size: 1, Targets: []string{"t2"}}
 	spec.Normalize()
-	if aerr := p.validateSpec(ctx, &spec); aerr == nil {
+	if _, known, _ := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); known {
 		t.Fatal("a provider with no heartbeat at all was accepted")
 	}
 	for _, target := range []string{"t1", "t2"} {
@@ -40,7 +40,7 @@ func TestValidateReadsFreshHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if aerr := p.validateSpec(ctx, &spec); aerr != nil {
-		t.Fatalf("fresh heartbeats were not read: %+v", aerr)
+	if targets, known, _ := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); !known || !targets["t2"] {
+		t.Fatalf("fresh heartbeats were not read: known %v, targets %v", known, targets)
 	}
 }

@@ -459,8 +459,8 @@ func (sn *snapshots) writeSnapshot(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if sn.leaseKV != nil {
-		rev, err := sn.leaseKV.Create(ctx, snapshotClaimKey, []byte(sn.cfg.ID))
+	if sn.lease.kv != nil {
+		rev, err := sn.lease.kv.Create(ctx, snapshotClaimKey, []byte(sn.cfg.ID))
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, errSnapshotBusy
 		}
@@ -470,7 +470,7 @@ func (sn *snapshots) writeSnapshot(ctx context.Context) (uint64, error) {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			_ = sn.leaseKV.Delete(dctx, snapshotClaimKey, jetstream.LastRevision(rev))
+			_ = sn.lease.kv.Delete(dctx, snapshotClaimKey, jetstream.LastRevision(rev))
 		}()
 	}
 	sn.mu.Lock()

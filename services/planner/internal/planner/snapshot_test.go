@@ -21,6 +21,7 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/page"
 	"proxyfleet/services/planner/internal/decide"
 )
 
@@ -104,7 +105,6 @@ func logNames(evs []bus.Event) (pools, proxies []string) {
 // target, in the order the round decides them).
 func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]string {
 	t.Helper()
-	ctx := context.Background()
 	out := map[string]string{}
 	put := func(key string, v any, aerr *api.APIError) {
 		b, err := json.Marshal(struct {
@@ -116,14 +116,16 @@ func observe(t *testing.T, p *Planner, pools, proxies []string) map[string]strin
 		}
 		out[key] = string(b)
 	}
-	v, aerr := p.poolList(ctx, []byte(`{}`))
-	put("pool.list", v, aerr)
+	b := backend{p}
+	put("pool.list", b.Pools("", page.DefaultLimit+1), nil)
 	for _, name := range pools {
-		v, aerr := p.poolGet(ctx, []byte(`{"name":"`+name+`"}`))
-		put("pool.get "+name, v, aerr)
+		v, ok := b.Pool(name)
+		put("pool.get "+name, v, nil)
+		if !ok {
+			out["pool.get "+name] = "unknown pool"
+		}
 	}
-	v, aerr = p.proxyList(ctx, []byte(`{}`))
-	put("proxy.list", v, aerr)
+	put("proxy.list", b.Proxies("", "", page.DefaultLimit+1), nil)
 	p.mu.Lock()
 	checkLoad(t, p.st)
 	for _, id := range proxies {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
@@ -25,7 +23,7 @@ import (
 //     instance.delete) are taken by the leader alone, on its reconciler
 //     goroutine, fenced by the term it leads. The deciding endpoints are a
 //     service instance the leader adds when its term begins and stops when
-//     it ends ([Planner.startDecidingAPI]), so NATS routes those requests to
+//     it ends ([apiserver.Leader]), so NATS routes those requests to
 //     the leader and a follower never takes one; the leader runs each as a
 //     job between two rounds ([Planner.asLeader]), so an operator's
 //     decision and the reconciler's never race on one pool's view (the pool
@@ -49,7 +47,7 @@ type leaderJob struct {
 // errNotLeading answers a deciding request that reached a replica whose
 // term ended meanwhile.
 func errNotLeading() *api.APIError {
-	return &api.APIError{Status: "503", Code: api.CodeUnavailable, Message: "this planner replica no longer leads; retry (the next leader answers)"}
+	return api.Unavailable("this planner replica no longer leads; retry (the next leader answers)")
 }
 
 // asLeader runs fn on the leader's reconciler goroutine, between rounds,
@@ -57,7 +55,7 @@ func errNotLeading() *api.APIError {
 // settled: every unit fn decided has its verdict. It refuses when this
 // replica does not lead or stops leading before fn ran.
 func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, rc *reconciler, f *flight)) *api.APIError {
-	l := p.leading.Load()
+	l := p.lease.leading.Load()
 	if l == nil {
 		return errNotLeading()
 	}
@@ -67,14 +65,14 @@ func (p *Planner) asLeader(ctx context.Context, fn func(ctx context.Context, rc 
 	case <-l.ended:
 		return errNotLeading()
 	case <-ctx.Done():
-		return internal("the leader did not take the request in time; retry")
+		return api.Internal("the leader did not take the request in time; retry")
 	}
 	select {
 	case <-j.done:
 		return nil
 	case <-ctx.Done():
 		// The job still runs to its end on the reconciler.
-		return internal("the decision did not settle in time; get the proxy to see whether it was recorded")
+		return api.Internal("the decision did not settle in time; get the proxy to see whether it was recorded")
 	}
 }
 
@@ -119,15 +117,4 @@ func (p *Planner) appendIntent(ctx context.Context, pool, typ, msgID string, dat
 		return u.seq, u.err
 	}
 	return 0, errors.New("planner terms keep opening; retry")
-}
-
-// decidingEndpoints are the endpoints only the leader serves.
-var decidingEndpoints = map[string]bool{
-	"proxy.delete": true, "proxy.recycle": true, "proxy.report-ban": true, "instance.delete": true,
-}
-
-// startDecidingAPI adds the leader's instance of the fleet-planner service:
-// the endpoints that decide. It is stopped when the term ends.
-func (p *Planner) startDecidingAPI() (micro.Service, error) {
-	return p.addService(func(noun, verb string) bool { return decidingEndpoints[noun+"."+verb] }, "leader")
 }

@@ -1,4 +1,4 @@
-package planner
+package apiserver
 
 import (
 	"bytes"
@@ -12,11 +12,23 @@ import (
 	"strings"
 
 	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/events"
 )
 
 // bodyPath names the request body as a whole in an error, where no field
 // is to blame (malformed JSON, not an object).
 const bodyPath = "(body)"
+
+// badRequest refuses a request that cannot be read. field is the path of
+// the offending value ("auth.username", "targets[1]"), or "" for the body
+// as a whole; the message starts with it.
+func badRequest(field, msg string) *api.APIError {
+	if field == "" {
+		field = bodyPath
+	}
+	return &api.APIError{Status: "400", Code: api.CodeBadRequest, Message: field + ": " + msg,
+		Fields: []events.FieldError{{Field: field, Reason: msg}}}
+}
 
 // decodeStrict decodes a JSON object into out (a pointer to a struct). It
 // refuses what encoding/json lets through: keys that match a field only

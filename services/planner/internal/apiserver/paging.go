@@ -1,10 +1,9 @@
-package planner
+package apiserver
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"iter"
 	"strconv"
 
 	"proxyfleet/pkg/api"
@@ -15,24 +14,18 @@ import (
 // Paging of the list replies (proxy.list, pool.list) follows package
 // [page]: items ordered by key (proxy id, pool name), a cursor that is a
 // key, every reply cut to fit the connection's max payload.
-const (
-	// DefaultPageLimit is the size of a page when the request sets no limit.
-	DefaultPageLimit = page.DefaultLimit
-	// MaxPageLimit is the largest limit a request may set.
-	MaxPageLimit = page.MaxLimit
-)
 
 // check validates the paging fields of a request decoded with present (the
 // keys it carried) and returns the limit to use. what names the key After
 // holds ("proxy id", "pool name").
 func checkPage(r api.PageRequest, present map[string]bool, what string) (int, []events.FieldError) {
 	var fields []events.FieldError
-	limit := DefaultPageLimit
+	limit := page.DefaultLimit
 	if present["limit"] {
 		limit = r.Limit
-		if limit < 1 || limit > MaxPageLimit {
+		if limit < 1 || limit > page.MaxLimit {
 			fields = append(fields, events.FieldError{Field: "limit",
-				Reason: fmt.Sprintf("must be between 1 and %d", MaxPageLimit), Value: strconv.Itoa(r.Limit)})
+				Reason: fmt.Sprintf("must be between 1 and %d", page.MaxLimit), Value: strconv.Itoa(r.Limit)})
 		}
 	}
 	if r.After != "" && !events.IsIdentifier(r.After) {
@@ -42,15 +35,10 @@ func checkPage(r api.PageRequest, present map[string]bool, what string) (int, []
 	return limit, fields
 }
 
-// replyBudget is the most bytes a reply body may take: the max payload the
+// ReplyBudget is the most bytes a reply body may take: the max payload the
 // server announced to this connection, less room for headers.
-func (p *Planner) replyBudget() int {
-	return page.Budget(p.conn.NC.MaxPayload())
-}
-
-// firstAfter is [page.FirstAfter].
-func firstAfter[T any](all iter.Seq[T], key func(T) string, after string, n int) []T {
-	return page.FirstAfter(all, key, after, n)
+func (s *Server) ReplyBudget() int {
+	return page.Budget(s.nc.MaxPayload())
 }
 
 // pageJSON encodes a page as [page.Encode] does; what names an item ("proxy",
@@ -60,9 +48,9 @@ func pageJSON[T any](field string, items []T, key func(T) string, limit, budget 
 	var big *page.TooBigError
 	switch {
 	case errors.As(err, &big):
-		return nil, internal(what + " " + big.Error())
+		return nil, api.Internal(what + " " + big.Error())
 	case err != nil:
-		return nil, internal("could not encode the page; retry")
+		return nil, api.Internal("could not encode the page; retry")
 	}
 	return raw, nil
 }

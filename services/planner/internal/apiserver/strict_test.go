@@ -1,4 +1,4 @@
-package planner
+package apiserver
 
 import (
 	"encoding/json"

@@ -1,0 +1,141 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/events"
+)
+
+// poolApply accepts a pool spec: it reads and checks it, then the writer
+// records it (its secrets in fleet-secrets, pool applied with the next
+// revision). An unchanged spec appends nothing.
+func (s *Server) poolApply(ctx context.Context, body []byte) (any, *api.APIError) {
+	var spec events.PoolSpec
+	present, aerr := decodeStrictPresent(body, &spec, false)
+	if aerr != nil {
+		return nil, aerr
+	}
+	var required []events.FieldError
+	if !present["size"] {
+		// encoding/json would leave it 0: a re-apply that forgot the size
+		// must not empty the pool.
+		required = append(required, events.FieldError{Field: "size", Reason: "is required (send 0 to empty the pool)"})
+	}
+	spec.Normalize()
+	if aerr := s.validateSpec(ctx, &spec, required...); aerr != nil {
+		return nil, aerr
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", spec.Name))
+	return s.b.ApplyPool(ctx, spec)
+}
+
+// validateSpec checks the spec's fields, then that its provider entry and
+// targets are known to the fleet. required lists the problems the decode
+// found (fields left out); they are reported with the others.
+func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, required ...events.FieldError) *api.APIError {
+	fields := append([]events.FieldError(nil), required...)
+	var ve *events.ValidationError
+	if err := spec.Validate(); errors.As(err, &ve) {
+		fields = append(fields, ve.Fields...)
+	} else if err != nil {
+		fields = append(fields, events.FieldError{Field: bodyPath, Reason: err.Error()})
+	}
+	bad := map[string]bool{}
+	for _, f := range fields {
+		bad[f.Field] = true
+	}
+	if !bad["provider"] {
+		targets, known, entries := s.b.Targets(ctx, spec.Provider, spec.Targets)
+		if !known {
+			reason := "unknown provider entry; no agent announced it"
+			if len(entries) > 0 {
+				reason += " (known: " + strings.Join(entries, ", ") + ")"
+			}
+			fields = append(fields, events.FieldError{Field: "provider", Reason: reason, Value: spec.Provider})
+		} else {
+			for i, t := range spec.Targets {
+				f := fmt.Sprintf("targets[%d]", i)
+				if !bad[f] && !targets[t] {
+					fields = append(fields, events.FieldError{Field: f,
+						Reason: "not a target of entry " + spec.Provider + " (known: " + strings.Join(slices.Sorted(maps.Keys(targets)), ", ") + ")", Value: t})
+				}
+			}
+		}
+	}
+	if len(fields) > 0 {
+		return api.Invalid(fields)
+	}
+	return nil
+}
+
+// checkIdentifier refuses a name or id that no pool or proxy can have.
+func checkIdentifier(field, value string) *api.APIError {
+	if fe := events.CheckIdentifier(field, value); fe != nil {
+		return api.Invalid([]events.FieldError{*fe})
+	}
+	return nil
+}
+
+// lookupPool returns the view of the applied pool name, or a 422.
+func (s *Server) lookupPool(field, name string) (api.PoolView, *api.APIError) {
+	if aerr := checkIdentifier(field, name); aerr != nil {
+		return api.PoolView{}, aerr
+	}
+	v, ok := s.b.Pool(name)
+	if !ok {
+		return api.PoolView{}, api.NotFound(field, "unknown pool", name)
+	}
+	return v, nil
+}
+
+func (s *Server) poolGet(_ context.Context, body []byte) (any, *api.APIError) {
+	var req api.NameRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	v, aerr := s.lookupPool("name", req.Name)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return v, nil
+}
+
+// poolList answers one page of the pools an operator can see: applied
+// ones, and deleted ones until their last proxy is gone.
+func (s *Server) poolList(_ context.Context, body []byte) (any, *api.APIError) {
+	var req api.PoolListRequest
+	present, aerr := decodeStrictPresent(body, &req, true)
+	if aerr != nil {
+		return nil, aerr
+	}
+	limit, fields := checkPage(req.PageRequest, present, "pool name")
+	if len(fields) > 0 {
+		return nil, api.Invalid(fields)
+	}
+	views := s.b.Pools(req.After, limit+1)
+	return pageJSON("pools", views, func(v api.PoolView) string { return v.Name }, limit, s.ReplyBudget(), "pool")
+}
+
+// poolDelete has the writer record that the pool is deleted and remove its
+// secrets; the reconciler retires every proxy of the pool (deletes need no
+// secrets). Deleting a deleted pool appends nothing and removes secrets a
+// crash left behind.
+func (s *Server) poolDelete(ctx context.Context, body []byte) (any, *api.APIError) {
+	var req api.NameRequest
+	if aerr := decodeStrict(body, &req, false); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := checkIdentifier("name", req.Name); aerr != nil {
+		return nil, aerr
+	}
+	return s.b.DeletePool(ctx, req.Name)
+}

@@ -1,0 +1,130 @@
+package planner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+)
+
+// The operator's intents: pool.apply and pool.delete record what the
+// operator wants, and any replica takes them (see writer.go).
+
+// maxConflictRetries bounds how often one request re-reads and re-decides.
+const maxConflictRetries = 5
+
+// errPoolConflict answers an intent whose pool kept changing.
+func errPoolConflict() *api.APIError {
+	return api.Conflict("the pool keeps changing concurrently; retry")
+}
+
+// ApplyPool implements [apiserver.Writer]: it writes the spec's secrets to
+// fleet-secrets and appends pool applied with the next revision. An
+// unchanged spec appends nothing (and repairs its secrets).
+func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (api.PoolView, *api.APIError) {
+	pub, sec := spec.Public(), spec.Secrets()
+	digest := sec.Digest(b.secrets.digestKey)
+	pubJSON, _ := json.Marshal(pub)
+	for range maxConflictRetries {
+		b.mu.Lock()
+		var cur Pool
+		cp := b.st.pools[spec.Name]
+		if cp != nil {
+			cur = *cp
+		}
+		b.mu.Unlock()
+		if cp != nil && !cur.Deleted && cur.Revision > 0 && sec.Matches(b.secrets.digestKey, cur.SecretsDigest) {
+			curJSON, _ := json.Marshal(cur.Spec)
+			if bytes.Equal(curJSON, pubJSON) {
+				if aerr := b.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
+					return api.PoolView{}, aerr
+				}
+				b.secrets.creds.probeCredNow(ctx, spec.Name)
+				return b.poolView(spec.Name), nil
+			}
+		}
+		rev := cur.Revision + 1
+		sec.Revision = rev
+		raw, _ := json.Marshal(sec)
+		if _, err := b.secrets.kv.Put(ctx, spec.Name, raw); err != nil {
+			return api.PoolView{}, api.Internal("could not store the pool's secrets; nothing was applied, retry")
+		}
+		data := events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}
+		seq, err := b.appendIntent(ctx, spec.Name, events.PoolApplied, decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, cur.LastSeq,
+			[]any{"pool", spec.Name, "decision", events.PoolApplied, "revision", rev})
+		if errors.Is(err, bus.ErrConflict) {
+			if err := b.catchUp(ctx, events.AggregatePool, spec.Name); err != nil {
+				return api.PoolView{}, api.Internal("could not re-read the pool after a concurrent change; retry")
+			}
+			continue
+		}
+		if err != nil {
+			b.log.ErrorContext(ctx, "append pool applied", "pool", spec.Name, "err", err)
+			return api.PoolView{}, api.Internal("could not record the pool; retry")
+		}
+		b.log.InfoContext(ctx, "pool applied", "pool", spec.Name, "revision", rev, "size", spec.Size, "entry", spec.Provider)
+		if err := b.waitSeq(ctx, seq); err != nil {
+			return api.PoolView{}, api.Internal("pool recorded but not yet visible; get it again")
+		}
+		b.secrets.creds.probeCredNow(ctx, spec.Name)
+		return b.poolView(spec.Name), nil
+	}
+	return api.PoolView{}, errPoolConflict()
+}
+
+// DeletePool implements [apiserver.Writer]: it appends pool deleted, then
+// removes the pool's secrets from fleet-secrets; the reconciler retires
+// every proxy of the pool (deletes need no secrets). Deleting a deleted
+// pool appends nothing and removes secrets a crash left behind.
+func (b backend) DeletePool(ctx context.Context, name string) (api.PoolView, *api.APIError) {
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", name))
+	for range maxConflictRetries {
+		b.mu.Lock()
+		var cur Pool
+		cp := b.st.pools[name]
+		if cp != nil {
+			cur = *cp
+		}
+		b.mu.Unlock()
+		if cp == nil || cur.Revision == 0 {
+			return api.PoolView{}, api.NotFound("name", "unknown pool", name)
+		}
+		if cur.Deleted {
+			// A repeat after a crash between the event and the removal.
+			if aerr := b.removeSecrets(ctx, name, cur.Revision); aerr != nil {
+				return api.PoolView{}, aerr
+			}
+			return b.poolView(name), nil
+		}
+		rev := cur.Revision + 1
+		data := events.PoolDeletedData{Revision: rev}
+		seq, err := b.appendIntent(ctx, name, events.PoolDeleted, decisionID(name, events.PoolDeleted, uint64(rev), data), data, cur.LastSeq,
+			[]any{"pool", name, "decision", events.PoolDeleted, "revision", rev})
+		if errors.Is(err, bus.ErrConflict) {
+			if err := b.catchUp(ctx, events.AggregatePool, name); err != nil {
+				return api.PoolView{}, api.Internal("could not re-read the pool after a concurrent change; retry")
+			}
+			continue
+		}
+		if err != nil {
+			b.log.ErrorContext(ctx, "append pool deleted", "pool", name, "err", err)
+			return api.PoolView{}, api.Internal("could not record the deletion; retry")
+		}
+		b.log.InfoContext(ctx, "pool deleted", "pool", name, "revision", rev)
+		if aerr := b.removeSecrets(ctx, name, rev); aerr != nil {
+			return api.PoolView{}, aerr
+		}
+		if err := b.waitSeq(ctx, seq); err != nil {
+			return api.PoolView{}, api.Internal("deletion recorded but not yet visible; get the pool again")
+		}
+		return b.poolView(name), nil
+	}
+	return api.PoolView{}, errPoolConflict()
+}

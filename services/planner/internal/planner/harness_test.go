@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -538,6 +539,20 @@ func (h *harness) requested(n int) ([]string, map[string]events.ProxyRequestedDa
 		out[e.ID] = d
 	}
 	return ids, out
+}
+
+// demoPool announces targets of entry local, starts a leader, applies
+// pool demo of size proxies and waits until they are requested; it
+// returns the leader and what [harness.requested] returns.
+func (h *harness) demoPool(size int, targets ...string) (*running, []string, map[string]events.ProxyRequestedData) {
+	h.t.Helper()
+	for _, target := range targets {
+		h.agent(agent.Info{Entry: "local", Target: target})
+	}
+	r := h.leader()
+	h.ok(poolApply, fmt.Sprintf(`{"name":"demo","provider":"local","size":%d}`, size), nil)
+	ids, req := h.requested(size)
+	return r, ids, req
 }
 
 // The operator API's subjects the tests call.

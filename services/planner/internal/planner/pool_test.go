@@ -186,11 +186,7 @@ func TestApplyCreatesAndSpreadsProxies(t *testing.T) {
 
 func TestScaleDownRetiresUnhealthyFirst(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	h.agent(agent.Info{Entry: "local", Target: "t2"})
-	r := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":3}`, nil)
-	ids, req := h.requested(3)
+	r, ids, req := h.demoPool(3, "t1", "t2")
 	// ids[0] is the oldest; make the newest one unhealthy.
 	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
 	h.bringUp(ids[1], req[ids[1]].Target, events.ProxyReady)
@@ -239,10 +235,7 @@ func TestScaleDownRetiresUnhealthyFirst(t *testing.T) {
 
 func TestPoolDeleteRetiresAll(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	r := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, nil)
-	ids, req := h.requested(2)
+	r, ids, req := h.demoPool(2, "t1")
 	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
 
 	var pv api.PoolView

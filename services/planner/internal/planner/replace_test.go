@@ -22,11 +22,7 @@ import (
 
 func TestFailedProxyIsRetiredAndReplaced(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	h.agent(agent.Info{Entry: "local", Target: "t2"})
-	r := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, nil)
-	ids, req := h.requested(2)
+	r, ids, req := h.demoPool(2, "t1", "t2")
 	victim := ids[0]
 	quotaTarget := req[victim].Target
 	h.observe(victim, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: quotaTarget, Instance: events.InstanceName(victim), Attempt: 1})
@@ -61,10 +57,7 @@ func TestFailedProxyIsRetiredAndReplaced(t *testing.T) {
 
 func TestOperatorDeleteAndRecycle(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	r := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, nil)
-	ids, req := h.requested(2)
+	r, ids, req := h.demoPool(2, "t1")
 	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
 
 	// Skip cleanup: retiring then abandoned, and no delete command.
@@ -678,10 +671,7 @@ func TestProxyNeverReadyIsReplaced(t *testing.T) {
 // the report changes nothing; bad reports change nothing at all.
 func TestReportBanRetiresAndReplaces(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	r := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
-	ids, _ := h.requested(1)
+	r, ids, _ := h.demoPool(1, "t1")
 	id := ids[0]
 	h.bringUp(id, "t1", events.ProxyReady)
 	h.waitState(r, id, events.ProxyReady)
@@ -751,10 +741,7 @@ func TestRotationIsSurgeFirst(t *testing.T) {
 	h.agent(agent.Info{Entry: "local", Target: "t1"})
 	h.agent(agent.Info{Entry: "local", Target: "t2"})
 	var skew atomic.Int64
-	r := h.startPlannerWith(Config{ID: "rot"}, nil, func(p *Planner) {
-		p.ageNow = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	})
-	h.waitFor("leader", r.IsLeader)
+	r := h.skewedLeader("rot", &skew, Config{})
 	h.ok(poolApply, `{"name":"rot","provider":"local","size":2,"maxAge":"1m"}`, nil)
 	h.ok(poolApply, `{"name":"steady","provider":"local","size":1}`, nil)
 	d := &driver{h: h, done: map[string]bool{}}

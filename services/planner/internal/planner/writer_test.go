@@ -13,11 +13,7 @@ import (
 
 func TestRestartEmitsNothing(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	h.agent(agent.Info{Entry: "local", Target: "t2"})
-	first := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":3}`, nil)
-	ids, req := h.requested(3)
+	first, ids, req := h.demoPool(3, "t1", "t2")
 	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
 	h.waitState(first, ids[0], events.ProxyReady)
 	// Scale to 1: two retiring (deletes outstanding), one ready.
@@ -86,10 +82,7 @@ func TestTwoPlannersOneLeader(t *testing.T) {
 // on the re-read state, decides nothing more.
 func TestConflictIsRereadNotDoubleDecided(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	first := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
-	ids, _ := h.requested(1)
+	first, ids, _ := h.demoPool(1, "t1")
 	h.settle(first, 2)
 	first.stop()
 	victim := ids[0]
@@ -283,10 +276,7 @@ func TestLeaderRecoversUnsentCommands(t *testing.T) {
 // sent, and the replica is deposed.
 func TestDeposedLeaderDecidesNothing(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
-	first := h.leader()
-	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
-	ids, _ := h.requested(1)
+	first, ids, _ := h.demoPool(1, "t1")
 	first.stop()
 	// The proxy failed: a leader retires it and requests a replacement.
 	h.observe(ids[0], events.ProxyFailed, 1, events.ProxyFailedData{Class: events.ClassPermanent, Reason: "broken", Attempt: 1})

@@ -1,7 +1,9 @@
 package planner
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/page"
@@ -305,5 +308,326 @@ func TestGCIgnoresForgedEventsOfAnOrphan(t *testing.T) {
 	}
 	if last := evs[len(evs)-1]; len(evs) != 3 || last.Kind != events.ProxyRetiring || last.Source != events.SourcePlanner || last.Seq <= forged {
 		t.Errorf("orphan's events: %d, last %s from %s at %d; want 3, the planner's retiring after %d", len(evs), last.Kind, last.Source, last.Seq, forged)
+	}
+}
+
+// TestFinishedProxiesLeaveMemory: over a long history the planner holds
+// its live proxies and the last KeepFinished finished ones, no more;
+// proxy.get answers about any older finished proxy from the log, as a
+// planner that kept every proxy would (but for the note of its
+// replacement, which another proxy's event records).
+func TestFinishedProxiesLeaveMemory(t *testing.T) {
+	h := newHarness(t)
+	h.holdLease()
+	g := newLogGen(t, h.c, 29)
+	g.fill(20_000)
+	const keep = 50
+	r := h.startPlannerWith(Config{ID: "p1", KeepFinished: keep, SnapshotEvery: -1, SnapshotInterval: -1}, nil)
+	h.folded(r)
+
+	evs := streamEvents(t, h.c, 0)
+	// A fold that keeps every proxy.
+	all := newState(testLogger(), len(evs))
+	applyEvents(all, evs, 0, evs[len(evs)-1].Seq)
+	live, finished := 0, 0
+	for _, x := range all.proxies {
+		if events.IsTerminal(x.State) {
+			finished++
+		} else {
+			live++
+		}
+	}
+	if finished < 10*keep {
+		t.Fatalf("the history finished %d proxies; want many more than %d", finished, keep)
+	}
+	r.mu.Lock()
+	inMemory := len(r.st.proxies)
+	r.mu.Unlock()
+	if inMemory != live+keep {
+		t.Errorf("proxies in memory: got %d, want %d live + %d finished", inMemory, live, keep)
+	}
+
+	checked := 0
+	for id, want := range all.proxies {
+		if !events.IsTerminal(want.State) {
+			continue
+		}
+		r.mu.Lock()
+		_, held := r.st.proxies[id]
+		r.mu.Unlock()
+		if held || checked >= 40 {
+			continue
+		}
+		checked++
+		var got events.ProxyView
+		h.ok(proxyGet, `{"id":"`+id+`"}`, &got)
+		w := want.ProxyView
+		w.ReplacedBy, w.ReplaceReason = "", ""
+		if !equalJSON(got, w) {
+			gj, _ := json.Marshal(got)
+			wj, _ := json.Marshal(w)
+			t.Errorf("proxy.get %s from the log:\n got  %s\n want %s", id, gj, wj)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no finished proxy left memory")
+	}
+}
+
+// TestGCAfterFinishedProxiesLeftMemory: with no finished proxy kept in
+// memory, the collector still never touches the instance of an abandoned
+// proxy, still collects the lingering instance of a deleted one, and
+// proxy.get and instance.delete still tell what became of each.
+func TestGCAfterFinishedProxiesLeftMemory(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	t1 := h.fakeInventory("local", "t1", false)
+	cfg := gcConfig("gc")
+	cfg.KeepFinished = -1
+	rec := &orphanRecorder{}
+	r := h.startPlannerWith(cfg, nil, func(p *Planner) { p.log = slog.New(rec) })
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, nil)
+	ids, _ := h.requested(2)
+	gone, deleted := ids[0], ids[1]
+	for _, id := range ids {
+		t1.add(marked(id, "demo", "local"))
+		h.bringUp(id, "t1", events.ProxyReady)
+	}
+	var x Proxy
+	h.ok(proxyDelete, `{"id":"`+gone+`","skipCleanup":true}`, &x)
+	if x.State != events.ProxyAbandoned {
+		t.Fatalf("skip-cleanup delete: state %q, want abandoned", x.State)
+	}
+	h.ok(proxyRecycle, `{"id":"`+deleted+`","now":true}`, nil)
+	h.observe(deleted, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
+	h.folded(r)
+	r.mu.Lock()
+	_, held1 := r.st.proxies[gone]
+	_, held2 := r.st.proxies[deleted]
+	r.mu.Unlock()
+	if held1 || held2 {
+		t.Fatalf("finished proxies in memory with KeepFinished -1: abandoned %v, deleted %v", held1, held2)
+	}
+	for id, want := range map[string]string{gone: events.ProxyAbandoned, deleted: events.ProxyDeleted} {
+		h.ok(proxyGet, `{"id":"`+id+`"}`, &x)
+		if x.State != want || x.ProviderID != "pid-"+id {
+			t.Errorf("proxy.get %s: got state %s provider id %q, want %s (folded from the log)", id, x.State, x.ProviderID, want)
+		}
+	}
+
+	// The deleted proxy's instance lingers: collected after the grace,
+	// with the next delete attempt. The abandoned one's never.
+	h.waitFor("the lingering instance collected", func() bool {
+		for _, c := range h.commandsOf(events.VerbDelete) {
+			if c.Delete.ProxyID == deleted && c.Delete.Reason == gcReason {
+				return c.Delete.Attempt == 2
+			}
+		}
+		return false
+	})
+	h.gcSettle(r, 5)
+	for _, c := range h.commandsOf(events.VerbDelete) {
+		if c.Delete.ProxyID == gone {
+			t.Errorf("the abandoned proxy's instance was deleted: %+v", c.Delete)
+		}
+	}
+	// Nor is it ever taken for an orphan (which would cost a read of its
+	// events every grace period).
+	if rec.saw(gone) {
+		t.Errorf("the abandoned proxy's instance was taken for an orphan")
+	}
+	if !rec.saw(deleted) {
+		t.Errorf("the deleted proxy's lingering instance was not reported as an orphan")
+	}
+
+	var rep api.InstanceDeleteReply
+	b, _ := json.Marshal(api.InstanceDeleteRequest{Entry: "local", Target: "t1", Name: events.InstanceName(gone)})
+	h.ok(instanceDelete, string(b), &rep)
+	if rep.Previous != events.ProxyAbandoned || rep.ProxyID != gone {
+		t.Errorf("instance.delete of the abandoned proxy's instance: got %+v, want previous abandoned", rep)
+	}
+}
+
+// orphanRecorder records the proxies the garbage collector reports as
+// owning an orphaned instance.
+type orphanRecorder struct {
+	mu      sync.Mutex
+	proxies map[string]bool
+}
+
+func (o *orphanRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (o *orphanRecorder) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "marked instance without a live proxy; deleting it after the grace period" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "proxy" {
+			o.mu.Lock()
+			if o.proxies == nil {
+				o.proxies = map[string]bool{}
+			}
+			o.proxies[a.Value.String()] = true
+			o.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+func (o *orphanRecorder) WithAttrs([]slog.Attr) slog.Handler { return o }
+func (o *orphanRecorder) WithGroup(string) slog.Handler      { return o }
+
+func (o *orphanRecorder) saw(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.proxies[id]
+}
+
+func (f *fakeInventory) remove(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, inst := range f.list {
+		if inst.Name == name {
+			f.list = append(f.list[:i], f.list[i+1:]...)
+			return
+		}
+	}
+}
+
+// TestInstanceDeleteOfAbandonedProxy: the instance of a proxy abandoned by
+// proxy.delete with skipCleanup is deleted through instance.delete: one
+// retiring event after abandoned (the proxy stays abandoned for the
+// planner) and one delete command for exactly that instance. Instances
+// that are not listed, unmarked, of another entry or of a live proxy, and
+// targets without an agent, are refused with a 422 naming the field, and
+// nothing changes.
+func TestInstanceDeleteOfAbandonedProxy(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	t1 := h.fakeInventory("local", "t1", false)
+	r := h.leader()
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":2}`, nil)
+	ids, _ := h.requested(2)
+	gone, live := ids[0], ids[1]
+	for _, id := range ids {
+		h.bringUp(id, "t1", events.ProxyReady)
+		t1.add(marked(id, "demo", "local"))
+	}
+	foreign := events.NewProxyID("demo")
+	t1.add(agent.Instance{Name: "px-handmade", ProviderID: "pid-handmade"}, marked(foreign, "demo", "other"))
+	var x Proxy
+	h.ok(proxyDelete, `{"id":"`+gone+`","skipCleanup":true}`, &x)
+	if x.State != events.ProxyAbandoned {
+		t.Fatalf("skip-cleanup delete: state %q, want abandoned", x.State)
+	}
+	h.requested(3) // the replacement
+	h.settle(r, 2)
+
+	body := func(target, name string) string {
+		b, _ := json.Marshal(api.InstanceDeleteRequest{Entry: "local", Target: target, Name: name})
+		return string(b)
+	}
+	refusals := []struct {
+		name, body, message string
+	}{
+		{"not listed", body("t1", "px-aaaaaaaaaaaaaaaa"),
+			`name: no marked instance of that name on local/t1 (its inventory lists only instances that carry the proxyfleet marker; unmarked instances are never touched) (got "px-aaaaaaaaaaaaaaaa")`},
+		{"unmarked", body("t1", "px-handmade"),
+			`name: the instance carries no proxy id in its marker; unmarked instances are never touched (got "px-handmade")`},
+		{"another entry's", body("t1", events.InstanceName(foreign)),
+			`name: the instance's marker names entry "other", not "local"; it is left alone (got "` + events.InstanceName(foreign) + `")`},
+		{"live proxy", body("t1", events.InstanceName(live)),
+			`name: the instance belongs to proxy ` + live + `, which is ready; delete the proxy with fleet.api.proxy.delete instead (got "` + events.InstanceName(live) + `")`},
+		{"no agent", body("t9", events.InstanceName(gone)),
+			`target: no agent serves local/t9; start its agent to list and delete its instances (got "t9")`},
+		{"bad entry", `{"entry":"Local","target":"t1","name":"` + events.InstanceName(gone) + `"}`,
+			`entry: must be ` + events.IdentifierRule + ` (got "Local")`},
+	}
+	for _, tc := range refusals {
+		t.Run(tc.name, func(t *testing.T) {
+			evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
+			rep := h.request(instanceDelete, tc.body, nil)
+			if rep.Code != "422" || rep.Error.Code != api.CodeInvalid {
+				t.Fatalf("got %q %+v, want 422 %s", rep.Code, rep.Error, api.CodeInvalid)
+			}
+			if rep.Error.Message != tc.message {
+				t.Errorf("message:\n got %q\nwant %q", rep.Error.Message, tc.message)
+			}
+			if got := h.lastSeq(bus.EventsStream); got != evBefore {
+				t.Errorf("FLEET_EVENTS last seq: got %d, want %d (unchanged)", got, evBefore)
+			}
+			if got := h.lastSeq(bus.CommandsStream); got != cmdBefore {
+				t.Errorf("FLEET_CMDS last seq: got %d, want %d (unchanged)", got, cmdBefore)
+			}
+		})
+	}
+	if n := len(h.commandsOf(events.VerbDelete)); n != 0 {
+		t.Fatalf("delete commands before instance.delete: got %d, want 0", n)
+	}
+
+	var rep api.InstanceDeleteReply
+	h.ok(instanceDelete, body("t1", events.InstanceName(gone)), &rep)
+	want := api.InstanceDeleteReply{Entry: "local", Target: "t1", Name: events.InstanceName(gone), ProxyID: gone, Pool: "demo", Attempt: 2, Previous: events.ProxyAbandoned}
+	if rep != want {
+		t.Errorf("reply: got %+v, want %+v", rep, want)
+	}
+	evs, err := h.store.Load(t.Context(), events.AggregateProxy, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind)
+	}
+	wantKinds := []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady,
+		events.ProxyRetiring, events.ProxyAbandoned, events.ProxyRetiring}
+	if !slices.Equal(kinds, wantKinds) {
+		t.Fatalf("events of the abandoned proxy: got %v, want %v", kinds, wantKinds)
+	}
+	var ret events.ProxyRetiringData
+	if err := evs[len(evs)-1].DecodeData(&ret); err != nil || ret.Reason != instanceDeleteReason || ret.SkipCleanup {
+		t.Errorf("retiring: got %+v (%v), want reason %q", ret, err, instanceDeleteReason)
+	}
+	dels := h.commandsOf(events.VerbDelete)
+	wantCmd := events.DeleteCommand{ProxyID: gone, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(gone),
+		ProviderID: "pid-" + gone, Attempt: 2, Reason: instanceDeleteReason}
+	if len(dels) != 1 || dels[0].Delete != wantCmd || dels[0].Subject != events.CommandSubject("local", "t1", events.VerbDelete) {
+		t.Fatalf("delete commands: got %+v, want one %+v", dels, wantCmd)
+	}
+	h.ok(proxyGet, `{"id":"`+gone+`"}`, &x)
+	if x.State != events.ProxyAbandoned {
+		t.Errorf("planner state after instance.delete: got %s, want still abandoned", x.State)
+	}
+
+	// Repeating the request re-sends the same command: no new event, and
+	// JetStream drops the duplicate.
+	before := h.lastSeq(bus.EventsStream)
+	h.ok(instanceDelete, body("t1", events.InstanceName(gone)), &rep)
+	if rep != want {
+		t.Errorf("repeated reply: got %+v, want %+v", rep, want)
+	}
+	if got := h.lastSeq(bus.EventsStream); got != before {
+		t.Errorf("repeated request appended: last seq %d, want %d", got, before)
+	}
+	if n := len(h.commandsOf(events.VerbDelete)); n != 1 {
+		t.Errorf("delete commands after the repeat: got %d, want 1", n)
+	}
+
+	// The agent deletes it and says so; the planner's view does not move,
+	// and the instance, gone from the inventory, cannot be deleted again.
+	h.observe(gone, events.ProxyDeleted, 2, events.ProxyDeletedData{Attempt: 2})
+	t1.remove(events.InstanceName(gone))
+	h.settle(r, 2)
+	h.ok(proxyGet, `{"id":"`+gone+`"}`, &x)
+	if x.State != events.ProxyAbandoned {
+		t.Errorf("planner state after the agent's deleted: got %s, want still abandoned", x.State)
+	}
+	if rr := h.request(instanceDelete, body("t1", events.InstanceName(gone)), nil); rr.Code != "422" {
+		t.Errorf("instance.delete of a deleted instance: got %q, want 422", rr.Code)
+	}
+	var pv api.PoolView
+	h.ok(poolGet, `{"name":"demo"}`, &pv)
+	if pv.Active != 2 {
+		t.Errorf("pool active: got %d, want 2 (the live proxy and the replacement)", pv.Active)
 	}
 }

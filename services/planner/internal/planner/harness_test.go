@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -537,4 +539,173 @@ func (h *harness) requested(n int) ([]string, map[string]events.ProxyRequestedDa
 		out[e.ID] = d
 	}
 	return ids, out
+}
+
+// demoPool announces targets of entry local, starts a leader, applies
+// pool demo of size proxies and waits until they are requested; it
+// returns the leader and what [harness.requested] returns.
+func (h *harness) demoPool(size int, targets ...string) (*running, []string, map[string]events.ProxyRequestedData) {
+	h.t.Helper()
+	for _, target := range targets {
+		h.agent(agent.Info{Entry: "local", Target: target})
+	}
+	r := h.leader()
+	h.ok(poolApply, fmt.Sprintf(`{"name":"demo","provider":"local","size":%d}`, size), nil)
+	ids, req := h.requested(size)
+	return r, ids, req
+}
+
+// The operator API's subjects the tests call.
+var (
+	poolApply    = events.APISubject("pool", "apply")
+	poolGet      = events.APISubject("pool", "get")
+	poolList     = events.APISubject("pool", "list")
+	poolDelete   = events.APISubject("pool", "delete")
+	proxyGet     = events.APISubject("proxy", "get")
+	proxyList    = events.APISubject("proxy", "list")
+	proxyDelete  = events.APISubject("proxy", "delete")
+	proxyRecycle = events.APISubject("proxy", "recycle")
+	// proxyReportBan is the gateway's ban report.
+	proxyReportBan = events.APISubject("proxy", "report-ban")
+)
+
+// hasField reports whether e names field.
+func hasField(e *api.APIError, field string) bool {
+	for _, f := range e.Fields {
+		if f.Field == field {
+			return true
+		}
+	}
+	return false
+}
+
+// equalJSON reports whether a and b encode to the same JSON.
+func equalJSON(a, b any) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// bringUp records the agent's and health service's facts for a proxy, up to
+// state (running, ready or unhealthy).
+func (h *harness) bringUp(id, target, state string) {
+	h.t.Helper()
+	h.observe(id, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: target, Instance: events.InstanceName(id), ProviderID: "pid-" + id, Attempt: 1})
+	h.observe(id, events.ProxyRunning, 1, events.ProxyRunningData{ProviderID: "pid-" + id, Address: "127.0.0.1:4000", Attempt: 1})
+	switch state {
+	case events.ProxyReady:
+		h.observe(id, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4000"})
+	case events.ProxyUnhealthy:
+		h.observe(id, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4000"})
+		h.observe(id, events.ProxyUnhealthy, 1, events.ProxyUnhealthyData{Reason: "probe failed", Streak: 3})
+	}
+}
+
+// waitState waits until r's state holds proxy id in state.
+func (h *harness) waitState(r *running, id, state string) {
+	h.t.Helper()
+	h.waitFor(id+" "+state, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		x := r.st.proxies[id]
+		return x != nil && x.State == state
+	})
+}
+
+// driver plays agent and health service for a rotation test: it brings up
+// every requested proxy to ready and reports every retiring one deleted.
+type driver struct {
+	h    *harness
+	done map[string]bool
+}
+
+func (d *driver) step() {
+	for _, e := range d.h.events() {
+		if e.Aggregate != events.AggregateProxy {
+			continue
+		}
+		key := e.ID + "/" + e.Kind
+		if d.done[key] {
+			continue
+		}
+		switch e.Kind {
+		case events.ProxyRequested:
+			var rd events.ProxyRequestedData
+			if err := e.DecodeData(&rd); err != nil {
+				d.h.t.Fatal(err)
+			}
+			d.h.bringUp(e.ID, rd.Target, events.ProxyReady)
+		case events.ProxyRetiring:
+			d.h.observe(e.ID, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
+		}
+		d.done[key] = true
+	}
+}
+
+// holdLease holds the leader lease for the test, so the planners it starts
+// only follow the log (they never lead and decide).
+func (h *harness) holdLease() {
+	h.t.Helper()
+	h.t.Cleanup(holdLeaseOn(h.t, h.c))
+}
+
+// follower starts a planner that follows the log (the test holds the
+// lease) and never writes snapshots on its own.
+func (h *harness) follower(id string) *running {
+	h.t.Helper()
+	return h.startPlannerWith(Config{ID: id, SnapshotEvery: -1, SnapshotInterval: -1, KeepFinished: testKeep}, nil)
+}
+
+// logRecorder keeps the messages a planner logs at warn or above.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecorder) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelWarn }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
+	return nil
+}
+
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecorder) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
+}
+
+// skewedLeader starts a leader whose proxy-age clock (rotation and
+// unhealthy durations) runs skew ahead of the wall clock.
+func (h *harness) skewedLeader(id string, skew *atomic.Int64, cfg Config) *running {
+	h.t.Helper()
+	cfg.ID = id
+	r := h.startPlannerWith(cfg, nil, func(p *Planner) {
+		p.ageNow = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
+	h.waitFor("leader "+id, r.IsLeader)
+	return r
+}
+
+// readyPool applies a pool and drives its proxies to ready; it returns
+// their ids.
+func (h *harness) readyPool(r *running, d *driver, body string, name string, size int) []string {
+	h.t.Helper()
+	h.ok(poolApply, body, nil)
+	h.waitFor(name+" ready", func() bool {
+		d.step()
+		return r.poolView(name).States[events.ProxyReady] == size
+	})
+	var ids []string
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRequested) {
+		var rd events.ProxyRequestedData
+		if e.DecodeData(&rd) == nil && rd.Pool == name {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
 }

@@ -6,36 +6,63 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/bus"
-	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/events/lifecycletest"
 )
 
-// appendAll appends evs to the log as their sources would.
-func appendAll(t *testing.T, c *bus.Conn, evs []lifecycletest.Event) {
-	t.Helper()
-	for _, e := range evs {
-		if e.Subject != "" {
-			bustest.AppendOn(t, c, e.Subject, e.Source, e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data)
-			continue
-		}
-		if _, err := bus.NewEventStore(c, e.Source, nil).Append(t.Context(), e.Aggregate, e.ID, e.Kind, e.MsgID, e.Data, nil); err != nil {
-			t.Fatalf("append %s %s: %v", e.ID, e.Kind, err)
-		}
-	}
+// eventLog is a log of events as FLEET_EVENTS would store them, without a
+// server: each event is encoded as its source would append it, sequenced
+// in order, and an event repeating an earlier Msg-Id is dropped as the
+// stream's deduplication drops it.
+type eventLog struct {
+	evs  []bus.Event
+	seq  uint64
+	seen map[string]bool
 }
 
-// foldLog replays the whole log into a fresh state.
-func foldLog(t *testing.T, c *bus.Conn, log *slog.Logger) *state {
+// append adds evs to the log and returns the sequence of the last one.
+func (l *eventLog) append(t *testing.T, evs ...lifecycletest.Event) uint64 {
 	t.Helper()
+	if l.seen == nil {
+		l.seen = map[string]bool{}
+	}
+	for _, e := range evs {
+		if l.seen[e.MsgID] {
+			continue
+		}
+		l.seen[e.MsgID] = true
+		subject := e.On()
+		env, err := events.NewEnvelope(e.MsgID, e.Source, events.EnvelopeType(e.Aggregate, e.Kind), e.ID, time.Now(), e.Data)
+		if err != nil {
+			t.Fatalf("append %s %s: %v", e.ID, e.Kind, err)
+		}
+		body, err := env.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.seq++
+		agg, id, kind, by, ok := events.ParseEventSubject(subject)
+		if !ok {
+			continue // a reader skips it
+		}
+		if env, err = events.DecodeEnvelope(body); err != nil {
+			continue // a reader skips it
+		}
+		l.evs = append(l.evs, bus.Event{Envelope: env, Seq: l.seq, Aggregate: agg, ID: id, Kind: kind, By: by, Header: nats.Header{}})
+	}
+	return l.seq
+}
+
+// fold replays the whole log into a fresh state.
+func (l *eventLog) fold(log *slog.Logger) *state {
 	st := newState(log, defaultKeepFinished)
-	if err := bus.NewEventStore(c, "reader", nil).Replay(t.Context(), 0, func(ev bus.Event) error {
-		st.apply(ev)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	for _, e := range l.evs {
+		st.apply(e)
 	}
 	return st
 }
@@ -45,13 +72,13 @@ func foldLog(t *testing.T, c *bus.Conn, log *slog.Logger) *state {
 // held to the same sequences (services/health/internal/projection), so the
 // two agree.
 func TestFoldFollowsLifecycleTable(t *testing.T) {
-	c := bustest.Start(t)
+	var l eventLog
 	all := lifecycletest.Adversarial("adv")
 	for seed := range 40 {
 		all = append(all, lifecycletest.Sequence(fmt.Sprintf("s%d", seed), uint64(seed), 40)...)
 	}
-	appendAll(t, c, all)
-	st := foldLog(t, c, testLogger())
+	l.append(t, all...)
+	st := l.fold(testLogger())
 	want := lifecycletest.Want(all)
 	for _, id := range lifecycletest.IDs(all) {
 		got := ""
@@ -67,14 +94,14 @@ func TestFoldFollowsLifecycleTable(t *testing.T) {
 // A late create is recorded on a failed or retiring proxy (the delete
 // needs its provider id) without reviving it.
 func TestFoldRecordsLateCreateWithoutReviving(t *testing.T) {
-	c := bustest.Start(t)
-	appendAll(t, c, []lifecycletest.Event{
+	var l eventLog
+	l.append(t, []lifecycletest.Event{
 		lifecycletest.As("demo-f", events.ProxyRequested, 0),
 		lifecycletest.As("demo-f", events.ProxyFailed, 1),
 		lifecycletest.As("demo-f", events.ProxyProvisioning, 2),
 		lifecycletest.As("demo-f", events.ProxyRunning, 3),
-	})
-	st := foldLog(t, c, testLogger())
+	}...)
+	st := l.fold(testLogger())
 	x := st.proxies["demo-f"]
 	if x == nil {
 		t.Fatal("demo-f not in state")
@@ -93,9 +120,9 @@ func TestFoldRecordsLateCreateWithoutReviving(t *testing.T) {
 // aggregate; a refused event still moves the proxy's last sequence, which
 // the next decision is appended against.
 func TestFoldRejectsBadIDsAndWrongWriters(t *testing.T) {
-	c := bustest.Start(t)
+	var l eventLog
 	agent := events.AgentSource(lifecycletest.Entry, lifecycletest.Target)
-	appendAll(t, c, []lifecycletest.Event{
+	l.append(t, []lifecycletest.Event{
 		lifecycletest.As("Demo_X", events.ProxyRequested, 0),
 		lifecycletest.As("Demo_X", events.ProxyRunning, 1),
 		lifecycletest.As("Demo_X", events.ProxyRunning, 2),
@@ -104,9 +131,9 @@ func TestFoldRejectsBadIDsAndWrongWriters(t *testing.T) {
 		lifecycletest.Make("demo-a", events.ProxyReady, agent, 5),
 		lifecycletest.Make("demo-b", events.ProxyRequested, agent, 6),
 		lifecycletest.Make("demo-b", events.ProxyRequested, agent, 7),
-	})
+	}...)
 	var buf bytes.Buffer
-	st := foldLog(t, c, slog.New(slog.NewTextHandler(&buf, nil)))
+	st := l.fold(slog.New(slog.NewTextHandler(&buf, nil)))
 	if _, ok := st.proxies["Demo_X"]; ok {
 		t.Error("Demo_X entered state")
 	}
@@ -131,7 +158,7 @@ func TestFoldRejectsBadIDsAndWrongWriters(t *testing.T) {
 // proxy's last sequence still moves on (the next decision expects it), and
 // the placed agent's next running still applies.
 func TestFoldRefusesForgedObservations(t *testing.T) {
-	c := bustest.Start(t)
+	var l eventLog
 	const id = "demo-forged"
 	placed := events.AgentSource(lifecycletest.Entry, lifecycletest.Target)
 	other := events.AgentSource(lifecycletest.Entry, lifecycletest.OtherTarget)
@@ -144,11 +171,11 @@ func TestFoldRefusesForgedObservations(t *testing.T) {
 	running := func(address string) events.ProxyRunningData {
 		return events.ProxyRunningData{Address: address, Attempt: 1}
 	}
-	appendAll(t, c, []lifecycletest.Event{
+	l.append(t, []lifecycletest.Event{
 		lifecycletest.As(id, events.ProxyRequested, 0),
 		lifecycletest.As(id, events.ProxyProvisioning, 1),
 		{Aggregate: events.AggregateProxy, ID: id, Kind: events.ProxyRunning, Source: placed, MsgID: id + ".running.2", Data: running("127.0.0.1:1001")},
-	})
+	}...)
 	forged := []struct {
 		subject, source, kind string
 		data                  any
@@ -163,10 +190,10 @@ func TestFoldRefusesForgedObservations(t *testing.T) {
 	}
 	var lastForged uint64
 	for i, f := range forged {
-		lastForged = bustest.AppendOn(t, c, f.subject, f.source, events.AggregateProxy, id, f.kind, fmt.Sprintf("%s.forged.%d", id, i), f.data)
+		lastForged = l.append(t, lifecycletest.Event{Subject: f.subject, Source: f.source, Aggregate: events.AggregateProxy, ID: id, Kind: f.kind, MsgID: fmt.Sprintf("%s.forged.%d", id, i), Data: f.data})
 	}
 	var buf bytes.Buffer
-	st := foldLog(t, c, slog.New(slog.NewTextHandler(&buf, nil)))
+	st := l.fold(slog.New(slog.NewTextHandler(&buf, nil)))
 	x := st.proxies[id]
 	if x == nil || x.State != events.ProxyRunning || x.Address != "127.0.0.1:1001" || x.Reason != "" || x.Entry != lifecycletest.Entry || x.Target != lifecycletest.Target || x.LastSeq != lastForged {
 		t.Fatalf("after forged observations: %+v; want running at 127.0.0.1:1001 on local/t1, no reason, last seq %d", x, lastForged)
@@ -178,10 +205,8 @@ func TestFoldRefusesForgedObservations(t *testing.T) {
 		t.Errorf("%d reports; want 2 (the subject and the source of %s, once each):\n%s", lines, id, buf.String())
 	}
 
-	appendAll(t, c, []lifecycletest.Event{
-		{Aggregate: events.AggregateProxy, ID: id, Kind: events.ProxyRunning, Source: placed, MsgID: id + ".running.20", Data: running("127.0.0.1:1002")},
-	})
-	if x := foldLog(t, c, testLogger()).proxies[id]; x == nil || x.State != events.ProxyRunning || x.Address != "127.0.0.1:1002" {
+	l.append(t, lifecycletest.Event{Aggregate: events.AggregateProxy, ID: id, Kind: events.ProxyRunning, Source: placed, MsgID: id + ".running.20", Data: running("127.0.0.1:1002")})
+	if x := l.fold(testLogger()).proxies[id]; x == nil || x.State != events.ProxyRunning || x.Address != "127.0.0.1:1002" {
 		t.Fatalf("after the placed agent's second running: %+v; want running at 127.0.0.1:1002", x)
 	}
 }

@@ -265,20 +265,6 @@ func TestSnapshotEquivalenceWithPlannerDecisions(t *testing.T) {
 	}
 }
 
-// holdLease holds the leader lease for the test, so the planners it starts
-// only follow the log (they never lead and decide).
-func (h *harness) holdLease() {
-	h.t.Helper()
-	h.t.Cleanup(holdLeaseOn(h.t, h.c))
-}
-
-// follower starts a planner that follows the log (the test holds the
-// lease) and never writes snapshots on its own.
-func (h *harness) follower(id string) *running {
-	h.t.Helper()
-	return h.startPlannerWith(Config{ID: id, SnapshotEvery: -1, SnapshotInterval: -1, KeepFinished: testKeep}, nil)
-}
-
 // snapshotBytes returns a snapshot of the fold of evs up to k.
 func snapshotBytes(t *testing.T, evs []bus.Event, k uint64, edit func(*image)) []byte {
 	t.Helper()

@@ -2,7 +2,6 @@ package events
 
 import (
 	"fmt"
-	"net/http"
 	"regexp"
 	"strings"
 	"time"
@@ -35,6 +34,13 @@ const (
 	// BanBodyLimit is how much of a plain HTTP response body a ban rule's
 	// body pattern sees.
 	BanBodyLimit = 64 << 10
+	// MaxBanPattern bounds a ban rule's regular expressions (headerMatch,
+	// body), in bytes.
+	MaxBanPattern = 1024
+	// MaxBanStatuses bounds a ban rule's status list.
+	MaxBanStatuses = 32
+	// MaxHeaderName bounds a ban rule's header name, in bytes.
+	MaxHeaderName = 256
 	// DefaultScaleDownAfter is how long demand must stay low before an
 	// autoscaled pool shrinks.
 	DefaultScaleDownAfter = 5 * time.Minute
@@ -142,29 +148,26 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 		if len(r.Status) == 0 && r.Header == "" && r.Body == "" {
 			v.Add(f, "must set status, header or body", "")
 		}
+		if len(r.Status) > MaxBanStatuses {
+			v.Add(f+".status", fmt.Sprintf("may hold at most %d statuses", MaxBanStatuses), fmt.Sprint(len(r.Status)))
+		}
 		for j, s := range r.Status {
 			if s < 100 || s > 599 {
 				v.Add(fmt.Sprintf("%s.status[%d]", f, j), "must be an HTTP status (100-599)", fmt.Sprint(s))
 			}
 		}
-		if r.Header != "" && (strings.ContainsAny(r.Header, ": \t\r\n") || http.CanonicalHeaderKey(r.Header) == "") {
-			v.Add(f+".header", "must be a header name", r.Header)
+		if r.Header != "" && !isToken(r.Header) {
+			v.Add(f+".header", "must be a header name (an HTTP token: letters, digits and !#$%&'*+-.^_`|~)", r.Header)
+		} else if len(r.Header) > MaxHeaderName {
+			v.Add(f+".header", fmt.Sprintf("may be at most %d bytes long", MaxHeaderName), fmt.Sprintf("%d bytes", len(r.Header)))
 		}
 		if (r.Header == "") != (r.HeaderMatch == "") {
 			v.Add(f+".headerMatch", "header and headerMatch go together", r.HeaderMatch)
 		}
-		if r.HeaderMatch != "" {
-			if _, err := regexp.Compile(r.HeaderMatch); err != nil {
-				v.Add(f+".headerMatch", "must be a regular expression: "+err.Error(), r.HeaderMatch)
-			}
-		}
-		if r.Body != "" {
-			if _, err := regexp.Compile(r.Body); err != nil {
-				v.Add(f+".body", "must be a regular expression: "+err.Error(), r.Body)
-			}
-		}
+		checkPattern(v, f+".headerMatch", r.HeaderMatch)
+		checkPattern(v, f+".body", r.Body)
 		if r.Threshold < 0 {
-			v.Add(f+".threshold", "must not be negative", fmt.Sprint(r.Threshold))
+			v.Add(f+".threshold", "must be 1 or more", fmt.Sprint(r.Threshold))
 		}
 		if r.Window < 0 {
 			v.Add(f+".window", "must not be negative", time.Duration(r.Window).String())
@@ -172,6 +175,35 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 			v.Add(f+".window", "must be at least 1s", time.Duration(r.Window).String())
 		}
 	}
+}
+
+// checkPattern checks a ban rule's regular expression ("" for none): at
+// most [MaxBanPattern] bytes, and one that compiles.
+func checkPattern(v *ValidationError, field, pattern string) {
+	switch {
+	case pattern == "":
+	case len(pattern) > MaxBanPattern:
+		v.Add(field, fmt.Sprintf("may be at most %d bytes long", MaxBanPattern), fmt.Sprintf("%d bytes", len(pattern)))
+	default:
+		if _, err := regexp.Compile(pattern); err != nil {
+			v.Add(field, "must be a regular expression: "+err.Error(), pattern)
+		}
+	}
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110, 5.6.2), what a
+// header name is.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // Clone returns a deep copy of g (nil for nil).

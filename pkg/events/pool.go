@@ -28,6 +28,12 @@ const (
 	// MaxPasswordBytes is the longest proxy password: Squid-based proxies
 	// store it as a bcrypt hash (pkg/htpasswd), which takes at most 72 bytes.
 	MaxPasswordBytes = 72
+	// MaxTargets bounds a pool's targets.
+	MaxTargets = 1000
+	// MaxUsernameBytes bounds a proxy username (it travels in events).
+	MaxUsernameBytes = 255
+	// MaxUserDataBytes bounds a pool's cloud-init user-data.
+	MaxUserDataBytes = 64 << 10
 )
 
 // PoolSpec is what an operator asks for: a named group of proxies. It is the
@@ -177,6 +183,9 @@ func (p *PoolSpec) Validate() error {
 	var v ValidationError
 	v.AddField(CheckIdentifier("name", p.Name))
 	v.AddField(CheckIdentifier("provider", p.Provider))
+	if len(p.Targets) > MaxTargets {
+		v.Add("targets", fmt.Sprintf("may hold at most %d targets", MaxTargets), fmt.Sprint(len(p.Targets)))
+	}
 	for i, t := range p.Targets {
 		v.AddField(CheckIdentifier(fmt.Sprintf("targets[%d]", i), t))
 	}
@@ -197,6 +206,8 @@ func (p *PoolSpec) Validate() error {
 	if p.Auth != nil {
 		if p.Auth.Username == "" || containsAny(p.Auth.Username, ":\r\n") {
 			v.Add("auth.username", "is required and may not contain ':' or line breaks", "")
+		} else if len(p.Auth.Username) > MaxUsernameBytes {
+			v.Add("auth.username", fmt.Sprintf("may be at most %d bytes long", MaxUsernameBytes), fmt.Sprintf("%d bytes", len(p.Auth.Username)))
 		}
 		if p.Auth.Password == "" || containsAny(p.Auth.Password, "\r\n") {
 			v.Add("auth.password", "is required and may not contain line breaks", "")
@@ -223,8 +234,8 @@ func (p *PoolSpec) Validate() error {
 	if p.Autoscale != nil {
 		p.Autoscale.Validate(&v, "autoscale")
 	}
-	if len(p.UserData) > 64<<10 {
-		v.Add("userData", "must be at most 64 KiB", "")
+	if len(p.UserData) > MaxUserDataBytes {
+		v.Add("userData", "must be at most 64 KiB", fmt.Sprintf("%d bytes", len(p.UserData)))
 	}
 	return v.Err()
 }

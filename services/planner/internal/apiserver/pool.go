@@ -24,12 +24,7 @@ func (s *Server) poolApply(ctx context.Context, body []byte) (any, *api.APIError
 	if aerr != nil {
 		return nil, aerr
 	}
-	var required []events.FieldError
-	if !present["size"] {
-		// encoding/json would leave it 0: a re-apply that forgot the size
-		// must not empty the pool.
-		required = append(required, events.FieldError{Field: "size", Reason: "is required (send 0 to empty the pool)"})
-	}
+	required := presence(&spec, present)
 	spec.Normalize()
 	if aerr := s.validateSpec(ctx, &spec, required...); aerr != nil {
 		return nil, aerr
@@ -38,14 +33,58 @@ func (s *Server) poolApply(ctx context.Context, body []byte) (any, *api.APIError
 	return s.b.ApplyPool(ctx, spec)
 }
 
+// presence finds what only the request's keys tell: a field that is
+// required though its zero value decodes, and a field sent as the zero
+// value that otherwise means "the default" (which would be stored as the
+// default, not refused as the out-of-range value it is).
+func presence(spec *events.PoolSpec, present map[string]bool) []events.FieldError {
+	var v events.ValidationError
+	if !present["size"] {
+		// encoding/json would leave it 0: a re-apply that forgot the size
+		// must not empty the pool.
+		v.Add("size", "is required (send 0 to empty the pool)", "")
+	}
+	if present["unhealthyAfter"] && spec.UnhealthyAfter == 0 {
+		v.Add("unhealthyAfter", "must be at least "+events.MinUnhealthyAfter.String()+" (leave it out for the default "+events.DefaultUnhealthyAfter.String()+")", "0s")
+	}
+	if g := spec.Gateway; g != nil {
+		for i, r := range g.BanRules {
+			f := fmt.Sprintf("gateway.banRules[%d]", i)
+			if present[f+".threshold"] && r.Threshold == 0 {
+				v.Add(f+".threshold", fmt.Sprintf("must be 1 or more (leave it out for the default %d)", events.DefaultBanThreshold), "0")
+			}
+			if present[f+".window"] && r.Window == 0 {
+				v.Add(f+".window", "must be at least 1s (leave it out for the default "+events.DefaultBanWindow.String()+")", "0s")
+			}
+		}
+	}
+	if spec.Autoscale != nil {
+		for _, k := range []string{"min", "max", "targetConnections"} {
+			if !present["autoscale."+k] {
+				v.Add("autoscale."+k, "is required", "")
+			}
+		}
+	}
+	return v.Fields
+}
+
 // validateSpec checks the spec's fields, then that its provider entry and
-// targets are known to the fleet. required lists the problems the decode
-// found (fields left out); they are reported with the others.
-func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, required ...events.FieldError) *api.APIError {
-	fields := append([]events.FieldError(nil), required...)
+// targets are known to the fleet. found lists the problems the request's
+// keys showed (see [presence]); they are reported first, and stand for
+// what the spec's own check says of the same fields.
+func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found ...events.FieldError) *api.APIError {
+	fields := append([]events.FieldError(nil), found...)
+	named := map[string]bool{}
+	for _, f := range found {
+		named[f.Field] = true
+	}
 	var ve *events.ValidationError
 	if err := spec.Validate(); errors.As(err, &ve) {
-		fields = append(fields, ve.Fields...)
+		for _, f := range ve.Fields {
+			if !named[f.Field] {
+				fields = append(fields, f)
+			}
+		}
 	} else if err != nil {
 		fields = append(fields, events.FieldError{Field: bodyPath, Reason: err.Error()})
 	}

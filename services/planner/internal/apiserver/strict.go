@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
@@ -18,6 +19,14 @@ import (
 // bodyPath names the request body as a whole in an error, where no field
 // is to blame (malformed JSON, not an object).
 const bodyPath = "(body)"
+
+// notText refuses a string encoding/json would silently rewrite: invalid
+// UTF-8 and unpaired surrogate escapes both decode to U+FFFD.
+const notText = "must be valid UTF-8 text (invalid bytes and unpaired surrogates are refused, and so is U+FFFD)"
+
+// validText reports whether a decoded JSON string holds no U+FFFD, the
+// mark encoding/json leaves for what was not text.
+func validText(s string) bool { return !strings.ContainsRune(s, utf8.RuneError) }
 
 // badRequest refuses a request that cannot be read. field is the path of
 // the offending value ("auth.username", "targets[1]"), or "" for the body
@@ -133,6 +142,9 @@ func (w *walker) value(path string, t reflect.Type) *api.APIError {
 	if err != nil {
 		return syntaxError(err)
 	}
+	if s, ok := tok.(string); ok && !validText(s) {
+		return badRequest(path, notText)
+	}
 	if tok == nil {
 		w.null = true
 		return nil
@@ -238,6 +250,9 @@ func (w *walker) object(path string, t reflect.Type) *api.APIError {
 		}
 		key, _ := tok.(string)
 		kp := joinPath(path, key)
+		if !validText(key) {
+			return badRequest(kp, notText)
+		}
 		if seen[key] {
 			return badRequest(kp, "duplicate key")
 		}

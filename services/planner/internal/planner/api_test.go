@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -655,6 +656,22 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 			`egress.allowPorts[0]: must be an integer, got string`},
 		{"egress unknown key", poolApply, `{` + demo + `,"size":2,"egress":{"allow":["10.0.0.0/8"]}}`, "400",
 			`egress.allow: unknown field`},
+		{"unhealthyAfter zero", poolApply, `{` + demo + `,"size":2,"unhealthyAfter":"0s"}`, "422",
+			`unhealthyAfter: must be at least 10s (leave it out for the default 2m0s) (got "0s")`},
+		{"unhealthyAfter empty", poolApply, `{` + demo + `,"size":2,"unhealthyAfter":""}`, "422",
+			`unhealthyAfter: must be at least 10s (leave it out for the default 2m0s) (got "0s")`},
+		{"ban rule threshold zero", poolApply, `{` + demo + `,"size":2,"gateway":{"banRules":[{"name":"r","status":[403],"threshold":0}]}}`, "422",
+			`gateway.banRules[0].threshold: must be 1 or more (leave it out for the default 5) (got "0")`},
+		{"ban rule header not a token", poolApply, `{` + demo + `,"size":2,"gateway":{"banRules":[{"name":"r","header":"X-Why(1)","headerMatch":"x"}]}}`, "422",
+			"gateway.banRules[0].header: must be a header name (an HTTP token: letters, digits and !#$%&'*+-.^_`|~) (got \"X-Why(1)\")"},
+		{"ban rule body of 900 KiB", poolApply, `{` + demo + `,"size":2,"gateway":{"banRules":[{"name":"r","body":"` + strings.Repeat("a", 900<<10) + `"}]}}`, "422",
+			`gateway.banRules[0].body: may be at most 1024 bytes long (got "921600 bytes")`},
+		{"apply of 200 KB", poolApply, `{` + demo + `,"size":2,"gateway":{"banRules":[{"name":"r","header":"Server","headerMatch":"` + strings.Repeat("(a|b)", 40<<10) + `"}]}}`, "422",
+			`gateway.banRules[0].headerMatch: may be at most 1024 bytes long (got "204800 bytes")`},
+		{"autoscale without targetConnections", poolApply, `{` + demo + `,"size":2,"autoscale":{"min":1,"max":3}}`, "422",
+			`autoscale.targetConnections: is required`},
+		{"name not UTF-8", poolApply, "{\"name\":\"demo\xff\",\"provider\":\"local\",\"size\":2}", "400",
+			`name: must be valid UTF-8 text (invalid bytes and unpaired surrogates are refused, and so is U+FFFD)`},
 
 		{"pool.get upper-case", poolGet, `{"Name":"demo"}`, "400", `Name: unknown field; keys are case-sensitive: did you mean "name"?`},
 		{"pool.get duplicate", poolGet, `{"name":"demo","name":"demo"}`, "400", `name: duplicate key`},
@@ -670,6 +687,10 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"proxy.delete wrong type", proxyDelete, `{"id":"x","skipCleanup":"yes"}`, "400", `skipCleanup: must be true or false, got string`},
 		{"proxy.recycle upper-case", proxyRecycle, `{"ID":"x"}`, "400", `ID: unknown field; keys are case-sensitive: did you mean "id"?`},
 		{"proxy.report-ban duplicate", proxyReportBan, `{"id":"x","reason":"a","reason":"b"}`, "400", `reason: duplicate key`},
+		{"proxy.report-ban reason not UTF-8", proxyReportBan, "{\"id\":\"x\",\"reason\":\"403 \xff\xfe\"}", "400",
+			`reason: must be valid UTF-8 text (invalid bytes and unpaired surrogates are refused, and so is U+FFFD)`},
+		{"proxy.report-ban reason an unpaired surrogate", proxyReportBan, `{"id":"x","reason":"403 \ud800"}`, "400",
+			`reason: must be valid UTF-8 text (invalid bytes and unpaired surrogates are refused, and so is U+FFFD)`},
 		{"instance.delete upper-case", instanceDelete, `{"entry":"local","target":"t1","NAME":"px-a"}`, "400",
 			`NAME: unknown field; keys are case-sensitive: did you mean "name"?`},
 		{"instance.delete without name", instanceDelete, `{"entry":"local","target":"t1"}`, "422", `name: is required`},
@@ -710,6 +731,54 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 	if _, err := h.secret.Get(context.Background(), "demo"); err != nil {
 		t.Errorf("secrets of the applied pool: %v", err)
+	}
+}
+
+// TestApplyNotRecordedLeavesNoSecrets: an apply whose event the log does
+// not store (here the stream refuses messages of its size, as it refused a
+// spec too big for an event) answers 500 and puts back the secrets the
+// pool had, or none for a new pool: a failed apply leaves nothing behind.
+func TestApplyNotRecordedLeavesNoSecrets(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.leader()
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":0,"auth":{"username":"u","password":"before"}}`, nil)
+
+	ctx := context.Background()
+	s, err := h.c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	small := cfg
+	small.MaxMsgSize = 64
+	if _, err := h.c.JS.UpdateStream(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"demo", "fresh"} {
+		r := h.request(poolApply, `{"name":"`+name+`","provider":"local","size":1,"auth":{"username":"u","password":"after"}}`, nil)
+		if r.Code != "500" {
+			t.Errorf("%s: apply while the log refuses it: got %q %+v, want 500", name, r.Code, r.Error)
+		}
+	}
+	if _, err := h.c.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := h.secret.Get(ctx, "demo")
+	if err != nil {
+		t.Fatalf("demo's secrets after a failed apply: %v", err)
+	}
+	var sec events.PoolSecrets
+	if err := json.Unmarshal(e.Value(), &sec); err != nil || sec.Password != "before" || sec.Revision != 1 {
+		t.Errorf("demo's secrets after a failed apply: %+v (%v), want the password of revision 1", sec, err)
+	}
+	if _, err := h.secret.Get(ctx, "fresh"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("secrets of a new pool whose apply failed: got %v, want none", err)
+	}
+	var pv api.PoolView
+	h.ok(poolGet, `{"name":"demo"}`, &pv)
+	if pv.Revision != 1 || pv.Spec.Size != 0 {
+		t.Errorf("demo after the failed apply: revision %d size %d, want revision 1 size 0", pv.Revision, pv.Spec.Size)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -27,11 +29,24 @@ func errPoolConflict() *api.APIError {
 
 // ApplyPool implements [apiserver.Writer]: it writes the spec's secrets to
 // fleet-secrets and appends pool applied with the next revision. An
-// unchanged spec appends nothing (and repairs its secrets).
-func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (api.PoolView, *api.APIError) {
+// unchanged spec appends nothing (and repairs its secrets). The secrets go
+// first, so that a create never finds the event without them; when the
+// event is then not recorded, the secrets the pool had are put back, so a
+// refused or failed apply leaves nothing behind.
+func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.PoolView, aerr *api.APIError) {
 	pub, sec := spec.Public(), spec.Secrets()
 	digest := sec.Digest(b.secrets.digestKey)
 	pubJSON, _ := json.Marshal(pub)
+	// prev is what fleet-secrets held for the pool before this request
+	// (nil: nothing), put the revision of this request's last write.
+	var prev jetstream.KeyValueEntry
+	var read bool
+	var put uint64
+	defer func() {
+		if aerr != nil && put != 0 {
+			b.restoreSecrets(spec.Name, prev, put)
+		}
+	}()
 	for range maxConflictRetries {
 		b.mu.Lock()
 		var cur Pool
@@ -53,9 +68,18 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (api.PoolV
 		rev := cur.Revision + 1
 		sec.Revision = rev
 		raw, _ := json.Marshal(sec)
-		if _, err := b.secrets.kv.Put(ctx, spec.Name, raw); err != nil {
+		if !read {
+			e, err := b.secrets.kv.Get(ctx, spec.Name)
+			if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return api.PoolView{}, api.Internal("could not read the pool's secrets; nothing was applied, retry")
+			}
+			prev, read = e, true
+		}
+		written, err := b.secrets.kv.Put(ctx, spec.Name, raw)
+		if err != nil {
 			return api.PoolView{}, api.Internal("could not store the pool's secrets; nothing was applied, retry")
 		}
+		put = written
 		data := events.PoolAppliedData{Spec: pub, Revision: rev, SecretsDigest: digest}
 		seq, err := b.appendIntent(ctx, spec.Name, events.PoolApplied, decisionID(spec.Name, events.PoolApplied, uint64(rev), data), data, cur.LastSeq,
 			[]any{"pool", spec.Name, "decision", events.PoolApplied, "revision", rev})
@@ -77,6 +101,24 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (api.PoolV
 		return b.poolView(spec.Name), nil
 	}
 	return api.PoolView{}, errPoolConflict()
+}
+
+// restoreSecrets puts back what fleet-secrets held for pool (prev, nil
+// for nothing) before an apply whose event was not recorded, unless the
+// key changed since that apply wrote it (revision put): a later write is
+// another apply's.
+func (b backend) restoreSecrets(pool string, prev jetstream.KeyValueEntry, put uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var err error
+	if prev == nil {
+		err = b.secrets.kv.Purge(ctx, pool, jetstream.LastRevision(put))
+	} else {
+		_, err = b.secrets.kv.Update(ctx, pool, prev.Value(), put)
+	}
+	if err != nil {
+		b.log.Warn("the pool's secrets of an apply that was not recorded could not be put back; the next apply or pool.delete replaces them", "pool", pool, "err", err)
+	}
 }
 
 // DeletePool implements [apiserver.Writer]: it appends pool deleted, then

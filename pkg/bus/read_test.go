@@ -194,7 +194,9 @@ func TestFollowCaughtUpAtOnceWithNoHistory(t *testing.T) {
 	}
 }
 
-// An event that cannot be decoded is skipped and still marks the end.
+// An event that cannot be decoded is delivered by its position only
+// (Unreadable set, an empty envelope: nothing a reader could act on) and
+// still marks the end.
 func TestReadersReachAnUndecodableLastEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -206,15 +208,29 @@ func TestReadersReachAnUndecodableLastEvent(t *testing.T) {
 	}
 
 	var got []uint64
-	if err := s.Replay(ctx, 0, func(e bus.Event) error { got = append(got, e.Seq); return nil }); err != nil {
+	var bad []bus.Event
+	if err := s.Replay(ctx, 0, func(e bus.Event) error {
+		if e.Unreadable != nil {
+			bad = append(bad, e)
+		} else {
+			got = append(got, e.Seq)
+		}
+		return nil
+	}); err != nil {
 		t.Fatalf("Replay: %v", err)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Replay: %s", diffSeqs(got, want))
 	}
+	if len(bad) != 1 || bad[0].Seq != want[len(want)-1]+1 || bad[0].ID != "bad" || bad[0].Envelope.ID != "" {
+		t.Errorf("Replay delivered %+v as unreadable, want the one after %d, of pool bad, with an empty envelope", bad, want[len(want)-1])
+	}
 	evs, err := s.Load(ctx, events.AggregatePool, "bad")
-	if err != nil || len(evs) != 0 {
-		t.Errorf("Load(bad) = %d events, %v; want 0, nil", len(evs), err)
+	if err != nil || len(evs) != 1 || evs[0].Unreadable == nil {
+		t.Errorf("Load(bad) = %+v, %v; want the one unreadable event", evs, err)
+	}
+	if last, err := s.Last(ctx, events.AggregatePool, "bad"); err != nil || last != nil {
+		t.Errorf("Last(bad) = %+v, %v; want none: no event of pool bad reads", last, err)
 	}
 
 	fctx, fcancel := context.WithCancel(ctx)

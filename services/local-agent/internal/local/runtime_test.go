@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -86,12 +87,19 @@ func runningAddress(t *testing.T, ev bus.Event) string {
 	return run.Address
 }
 
-func TestRuntimeCreateAndDelete(t *testing.T) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	d := newDriver(t, Config{})
+// startRuntime starts a bus and the agent runtime over a new driver whose
+// proxies may reach the returned origin; store is the fleet's event store.
+func startRuntime(t *testing.T) (conn *bus.Conn, o *httptest.Server, d *Driver, store *bus.EventStore) {
+	t.Helper()
+	conn = bustest.Start(t)
+	o = origin(t)
+	d = newDriver(t, Config{})
 	runAgent(t, conn, d, endpoint(t, o))
-	store := bus.NewEventStore(conn, "test", nil)
+	return conn, o, d, bus.NewEventStore(conn, "test", nil)
+}
+
+func TestRuntimeCreateAndDelete(t *testing.T) {
+	conn, o, d, store := startRuntime(t)
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt1", nil)
@@ -109,11 +117,7 @@ func TestRuntimeCreateAndDelete(t *testing.T) {
 }
 
 func TestRuntimeCreateWithAuth(t *testing.T) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	d := newDriver(t, Config{})
-	runAgent(t, conn, d, endpoint(t, o))
-	store := bus.NewEventStore(conn, "test", nil)
+	conn, o, _, store := startRuntime(t)
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt2", &events.ProxyAuth{Username: "crawler", Password: "pa55word"})

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -37,13 +36,7 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	gateway := g.gateway
 	// The site fetched through the guest's proxy.
 	const greeting = "hello through the guest"
-	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
-	sl, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
-	if err != nil {
-		t.Fatalf("listen on the guest network's gateway: %v", err)
-	}
-	go func() { _ = site.Serve(sl) }()
-	defer site.Close()
+	sl := serveGreeting(t, gateway, greeting)
 
 	entry := randomEntry(t)
 	proxy := "boot-e2e"
@@ -51,16 +44,8 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	cleanupEntry(t, g.pool, entry, name)
 	cfg := g.config(t, entry)
 	conn := bustest.Start(t)
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-	defer stack.Close()
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := t.Context()
+	stack := startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
 	store := bus.NewEventStore(conn, events.SourcePlanner, nil)
@@ -131,6 +116,20 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	if err := stack.Driver.Delete(ctx, agent.Ref{ProxyID: proxy, Name: name}); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
+}
+
+// serveGreeting serves greeting over HTTP on host (the guest network's
+// gateway) until the test ends and returns its listener.
+func serveGreeting(t *testing.T, host, greeting string) net.Listener {
+	t.Helper()
+	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
+	sl, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatalf("listen on the guest network's gateway: %v", err)
+	}
+	go func() { _ = site.Serve(sl) }()
+	t.Cleanup(func() { _ = site.Close() })
+	return sl
 }
 
 // startHealth builds and runs the health service on the guest network's

@@ -4,8 +4,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -68,13 +66,7 @@ func TestCloudImageProxies(t *testing.T) {
 
 	// The site the test fetches through the proxies.
 	const greeting = "hello through squid"
-	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
-	sl, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
-	if err != nil {
-		t.Fatalf("listen on the guest network's gateway: %v", err)
-	}
-	go func() { _ = site.Serve(sl) }()
-	t.Cleanup(func() { _ = site.Close() })
+	sl := serveGreeting(t, g.gateway, greeting)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -102,16 +94,8 @@ profiles:
 			t.Fatal(err)
 		}
 		conn = bustest.Start(t)
-		stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-		t.Cleanup(stack.Close)
-		rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 10 * time.Minute,
-			WatchInterval: time.Second, EgressEndpoints: endpoints}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { defer close(done); _ = rt.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 10 * time.Minute,
+			WatchInterval: time.Second, EgressEndpoints: endpoints})
 		startHealthEcho(t, conn.ClientURL(), echo)
 		if planner {
 			startPlanner(t, conn.ClientURL())
@@ -293,20 +277,6 @@ func logFigures(t *testing.T, ctx context.Context, what string, store *bus.Event
 	req := at(events.ProxyRequested)
 	t.Logf("%s: command → running %s (address %s), command → ready %s", what,
 		at(events.ProxyRunning).Sub(req).Round(time.Second), running.Address, at(events.ProxyReady).Sub(req).Round(time.Second))
-}
-
-func fileSHA256(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // poolMembers counts the proxies ever requested for pool.

@@ -33,18 +33,10 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	entry := randomEntry(t)
 	cfg := g.config(t, entry)
 	conn := bustest.Start(t)
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-	defer stack.Close()
+	ctx := t.Context()
 	// The default recheck interval: the delay logged below is the one an
 	// operator gets.
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
 	startHealth(t, conn.ClientURL(), gateway)
 	startPlanner(t, conn.ClientURL())
 

@@ -28,6 +28,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestDeployShipped is `make test-deploy`: the shipped deploy/nats files,
@@ -51,8 +52,7 @@ func TestDeployShipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDeployServer(t, natsServer, secrets)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 5*time.Minute)
 
 	// Bootstrap as admin, with the consumer of a second agent (local/t2)
 	// that local/t1 must not be able to bind.

@@ -16,6 +16,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestDeployNATSConfigLeastPrivilege starts an in-process server from
@@ -56,8 +57,7 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	}
 	t.Cleanup(srv.Shutdown)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	connect := func(id string) *bus.Conn {
 		t.Helper()
 		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: id, Replicas: 1,

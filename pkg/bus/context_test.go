@@ -13,6 +13,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestConnectWithNATSContext connects through a nats CLI context file to a
@@ -44,8 +45,7 @@ func TestConnectWithNATSContext(t *testing.T) {
 	write("wrong", `{"url":"`+srv.ClientURL()+`","user":"fleet","password":"nope"}`)
 	write("jwt", `{"url":"`+srv.ClientURL()+`","user_jwt":"eyJ"}`)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c, err := bus.Connect(ctx, bus.Config{Context: "prod", Name: "ctx-test", Embed: embedded.Start, DataDir: t.TempDir()}, nil)
 	if err != nil {
 		t.Fatalf("connect with context prod: %v", err)

@@ -1,7 +1,8 @@
 // Package testwait waits, in tests, for what happens asynchronously: a
-// condition polled until it holds, within a bound, instead of a sleep, and
-// a [Buffer] of a process's output to poll. bustest.WaitEvent builds on it
-// to wait for a proxy's event.
+// condition polled until it holds, within a bound, instead of a sleep, a
+// [Context] that bounds a test's calls, and a [Buffer] of a process's
+// output to poll. bustest.WaitEvent builds on it to wait for a proxy's
+// event.
 package testwait
 
 import (
@@ -50,6 +51,16 @@ func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
 	if err := For(ctx, cond); err != nil {
 		t.Fatalf("timed out after %s waiting for %s", within, what)
 	}
+}
+
+// Context bounds a test's calls: it ends after within, or when the test's
+// function returns ([testing.T.Context]), whichever comes first. It takes
+// the place of a context.WithTimeout and its deferred cancel at the top of
+// a test.
+func Context(t testing.TB, within time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // Buffer collects what a process or a logger writes, for a test to read

@@ -42,6 +42,24 @@ func TestForEndsWithTheContext(t *testing.T) {
 	}
 }
 
+func TestContextEndsWithinOrWithTheTest(t *testing.T) {
+	ctx := testwait.Context(t, 30*time.Millisecond)
+	<-ctx.Done()
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatalf("ctx.Err() = %v, want the deadline", ctx.Err())
+	}
+	var inner context.Context
+	t.Run("inner", func(t *testing.T) {
+		inner = testwait.Context(t, time.Hour)
+		if inner.Err() != nil {
+			t.Fatalf("a fresh test context ended: %v", inner.Err())
+		}
+	})
+	if !errors.Is(inner.Err(), context.Canceled) {
+		t.Fatalf("after its test: ctx.Err() = %v, want canceled", inner.Err())
+	}
+}
+
 // recorder is a testing.TB that records a failure instead of stopping.
 type recorder struct {
 	testing.TB

@@ -77,8 +77,7 @@ func build(ctx context.Context, t *testing.T) string {
 // server: it projects the log and probes, stops cleanly on SIGTERM, and
 // `health --rebuild-views` replays the log into identical views and exits.
 func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 120*time.Second)
 	bin := build(ctx, t)
 	c := bustest.Start(t)
 	appendEv := func(agg, id, kind string, data any) {
@@ -256,8 +255,7 @@ func dump(t *testing.T, ctx context.Context, c *bus.Conn) map[string][]byte {
 // --replica-id: both join fleet-health and split the proxies between them;
 // one stopped with SIGTERM leaves at once and the other takes its proxies.
 func TestTwoReplicasSplitTheFleet(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 120*time.Second)
 	bin := build(ctx, t)
 	c := bustest.Start(t)
 	const n = 12

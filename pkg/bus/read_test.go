@@ -289,14 +289,7 @@ func TestReadersOnReplicatedStream(t *testing.T) {
 		t.Errorf("Follow returned %v having delivered %s; want context.Canceled from caughtUp after every event", err, diffSeqs(history, want))
 	}
 
-	st, err := c.JS.Stream(ctx, bus.EventsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := eventsInfo(ctx, t, c)
 	// Follow ended with its context, so its consumer is left to expire.
 	if info.State.Consumers > 1 {
 		t.Errorf("%d consumers left on %s after the reads, want at most Follow's", info.State.Consumers, bus.EventsStream)

@@ -452,15 +452,7 @@ func startDeployServer(t *testing.T, bin, secrets string) *deployServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, syscall.SIGTERM, 10*time.Second)
 	})
 	portsFile := filepath.Join(run, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
 	var ports struct {

@@ -248,15 +248,7 @@ func (f *fleet) stop(name string) {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	testwait.Stop(cmd, syscall.SIGTERM, 15*time.Second)
 }
 
 // kill9 ends a service with SIGKILL, as a crash would.

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -165,11 +166,8 @@ func (h *harness) run(drv agent.Driver) context.CancelFunc {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	h.t.Cleanup(func() { cancel(); <-done })
-	return func() { cancel(); <-done }
+	_, stop := agenttest.Serve(h.t, rt.Run)
+	return func() { _ = stop() }
 }
 
 func (h *harness) create(id string, attempt int) {

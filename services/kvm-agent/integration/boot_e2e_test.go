@@ -45,7 +45,7 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	cfg := g.config(t, entry)
 	conn := bustest.Start(t)
 	ctx := t.Context()
-	stack := startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
+	stack := startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
 	store := bus.NewEventStore(conn, events.SourcePlanner, nil)

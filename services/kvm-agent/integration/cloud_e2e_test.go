@@ -94,7 +94,7 @@ profiles:
 			t.Fatal(err)
 		}
 		conn = bustest.Start(t)
-		startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 10 * time.Minute,
+		startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 10 * time.Minute,
 			WatchInterval: time.Second, EgressEndpoints: endpoints})
 		startHealthEcho(t, conn.ClientURL(), echo)
 		if planner {

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -217,7 +218,7 @@ func cleanupEntry(t *testing.T, pool, entry string, instances ...string) {
 // startAgent opens the kvm stack of cfg, publishing its progress on conn,
 // and runs the agent runtime over its driver with rc (Info is the
 // driver's) until the test ends; the runtime stops, then the stack closes.
-func startAgent(ctx context.Context, t *testing.T, conn *bus.Conn, cfg *config.Config, o kvm.Options, rc agent.Config) *kvm.Stack {
+func startAgent(t *testing.T, conn *bus.Conn, cfg *config.Config, o kvm.Options, rc agent.Config) *kvm.Stack {
 	t.Helper()
 	o.Publish = conn.NC.Publish
 	stack := kvm.Open(cfg, o)
@@ -227,10 +228,7 @@ func startAgent(ctx context.Context, t *testing.T, conn *bus.Conn, cfg *config.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agenttest.Serve(t, rt.Run)
 	return stack
 }
 
@@ -277,7 +275,7 @@ func TestLifecycleThroughNATS(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	ctx := t.Context()
-	startAgent(ctx, t, conn, cfg, kvm.Options{ProgressEvery: time.Millisecond}, agent.Config{CommandTimeout: 20 * time.Second, WatchInterval: time.Second})
+	startAgent(t, conn, cfg, kvm.Options{ProgressEvery: time.Millisecond}, agent.Config{CommandTimeout: 20 * time.Second, WatchInterval: time.Second})
 
 	start := time.Now()
 	create := events.CreateCommand{ProxyID: proxy, ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: "ci", Instance: name, Port: 3128}, Attempt: 1}

@@ -36,7 +36,7 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	ctx := t.Context()
 	// The default recheck interval: the delay logged below is the one an
 	// operator gets.
-	startAgent(ctx, t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
+	startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
 	startHealth(t, conn.ClientURL(), gateway)
 	startPlanner(t, conn.ClientURL())
 

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -499,10 +500,7 @@ func TestKubeEndToEnd(t *testing.T) {
 		WatchInterval: 50 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 	}, log, nil)
 	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agenttest.Serve(t, rt.Run)
 
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-k-e2e1", "pool-k-e2e2"}

@@ -220,6 +220,16 @@ func (f *fleet) echoEndpoint() string {
 	return addr
 }
 
+// startFleet is a new fleet with every service started, whose logs the
+// test shows if it fails.
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	f := newFleet(t)
+	f.dumpLogsOnFailure()
+	f.startAll()
+	return f
+}
+
 func (f *fleet) startAll() {
 	f.startPlanner()
 	f.startHealth()

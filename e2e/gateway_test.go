@@ -129,9 +129,7 @@ func distinct(out string) map[string]int {
 // (the gateway retries on another proxy and reports the dead one to
 // health), and the pool heals.
 func TestGatewayNoRequestFailsWhenAProxyDies(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	gw := f.startGateway()
 	f.apply(events.PoolSpec{Name: "gw", Provider: "local", Size: 3})
 	ready := f.waitPool("gw", 3, "ready", 60*time.Second)

@@ -75,9 +75,7 @@ func poolLifecycle(t *testing.T, f *fleet) {
 // creating proxies and starts it again: exactly the pool's size runs, with
 // no duplicate and no orphan process.
 func TestAgentKilledMidCreate(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 
 	f.apply(events.PoolSpec{Name: "crash", Provider: "local", Size: 3})
 	waitFor(t, 30*time.Second, "a provisioning event", func() bool {
@@ -103,9 +101,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 // converged: its state is rebuilt from the log and it publishes no command
 // and decides nothing new.
 func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "steady", Provider: "local", Size: 2})
 	f.waitPool("steady", 2, "ready", 60*time.Second)
 
@@ -147,9 +143,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 // in the request's trace (it starts a trace of its own, linked to the
 // request: docs/observability.md#traces-and-logs).
 func TestTraceIDFlowsToObservations(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	var tid [16]byte
 	copy(tid[:], []byte("proxyfleet-trace"))
 	traceID := hex.EncodeToString(tid[:])

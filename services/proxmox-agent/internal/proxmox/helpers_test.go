@@ -88,6 +88,18 @@ func spec(proxy string) agent.Spec {
 		Attempt: 1, Image: "debian-13", Profile: "small", Port: 3128, Auth: &events.ProxyAuth{Username: "u", Password: "secret-pw"}}
 }
 
+// prepared reserves a VMID for s with d and returns s carrying it as its
+// provider ID, as the agent runtime does before Create.
+func prepared(ctx context.Context, t *testing.T, d *proxmox.Driver, s agent.Spec) agent.Spec {
+	t.Helper()
+	id, err := d.Prepare(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProviderID = id
+	return s
+}
+
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

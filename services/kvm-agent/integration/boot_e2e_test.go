@@ -42,10 +42,8 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	proxy := "boot-e2e"
 	name := events.InstanceName(proxy)
 	cleanupEntry(t, g.pool, entry, name)
-	cfg := g.config(t, entry)
-	conn := bustest.Start(t)
+	conn, stack := g.agentOn(t, entry)
 	ctx := t.Context()
-	stack := startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
 	store := bus.NewEventStore(conn, events.SourcePlanner, nil)
@@ -214,6 +212,18 @@ func needImageTier(t *testing.T, imageEnv, hint string) guestTier {
 // guest image under key guest, one tiny profile.
 func (g guestTier) config(t *testing.T, entry string) *config.Config {
 	t.Helper()
+	return g.parseConfig(t, entry, fmt.Sprintf(`images:
+  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
+profiles:
+  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
+`, g.imageAddr))
+}
+
+// parseConfig is the kvm-agent configuration of entry on the tier (its
+// libvirt socket, pool and network, TCG) followed by rest: the images and
+// profiles, and whatever else a test sets.
+func (g guestTier) parseConfig(t *testing.T, entry, rest string) *config.Config {
+	t.Helper()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 entry: %s
 target: ci
@@ -221,13 +231,19 @@ libvirt: {socket: %s}
 pool: %s
 network: %s
 domainType: qemu
-images:
-  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
-profiles:
-  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
-`, entry, g.socket, g.pool, g.network, g.imageAddr)))
+`, entry, g.socket, g.pool, g.network) + rest))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// agentOn runs a kvm-agent for entry with the tier's guest configuration
+// (commands may take 5 minutes) on a NATS server of its own, and returns
+// the connection to that server and the agent's stack.
+func (g guestTier) agentOn(t *testing.T, entry string) (*bus.Conn, *kvm.Stack) {
+	t.Helper()
+	conn := bustest.Start(t)
+	stack := startAgent(t, conn, g.config(t, entry), kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
+	return conn, stack
 }

@@ -21,7 +21,6 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/cloudinit/seedtest"
 	"proxyfleet/pkg/events"
-	"proxyfleet/services/kvm-agent/internal/config"
 	"proxyfleet/services/kvm-agent/internal/kvm"
 )
 
@@ -77,22 +76,12 @@ func TestCloudImageProxies(t *testing.T) {
 	fleet := func(echo string, planner bool) (entry string, conn *bus.Conn) {
 		entry = randomEntry(t)
 		endpoints := []netip.AddrPort{netip.MustParseAddrPort(echo), netip.MustParseAddrPort(sl.Addr().String())}
-		cfg, err := config.Parse([]byte(fmt.Sprintf(`
-entry: %s
-target: ci
-libvirt: {socket: %s}
-pool: %s
-network: %s
-domainType: qemu
-serialLogDir: %s
+		cfg := g.parseConfig(t, entry, fmt.Sprintf(`serialLogDir: %s
 images:
   debian12: {url: "http://%s/debian-12-cloud.qcow2", sha256: %s, format: qcow2, firmware: uefi}
 profiles:
   small: {vcpus: 1, memoryMiB: 768, diskGiB: 3}
-`, entry, g.socket, g.pool, g.network, logDir, g.imageAddr, sum)))
-		if err != nil {
-			t.Fatal(err)
-		}
+`, logDir, g.imageAddr, sum))
 		conn = bustest.Start(t)
 		startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 10 * time.Minute,
 			WatchInterval: time.Second, EgressEndpoints: endpoints})

@@ -16,9 +16,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
-	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
-	"proxyfleet/services/kvm-agent/internal/kvm"
 )
 
 // TestDestroyedDomainIsReplaced is the fleet healing a dead VM on a real
@@ -31,12 +29,10 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	g := needGuestTier(t)
 	gateway := g.gateway
 	entry := randomEntry(t)
-	cfg := g.config(t, entry)
-	conn := bustest.Start(t)
-	ctx := t.Context()
 	// The default recheck interval: the delay logged below is the one an
 	// operator gets.
-	startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
+	conn, _ := g.agentOn(t, entry)
+	ctx := t.Context()
 	startHealth(t, conn.ClientURL(), gateway)
 	startPlanner(t, conn.ClientURL())
 

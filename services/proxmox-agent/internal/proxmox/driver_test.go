@@ -161,9 +161,7 @@ func TestTwoAgentsCreateTwentyProxiesOnOneNode(t *testing.T) {
 	}
 	for i := 0; i < n; i++ {
 		p := fmt.Sprintf("web-%010d", i)
-		if got := len(e.vmsOf(p)); got != 1 {
-			t.Errorf("proxy %s has %d VMs, want 1", p, got)
-		}
+		e.wantOneVM(p)
 	}
 	// The reservations must have kept the agents apart: every clone
 	// request was accepted, none lost a race for its VMID.
@@ -219,9 +217,7 @@ func TestCrashAfterCloneStartedMakesNoSecondClone(t *testing.T) {
 	if c := e.fake.Clones(); c != 1 {
 		t.Errorf("clones = %d, want 1", c)
 	}
-	if got := len(e.vmsOf(s.ProxyID)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1", got)
-	}
+	e.wantOneVM(s.ProxyID)
 }
 
 func TestLostProvisioningEventReusesTheReservation(t *testing.T) {
@@ -315,9 +311,7 @@ func TestVMIDRaceRetriesWithAnotherID(t *testing.T) {
 	if !other {
 		t.Error("the other tool's VM is gone")
 	}
-	if got := len(e.vmsOf(s.ProxyID)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1", got)
-	}
+	e.wantOneVM(s.ProxyID)
 }
 
 func TestErrorsInTaskExitStatusAreClassified(t *testing.T) {

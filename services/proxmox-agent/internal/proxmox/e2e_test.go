@@ -2,7 +2,6 @@ package proxmox_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -156,7 +155,5 @@ func TestAgentCrashDuringCloneThenRestart(t *testing.T) {
 	if c := e.fake.Clones(); c != 1 {
 		t.Errorf("clones = %d, want 1", c)
 	}
-	if got := len(e.vmsOf(p)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1: %v", got, fmt.Sprint(e.fake.VMs()))
-	}
+	e.wantOneVM(p)
 }

@@ -157,6 +157,14 @@ func (e *env) vmsOf(proxy string) []pvetest.VMInfo {
 	return out
 }
 
+// wantOneVM fails the test unless proxy has exactly one VM.
+func (e *env) wantOneVM(proxy string) {
+	e.t.Helper()
+	if got := e.vmsOf(proxy); len(got) != 1 {
+		e.t.Errorf("proxy %s has %d VMs, want 1: %v", proxy, len(got), e.fake.VMs())
+	}
+}
+
 func containsLine(s, line string) bool {
 	for _, l := range splitLines(s) {
 		if l == line {

@@ -14,6 +14,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testwait"
@@ -46,16 +47,7 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatalf("deploy/nats/nats-server.conf does not parse: %v", err)
 	}
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server did not start")
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := bustest.Server(t, opts)
 
 	ctx := testwait.Context(t, 60*time.Second)
 	connect := func(id string) *bus.Conn {

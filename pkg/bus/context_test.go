@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/testwait"
 )
@@ -19,16 +20,8 @@ import (
 // TestConnectWithNATSContext connects through a nats CLI context file to a
 // server that demands a user and password.
 func TestConnectWithNATSContext(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		Username: "fleet", Password: "s3cret", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server did not start")
-	}
-	defer srv.Shutdown()
+	srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Username: "fleet", Password: "s3cret"})
 
 	xdg := t.TempDir()
 	t.Setenv("XDG_CONFIG_HOME", xdg)

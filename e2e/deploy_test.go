@@ -159,10 +159,7 @@ func TestDeployShipped(t *testing.T) {
 	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 {
 		t.Fatalf("health replicas in %s: %v (%v), want the one running", bus.BucketHealth, keys, err)
 	}
-	f.deletePool("dep")
-	waitFor(t, 60*time.Second, "pool dep to be empty", func() bool {
-		return len(f.proxies("dep")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("dep")
 
 	health := d.connect(t, ctx, "health", "_INBOX_health")
 	agent := d.connect(t, ctx, "agent-local-t1", "_INBOX_agent-local-t1")

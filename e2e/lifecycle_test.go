@@ -65,10 +65,7 @@ func poolLifecycle(t *testing.T, f *fleet) {
 		}
 	}
 
-	f.deletePool("demo")
-	waitFor(t, 60*time.Second, "pool demo to be empty", func() bool {
-		return len(f.proxies("demo")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("demo")
 }
 
 // TestAgentKilledMidCreate kills the local-agent with SIGKILL while it is
@@ -91,10 +88,7 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	if n := f.eventCount("fleet.evt.proxy.*.requested"); n != 3 {
 		t.Fatalf("%d proxies requested, want 3 (a crash must not cause replacements)", n)
 	}
-	f.deletePool("crash")
-	waitFor(t, 60*time.Second, "pool crash to be empty", func() bool {
-		return len(f.proxies("crash")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("crash")
 }
 
 // TestPlannerRestartEmitsNoDuplicates restarts the planner after the pool
@@ -131,10 +125,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	if got := f.eventCount("fleet.evt.proxy.*.requested"); got != requested {
 		t.Fatalf("requested events went from %d to %d after a planner restart", requested, got)
 	}
-	f.deletePool("steady")
-	waitFor(t, 60*time.Second, "pool steady to be empty", func() bool {
-		return len(f.proxies("steady")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("steady")
 }
 
 // TestTraceIDFlowsToObservations sets a W3C traceparent on the API request

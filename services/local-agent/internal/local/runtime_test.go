@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -30,15 +31,7 @@ func runAgent(t *testing.T, conn *bus.Conn, d agent.Driver, allow ...netip.AddrP
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("runtime: %v", err)
-		}
-	})
+	agenttest.Serve(t, rt.Run)
 }
 
 func createCommand(proxyID string, auth *events.ProxyAuth) events.CreateCommand {

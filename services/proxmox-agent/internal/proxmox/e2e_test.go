@@ -1,12 +1,12 @@
 package proxmox_test
 
 import (
-	"context"
 	"strconv"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/proxmox"
@@ -24,22 +24,12 @@ func (e *env) runAgent(d *proxmox.Driver) (stop func()) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	var stopped bool
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
+	_, stopRun := agenttest.Serve(e.t, rt.Run)
+	return func() {
+		if err := stopRun(); err != nil {
 			e.t.Errorf("agent Run: %v", err)
 		}
 	}
-	e.t.Cleanup(stop)
-	return stop
 }
 
 func createCmd(proxy string) events.CreateCommand {

@@ -65,9 +65,7 @@ func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, e
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.order = append(d.order, "create:"+s.ProxyID)
-	if len(d.createErrs) > 0 {
-		err := d.createErrs[0]
-		d.createErrs = d.createErrs[1:]
+	if err := popErr(&d.createErrs); err != nil {
 		return agent.Instance{}, err
 	}
 	d.creates[s.ProxyID]++
@@ -80,6 +78,16 @@ func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, e
 	}
 	d.instances[s.Name] = inst
 	return *inst, nil
+}
+
+// popErr takes the next of the errors queued in errs: nil when none is.
+func popErr(errs *[]error) error {
+	if len(*errs) == 0 {
+		return nil
+	}
+	err := (*errs)[0]
+	*errs = (*errs)[1:]
+	return err
 }
 
 func (d *memDriver) Get(ctx context.Context, r agent.Ref) (agent.Instance, error) {
@@ -100,9 +108,7 @@ func (d *memDriver) Delete(ctx context.Context, r agent.Ref) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.order = append(d.order, "delete:"+r.ProxyID)
-	if len(d.deleteErrs) > 0 {
-		err := d.deleteErrs[0]
-		d.deleteErrs = d.deleteErrs[1:]
+	if err := popErr(&d.deleteErrs); err != nil {
 		return err
 	}
 	if _, ok := d.instances[r.Name]; !ok {

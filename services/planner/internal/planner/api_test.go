@@ -412,23 +412,7 @@ func TestBadPagingIsRefusedAndChangesNothing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
-			r := h.request(tc.subject, tc.body, nil)
-			if r.Code != tc.code {
-				t.Fatalf("code: got %q (%+v), want %q", r.Code, r.Error, tc.code)
-			}
-			if r.Error.Message != tc.message {
-				t.Errorf("message:\n got %q\nwant %q", r.Error.Message, tc.message)
-			}
-			if len(r.Error.Fields) == 0 || !strings.HasPrefix(r.Error.Message, r.Error.Fields[0].Field+": "+r.Error.Fields[0].Reason) {
-				t.Errorf("fields %+v: the first does not start the message %q", r.Error.Fields, r.Error.Message)
-			}
-			if got := h.lastSeq(bus.EventsStream); got != evBefore {
-				t.Errorf("FLEET_EVENTS last seq: got %d, want %d (unchanged)", got, evBefore)
-			}
-			if got := h.lastSeq(bus.CommandsStream); got != cmdBefore {
-				t.Errorf("FLEET_CMDS last seq: got %d, want %d (unchanged)", got, cmdBefore)
-			}
+			h.changesNothing(t, func() { h.refused(t, tc.subject, tc.body, tc.code, tc.message) })
 		})
 	}
 }
@@ -589,6 +573,22 @@ func BenchmarkProxyListPage(b *testing.B) {
 
 var instanceDelete = events.APISubject("instance", "delete")
 
+// refused sends body to subject, which must refuse it with code and
+// exactly message, whose first field starts the message.
+func (h *harness) refused(t *testing.T, subject, body, code, message string) {
+	t.Helper()
+	r := h.request(subject, body, nil)
+	if r.Code != code {
+		t.Fatalf("code: got %q (%+v), want %q", r.Code, r.Error, code)
+	}
+	if r.Error.Message != message {
+		t.Errorf("message:\n got %q\nwant %q", r.Error.Message, message)
+	}
+	if len(r.Error.Fields) == 0 || !strings.HasPrefix(r.Error.Message, r.Error.Fields[0].Field+": "+r.Error.Fields[0].Reason) {
+		t.Errorf("fields %+v: the first does not start the message %q", r.Error.Fields, r.Error.Message)
+	}
+}
+
 // secretsSeq is the last sequence of the stream behind fleet-secrets: any
 // write or delete of a secret moves it.
 func (h *harness) secretsSeq() uint64 {
@@ -697,23 +697,8 @@ func TestStrictInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			evBefore, cmdBefore, secBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream), h.secretsSeq()
-			r := h.request(tc.subject, tc.body, nil)
-			if r.Code != tc.code {
-				t.Fatalf("code: got %q (%+v), want %q", r.Code, r.Error, tc.code)
-			}
-			if r.Error.Message != tc.message {
-				t.Errorf("message:\n got %q\nwant %q", r.Error.Message, tc.message)
-			}
-			if len(r.Error.Fields) == 0 || !strings.HasPrefix(r.Error.Message, r.Error.Fields[0].Field+": "+r.Error.Fields[0].Reason) {
-				t.Errorf("fields %+v: the first does not start the message %q", r.Error.Fields, r.Error.Message)
-			}
-			if got := h.lastSeq(bus.EventsStream); got != evBefore {
-				t.Errorf("FLEET_EVENTS last seq: got %d, want %d (unchanged)", got, evBefore)
-			}
-			if got := h.lastSeq(bus.CommandsStream); got != cmdBefore {
-				t.Errorf("FLEET_CMDS last seq: got %d, want %d (unchanged)", got, cmdBefore)
-			}
+			secBefore := h.secretsSeq()
+			h.changesNothing(t, func() { h.refused(t, tc.subject, tc.body, tc.code, tc.message) })
 			if got := h.secretsSeq(); got != secBefore {
 				t.Errorf("fleet-secrets last seq: got %d, want %d (unchanged)", got, secBefore)
 			}

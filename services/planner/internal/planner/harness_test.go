@@ -569,6 +569,31 @@ var (
 	proxyReportBan = events.APISubject("proxy", "report-ban")
 )
 
+// appendsNothing runs fn, which must append no event (as lastSeq counts
+// them); what names fn in the failure.
+func (h *harness) appendsNothing(what string, fn func()) {
+	h.t.Helper()
+	before := h.lastSeq(bus.EventsStream)
+	fn()
+	if got := h.lastSeq(bus.EventsStream); got != before {
+		h.t.Errorf("%s appended: FLEET_EVENTS last seq %d, want %d (unchanged)", what, got, before)
+	}
+}
+
+// changesNothing runs fn, which must append no event and send no command
+// (a refused request).
+func (h *harness) changesNothing(t *testing.T, fn func()) {
+	t.Helper()
+	evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
+	fn()
+	if got := h.lastSeq(bus.EventsStream); got != evBefore {
+		t.Errorf("FLEET_EVENTS last seq: got %d, want %d (unchanged)", got, evBefore)
+	}
+	if got := h.lastSeq(bus.CommandsStream); got != cmdBefore {
+		t.Errorf("FLEET_CMDS last seq: got %d, want %d (unchanged)", got, cmdBefore)
+	}
+}
+
 // hasField reports whether e names field.
 func hasField(e *api.APIError, field string) bool {
 	for _, f := range e.Fields {

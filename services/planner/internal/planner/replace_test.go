@@ -81,13 +81,11 @@ func TestOperatorDeleteAndRecycle(t *testing.T) {
 		t.Errorf("abandoned: got %d, want 1", n)
 	}
 	// Repeating either request changes nothing.
-	before := h.lastSeq(bus.EventsStream)
-	h.ok(proxyRecycle, `{"id":"`+ids[0]+`","now":true}`, nil)
-	h.ok(proxyRecycle, `{"id":"`+ids[0]+`"}`, nil)
-	h.ok(proxyDelete, `{"id":"`+ids[1]+`"}`, nil)
-	if got := h.lastSeq(bus.EventsStream); got != before {
-		t.Errorf("repeated requests appended: last seq %d, want %d", got, before)
-	}
+	h.appendsNothing("the repeated requests", func() {
+		h.ok(proxyRecycle, `{"id":"`+ids[0]+`","now":true}`, nil)
+		h.ok(proxyRecycle, `{"id":"`+ids[0]+`"}`, nil)
+		h.ok(proxyDelete, `{"id":"`+ids[1]+`"}`, nil)
+	})
 }
 
 // TestStuckDecisionsAreReissued shortens the timeouts: a create nobody
@@ -687,20 +685,15 @@ func TestReportBanRetiresAndReplaces(t *testing.T) {
 		{"reason too long", `{"id":"` + id + `","reason":"` + strings.Repeat("x", api.MaxBanReason+1) + `"}`, "422", "reason", "at most"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			evBefore, cmdBefore := h.lastSeq(bus.EventsStream), h.lastSeq(bus.CommandsStream)
-			res := h.request(proxyReportBan, tc.body, nil)
-			if res.Code != tc.code {
-				t.Fatalf("code: got %q (%+v), want %q", res.Code, res.Error, tc.code)
-			}
-			if !hasField(res.Error, tc.field) || !strings.Contains(res.Error.Message, tc.text) {
-				t.Errorf("error: got %+v, want field %q and %q in the message", res.Error, tc.field, tc.text)
-			}
-			if got := h.lastSeq(bus.EventsStream); got != evBefore {
-				t.Errorf("FLEET_EVENTS last seq: got %d, want %d (unchanged)", got, evBefore)
-			}
-			if got := h.lastSeq(bus.CommandsStream); got != cmdBefore {
-				t.Errorf("FLEET_CMDS last seq: got %d, want %d (unchanged)", got, cmdBefore)
-			}
+			h.changesNothing(t, func() {
+				res := h.request(proxyReportBan, tc.body, nil)
+				if res.Code != tc.code {
+					t.Fatalf("code: got %q (%+v), want %q", res.Code, res.Error, tc.code)
+				}
+				if !hasField(res.Error, tc.field) || !strings.Contains(res.Error.Message, tc.text) {
+					t.Errorf("error: got %+v, want field %q and %q in the message", res.Error, tc.field, tc.text)
+				}
+			})
 		})
 	}
 
@@ -725,11 +718,7 @@ func TestReportBanRetiresAndReplaces(t *testing.T) {
 	}
 	// Reporting again, or without a reason, changes nothing.
 	h.settle(r, 2)
-	before := h.lastSeq(bus.EventsStream)
-	h.ok(proxyReportBan, `{"id":"`+id+`"}`, nil)
-	if got := h.lastSeq(bus.EventsStream); got != before {
-		t.Errorf("repeated report appended: last seq %d, want %d", got, before)
-	}
+	h.appendsNothing("the repeated report", func() { h.ok(proxyReportBan, `{"id":"`+id+`"}`, nil) })
 }
 
 // TestRotationIsSurgeFirst: with the rotation clock moved past maxAge,
@@ -1010,11 +999,7 @@ func TestImageChangeRollsSurgeFirst(t *testing.T) {
 		t.Errorf("failed events: got %d, want 0", n)
 	}
 	// Rolled: nothing more happens.
-	evSeq := h.lastSeq(bus.EventsStream)
-	h.settle(r, 5)
-	if got := h.lastSeq(bus.EventsStream); got != evSeq {
-		t.Errorf("FLEET_EVENTS after the roll: last seq %d, want %d", got, evSeq)
-	}
+	h.appendsNothing("the rounds after the roll", func() { h.settle(r, 5) })
 }
 
 // TestNonShapingChangesRollNothing: size, targets and maxAge change the

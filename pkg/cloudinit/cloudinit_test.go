@@ -234,7 +234,7 @@ func TestDefaultSquidUserData(t *testing.T) {
 			}
 			// The egress denies come before any allow, so they hold for
 			// authenticated clients too.
-			rules := pol.SquidRules(OwnAddressesFile)
+			rules := pol.SquidRules(egress.SquidOwn{File: OwnAddressesFile})
 			at, allow := strings.Index(conf, rules), strings.Index(conf, "http_access allow")
 			if at < 0 || allow < at {
 				t.Errorf("squid.conf lacks the egress rules before its first http_access allow:\n%s", conf)

@@ -36,7 +36,7 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) (
 	// Squid refuses to start on a host name it cannot resolve; the guest's
 	// may not be in any DNS.
 	conf.WriteString("visible_hostname proxyfleet\n")
-	conf.WriteString(pol.SquidRules(OwnAddressesFile))
+	conf.WriteString(pol.SquidRules(egress.SquidOwn{File: OwnAddressesFile}))
 	if auth != nil {
 		conf.WriteString("auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.htpasswd\n")
 		conf.WriteString("auth_param basic realm proxyfleet\n")

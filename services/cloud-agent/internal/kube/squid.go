@@ -35,7 +35,7 @@ var squidWritableDirs = []struct{ volume, path string }{
 func squidConf(port int, auth *events.ProxyAuth, authHelper string, pol egress.Policy) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "http_port %d\n", port)
-	b.WriteString(pol.SquidRules(""))
+	b.WriteString(pol.SquidRules(egress.SquidOwn{}))
 	b.WriteString("pid_filename none\n")
 	// The ICMP pinger needs a raw socket; the container has no capabilities.
 	b.WriteString("pinger_enable off\n")

@@ -35,12 +35,12 @@ func TestSquidConfEgress(t *testing.T) {
 	}
 	for _, auth := range []*events.ProxyAuth{nil, {Username: "u", Password: "p"}} {
 		conf := squidConf(3128, auth, "/x", pol)
-		rules := pol.SquidRules("")
+		rules := pol.SquidRules(egress.SquidOwn{})
 		at, allow := strings.Index(conf, rules), strings.Index(conf, "http_access allow")
 		if at < 0 || allow < at {
 			t.Errorf("auth %v: the egress rules are missing or follow an allow:\n%s", auth != nil, conf)
 		}
-		for _, want := range []string{"acl proxyfleet_allow_dst dst 10.1.0.0/16\n", "acl proxyfleet_ssl_ports port 443 8080\n", "acl proxyfleet_endpoint_0_dst dst 10.0.0.9\n"} {
+		for _, want := range []string{"acl proxyfleet_allow_dst dst 10.1.0.0/16 ::a01:0/112 ::ffff:0:a01:0/112 64:ff9b::a01:0/112\n", "acl proxyfleet_ssl_ports port 443 8080\n", "acl proxyfleet_endpoint_0_dst dst 10.0.0.9\n"} {
 			if !strings.Contains(conf, want) {
 				t.Errorf("config lacks %q", want)
 			}

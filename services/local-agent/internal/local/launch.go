@@ -169,7 +169,7 @@ func (c squidConf) render() string {
 		line("tcp_outgoing_address %s", c.SourceAddr)
 	}
 	// The egress denies come first: they hold for authenticated clients too.
-	b.WriteString(c.Egress.SquidRules(""))
+	b.WriteString(c.Egress.SquidRules(egress.SquidOwn{}))
 	if c.Htpasswd != "" {
 		line("auth_param basic program %s %s", c.Helper, c.Htpasswd)
 		line("auth_param basic children 2 startup=1 idle=1")

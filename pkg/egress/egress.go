@@ -420,6 +420,10 @@ func (p *Policy) SquidRules(own SquidOwn) string {
 		ss := make([]string, len(ps))
 		for i, pr := range ps {
 			ss[i] = pr.String()
+			if pr.Bits() == 0 && pr.Addr().Is4() {
+				// Squid reads "0.0.0.0/0" as "all", IPv6 included.
+				ss[i] = "0.0.0.0/1 128.0.0.0/1"
+			}
 		}
 		return strings.Join(ss, " ")
 	}

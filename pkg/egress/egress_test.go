@@ -377,3 +377,25 @@ func TestSquidHideClient(t *testing.T) {
 		}
 	}
 }
+
+// TestSquidRulesAllowingEverything: a recorded allowance of 0.0.0.0/0 and
+// ::/0 still leaves the host's deny lines without the allowance's
+// exception, and 0.0.0.0/0 is written as its two halves (Squid reads
+// "0.0.0.0/0" as "all", IPv6 included).
+func TestSquidRulesAllowingEverything(t *testing.T) {
+	p, err := Compile([]string{"0.0.0.0/0", "::/0"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := p.SquidRules(SquidOwn{})
+	for _, want := range []string{
+		"acl proxyfleet_allow_dst dst 0.0.0.0/1 128.0.0.0/1 ::/0\n",
+		"http_access deny proxyfleet_egress_loopback\n",
+		"http_access deny proxyfleet_egress_unspecified\n",
+		"http_access deny !proxyfleet_allow_dst proxyfleet_egress_private\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("SquidRules lacks %q:\n%s", want, got)
+		}
+	}
+}

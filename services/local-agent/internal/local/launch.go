@@ -159,8 +159,7 @@ func (c squidConf) render() string {
 	line("cache deny all")
 	line("cache_mem 8 MB")
 	line("visible_hostname proxyfleet-%s", c.Name)
-	line("via off")
-	line("forwarded_for delete")
+	b.WriteString(egress.SquidHideClient())
 	line("shutdown_lifetime 1 seconds")
 	if c.User != "" {
 		line("cache_effective_user %s", c.User)

@@ -10,9 +10,7 @@ import (
 // planner: each gets a structured 400/422 naming the field, and no event is
 // appended.
 func TestBadInputChangesNothing(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	cases := []struct {
 		name, subject, body, field string
 	}{

@@ -26,6 +26,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 )
 
 // natsNode is one nats-server process of the test's cluster.
@@ -133,15 +134,7 @@ func (c *natsCluster) stopNode(i int, sig syscall.Signal) {
 		return
 	}
 	_ = n.cmd.Process.Signal(syscall.SIGCONT) // a stopped node must run to exit
-	_ = n.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { _ = n.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		_ = n.cmd.Process.Kill()
-		<-done
-	}
+	testwait.Stop(n.cmd, sig, 20*time.Second)
 	n.cmd = nil
 }
 

@@ -21,9 +21,7 @@ import (
 // events end deleted, and no process or state of it is left.
 func TestKilledProxyIsReplaced(t *testing.T) {
 	const unhealthyAfter = 10 * time.Second
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "heal", Provider: "local", Size: 3, UnhealthyAfter: events.Duration(unhealthyAfter)})
 	ready := f.waitPool("heal", 3, "ready", 60*time.Second)
 	victim := ready[0]

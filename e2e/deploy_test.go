@@ -28,6 +28,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/htpasswd"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestDeployShipped is `make test-deploy`: the shipped deploy/nats files,
@@ -51,8 +52,7 @@ func TestDeployShipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDeployServer(t, natsServer, secrets)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 5*time.Minute)
 
 	// Bootstrap as admin, with the consumer of a second agent (local/t2)
 	// that local/t1 must not be able to bind.
@@ -159,10 +159,7 @@ func TestDeployShipped(t *testing.T) {
 	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 {
 		t.Fatalf("health replicas in %s: %v (%v), want the one running", bus.BucketHealth, keys, err)
 	}
-	f.deletePool("dep")
-	waitFor(t, 60*time.Second, "pool dep to be empty", func() bool {
-		return len(f.proxies("dep")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("dep")
 
 	health := d.connect(t, ctx, "health", "_INBOX_health")
 	agent := d.connect(t, ctx, "agent-local-t1", "_INBOX_agent-local-t1")
@@ -452,15 +449,7 @@ func startDeployServer(t *testing.T, bin, secrets string) *deployServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, syscall.SIGTERM, 10*time.Second)
 	})
 	portsFile := filepath.Join(run, fmt.Sprintf("%s_%d.ports", filepath.Base(bin), cmd.Process.Pid))
 	var ports struct {

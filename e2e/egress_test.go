@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 )
 
 // TestEgressThroughReadyProxy: through a ready proxy of the built-in
@@ -48,7 +48,7 @@ func egressThroughReadyProxy(t *testing.T, f *fleet) {
 	}
 
 	// A stand-in for any service on this host: never reached.
-	loop := countingListener(t, "127.0.0.1:0")
+	loop := testnet.Count(t, "127.0.0.1:0", "")
 	for _, m := range []string{http.MethodConnect, http.MethodGet} {
 		target := loop.Addr().String()
 		if m == http.MethodGet {
@@ -70,47 +70,20 @@ func egressThroughReadyProxy(t *testing.T, f *fleet) {
 		}
 	}
 	if own != nil {
-		srv := countingListener(t, net.JoinHostPort(own.String(), "0"))
+		srv := testnet.Count(t, net.JoinHostPort(own.String(), "0"), "")
 		target := "http://" + srv.Addr().String() + "/"
 		if status, rule, _, took := requestThrough(t, p.Address, http.MethodGet, target); status != http.StatusForbidden || rule == "" || took > 2*time.Second {
 			t.Errorf("GET %s (this host's own address): %d %q after %v, want 403 naming a rule at once", target, status, rule, took)
 		}
-		if n := srv.accepted.Load(); n != 0 {
+		if n := srv.Accepted(); n != 0 {
 			t.Errorf("the server on this host's own address saw %d connections, want none", n)
 		}
 	} else {
 		t.Log("this host has no non-loopback IPv4 address: the own-address request is left out")
 	}
-	if n := loop.accepted.Load(); n != 0 {
+	if n := loop.Accepted(); n != 0 {
 		t.Errorf("the loopback listener saw %d connections, want none", n)
 	}
-}
-
-type counting struct {
-	net.Listener
-	accepted atomic.Int32
-}
-
-// countingListener accepts and closes connections on addr, counting them.
-func countingListener(t *testing.T, addr string) *counting {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &counting{Listener: ln}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.accepted.Add(1)
-			conn.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return c
 }
 
 // requestThrough sends one CONNECT or absolute-URI request through the

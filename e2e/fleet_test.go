@@ -220,6 +220,21 @@ func (f *fleet) echoEndpoint() string {
 	return addr
 }
 
+// startFleet is a new fleet with every service started, its proxies
+// allowed to reach the test's servers among allowed (which are on
+// loopback, where proxies reach nothing else), whose logs the test shows
+// if it fails.
+func startFleet(t *testing.T, allowed ...*httptest.Server) *fleet {
+	t.Helper()
+	f := newFleet(t)
+	for _, srv := range allowed {
+		f.allow(srv)
+	}
+	f.dumpLogsOnFailure()
+	f.startAll()
+	return f
+}
+
 func (f *fleet) startAll() {
 	f.startPlanner()
 	f.startHealth()
@@ -248,15 +263,7 @@ func (f *fleet) stop(name string) {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	testwait.Stop(cmd, syscall.SIGTERM, 15*time.Second)
 }
 
 // kill9 ends a service with SIGKILL, as a crash would.
@@ -350,6 +357,16 @@ func (f *fleet) apply(spec events.PoolSpec) api.PoolView {
 func (f *fleet) deletePool(name string) {
 	f.t.Helper()
 	must(f.t, "pool.delete "+name, func(ctx context.Context) (api.PoolView, error) { return f.api.PoolDelete(ctx, name) })
+}
+
+// deletePoolAndWait deletes pool name and waits until it has no proxy left,
+// in the views and as processes.
+func (f *fleet) deletePoolAndWait(name string) {
+	f.t.Helper()
+	f.deletePool(name)
+	waitFor(f.t, 60*time.Second, "pool "+name+" to be empty", func() bool {
+		return len(f.proxies(name)) == 0 && len(f.proxyProcs()) == 0
+	})
 }
 
 func (f *fleet) waitAgent(entry, target string) {
@@ -446,7 +463,8 @@ func (f *fleet) waitPool(pool string, n int, state string, within time.Duration)
 	return got
 }
 
-func (f *fleet) lastSeq(stream string) uint64 {
+// streamState is the state of stream now.
+func (f *fleet) streamState(stream string) jetstream.StreamState {
 	f.t.Helper()
 	s, err := f.conn.JS.Stream(context.Background(), stream)
 	if err != nil {
@@ -456,7 +474,12 @@ func (f *fleet) lastSeq(stream string) uint64 {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return info.State.LastSeq
+	return info.State
+}
+
+func (f *fleet) lastSeq(stream string) uint64 {
+	f.t.Helper()
+	return f.streamState(stream).LastSeq
 }
 
 // eventCount counts FLEET_EVENTS messages on subjects matching filter.
@@ -537,6 +560,15 @@ func getThrough(addr, target string, user *url.Userinfo) (int, string, error) {
 // directory is under dir (each runs in its instance's directory of the
 // agent's state directory; empty means any).
 func proxyProcesses(exe, dir string) []int {
+	return processesOf(exe, func(pid int, cmdline []byte) bool {
+		args := bytes.Split(cmdline, []byte{0})
+		return len(args) > 1 && string(args[1]) == "proxy" && runsIn(pid, dir)
+	})
+}
+
+// processesOf lists the live processes (zombies left out) running exe for
+// which match, given the pid and the NUL-separated command line, holds.
+func processesOf(exe string, match func(pid int, cmdline []byte) bool) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -548,8 +580,7 @@ func proxyProcesses(exe, dir string) []int {
 			continue
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		args := bytes.Split(cmdline, []byte{0})
-		if len(args) > 1 && string(args[1]) == "proxy" && !isZombie(pid) && runsIn(pid, dir) {
+		if match(pid, cmdline) && !isZombie(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -616,20 +647,7 @@ func (f *fleet) proxyProcs() []int {
 	if f.squid == "" {
 		return proxyProcesses(agentExe(), f.stateDir)
 	}
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if p, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || p != f.squid {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if bytes.Contains(cmdline, []byte(f.stateDir)) && !isZombie(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return processesOf(f.squid, func(_ int, cmdline []byte) bool {
+		return bytes.Contains(cmdline, []byte(f.stateDir))
+	})
 }

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // sitePages is how many pages the crawled site has besides its index.
@@ -176,8 +176,7 @@ func TestGatewayScrapy(t *testing.T) {
 	// Scrapy as a user runs it: Debian's python, no proxy but the gateway.
 	work := t.TempDir()
 	out := filepath.Join(work, "out.jsonl")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testwait.Context(t, 5*time.Minute)
 	cmd := exec.CommandContext(ctx, scrapy, "runspider", spider, "-a", "start=http://"+site.addr+"/", "-o", out)
 	cmd.Dir = work
 	proxyURL := "http://demo:x@" + gateway

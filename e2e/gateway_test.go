@@ -129,9 +129,7 @@ func distinct(out string) map[string]int {
 // (the gateway retries on another proxy and reports the dead one to
 // health), and the pool heals.
 func TestGatewayNoRequestFailsWhenAProxyDies(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	gw := f.startGateway()
 	f.apply(events.PoolSpec{Name: "gw", Provider: "local", Size: 3})
 	ready := f.waitPool("gw", 3, "ready", 60*time.Second)
@@ -223,10 +221,7 @@ func limitedSite(t *testing.T) *httptest.Server {
 // replaces it.
 func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
 	site := limitedSite(t)
-	f := newFleet(t)
-	f.allow(site)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t, site)
 	gw := f.startGateway()
 	f.apply(events.PoolSpec{Name: "bans", Provider: "local", Size: 2,
 		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
@@ -294,10 +289,7 @@ func TestGatewayAutoscale(t *testing.T) {
 		io.WriteString(w, "done")
 	}))
 	t.Cleanup(site.Close)
-	f := newFleet(t)
-	f.allow(site)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t, site)
 	gw := f.startGateway()
 	f.apply(events.PoolSpec{Name: "auto", Provider: "local", Size: 2,
 		Autoscale: &events.Autoscale{Min: 2, Max: 10, TargetConnections: 4, ScaleDownAfter: events.Duration(10 * time.Second)}})

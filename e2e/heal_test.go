@@ -40,9 +40,7 @@ func (f *fleet) pidListeningOn(addr string) int {
 // holds 3 ready proxies within unhealthyAfter + 30 s of the proxy turning
 // unhealthy.
 func TestStoppedProxyIsReplaced(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	const unhealthyAfter = 10 * time.Second
 	f.apply(events.PoolSpec{Name: "sick", Provider: "local", Size: 3, UnhealthyAfter: events.Duration(10 * time.Second)})
 	ready := f.waitPool("sick", 3, "ready", 60*time.Second)
@@ -119,9 +117,7 @@ type poolConditions struct {
 // pool.get within 5 s; re-applied without the image it turns True and
 // fills.
 func TestPoolSaysWhyItCannotBePlaced(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "img", Provider: "local", Size: 2, Image: "none-offers-this"})
 	placed := func() events.Condition {
 		pc := must(t, "pool.get img", func(ctx context.Context) (api.PoolView, error) { return f.api.PoolGet(ctx, "img") })

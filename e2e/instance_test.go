@@ -19,11 +19,8 @@ import (
 // while instance.delete for a live proxy's instance is refused and that
 // proxy keeps serving.
 func TestAbandonedInstanceIsDeletedThroughTheAPI(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
 	org := origin(t)
-	f.allow(org)
-	f.startAll()
+	f := startFleet(t, org)
 
 	f.apply(events.PoolSpec{Name: "keep", Provider: "local", Size: 1})
 	first := f.waitPool("keep", 1, "ready", 60*time.Second)[0]

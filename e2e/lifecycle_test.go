@@ -65,19 +65,14 @@ func poolLifecycle(t *testing.T, f *fleet) {
 		}
 	}
 
-	f.deletePool("demo")
-	waitFor(t, 60*time.Second, "pool demo to be empty", func() bool {
-		return len(f.proxies("demo")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("demo")
 }
 
 // TestAgentKilledMidCreate kills the local-agent with SIGKILL while it is
 // creating proxies and starts it again: exactly the pool's size runs, with
 // no duplicate and no orphan process.
 func TestAgentKilledMidCreate(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 
 	f.apply(events.PoolSpec{Name: "crash", Provider: "local", Size: 3})
 	waitFor(t, 30*time.Second, "a provisioning event", func() bool {
@@ -93,19 +88,14 @@ func TestAgentKilledMidCreate(t *testing.T) {
 	if n := f.eventCount("fleet.evt.proxy.*.requested"); n != 3 {
 		t.Fatalf("%d proxies requested, want 3 (a crash must not cause replacements)", n)
 	}
-	f.deletePool("crash")
-	waitFor(t, 60*time.Second, "pool crash to be empty", func() bool {
-		return len(f.proxies("crash")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("crash")
 }
 
 // TestPlannerRestartEmitsNoDuplicates restarts the planner after the pool
 // converged: its state is rebuilt from the log and it publishes no command
 // and decides nothing new.
 func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "steady", Provider: "local", Size: 2})
 	f.waitPool("steady", 2, "ready", 60*time.Second)
 
@@ -135,10 +125,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 	if got := f.eventCount("fleet.evt.proxy.*.requested"); got != requested {
 		t.Fatalf("requested events went from %d to %d after a planner restart", requested, got)
 	}
-	f.deletePool("steady")
-	waitFor(t, 60*time.Second, "pool steady to be empty", func() bool {
-		return len(f.proxies("steady")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("steady")
 }
 
 // TestTraceIDFlowsToObservations sets a W3C traceparent on the API request
@@ -147,9 +134,7 @@ func TestPlannerRestartEmitsNoDuplicates(t *testing.T) {
 // in the request's trace (it starts a trace of its own, linked to the
 // request: docs/observability.md#traces-and-logs).
 func TestTraceIDFlowsToObservations(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	var tid [16]byte
 	copy(tid[:], []byte("proxyfleet-trace"))
 	traceID := hex.EncodeToString(tid[:])

@@ -14,8 +14,10 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestDeployNATSConfigLeastPrivilege starts an in-process server from
@@ -45,19 +47,9 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if err != nil {
 		t.Fatalf("deploy/nats/nats-server.conf does not parse: %v", err)
 	}
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server did not start")
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := bustest.Server(t, opts)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	connect := func(id string) *bus.Conn {
 		t.Helper()
 		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: id, Replicas: 1,

@@ -17,9 +17,7 @@ import (
 // and converge on the same values, through a
 // recycle (replacedBy, replaces) too.
 func TestProxyGetMatchesTheView(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "same", Provider: "local", Size: 2})
 	ready := f.waitPool("same", 2, "ready", 60*time.Second)
 	x := must(t, "proxy.recycle", func(ctx context.Context) (events.ProxyView, error) {

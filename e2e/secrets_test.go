@@ -155,10 +155,7 @@ func secretsLifecycle(t *testing.T, f *fleet) {
 	// Scale down and delete: the secrets go with the pool.
 	f.apply(events.PoolSpec{Name: "sec", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "crawler", Password: leakPassword}, UserData: leakUserData})
 	f.waitPool("sec", 1, "ready", 60*time.Second)
-	f.deletePool("sec")
-	waitFor(t, 60*time.Second, "pool sec to be empty", func() bool {
-		return len(f.proxies("sec")) == 0 && len(f.proxyProcs()) == 0
-	})
+	f.deletePoolAndWait("sec")
 	ctx := context.Background()
 	for _, bucket := range []string{bus.BucketSecrets, bus.BucketProbeCreds, bus.BucketGatewayCreds} {
 		kv, err := f.conn.JS.KeyValue(ctx, bucket)
@@ -187,15 +184,8 @@ func secretsLifecycle(t *testing.T, f *fleet) {
 
 // streamMsgs counts the messages stored in stream now.
 func (f *fleet) streamMsgs(stream string) uint64 {
-	s, err := f.conn.JS.Stream(context.Background(), stream)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return info.State.Msgs
+	f.t.Helper()
+	return f.streamState(stream).Msgs
 }
 
 // rawStream concatenates every stored message of stream, headers and data.

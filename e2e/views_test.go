@@ -18,9 +18,7 @@ import (
 // TestViewsRebuildIdentically drops the KV views and rebuilds them from
 // FLEET_EVENTS: the content must be identical.
 func TestViewsRebuildIdentically(t *testing.T) {
-	f := newFleet(t)
-	f.dumpLogsOnFailure()
-	f.startAll()
+	f := startFleet(t)
 	f.apply(events.PoolSpec{Name: "views", Provider: "local", Size: 2})
 	f.apply(events.PoolSpec{Name: "other", Provider: "local", Size: 1})
 	f.waitPool("views", 2, "ready", 60*time.Second)

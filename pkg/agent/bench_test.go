@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -62,10 +63,8 @@ func BenchmarkCommandToObservation(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rctx, cancel := context.WithCancel(ctx)
-		stopped := make(chan struct{})
-		go func() { defer close(stopped); _ = rt.Run(rctx) }()
-		defer func() { cancel(); <-stopped }()
+		_, stop := agenttest.Serve(b, rt.Run)
+		defer func() { _ = stop() }()
 		done := make(chan *nats.Msg, 1)
 		sub, _ := c.NC.ChanSubscribe("fleet.evt.proxy.*.running.>", done)
 		defer sub.Unsubscribe()

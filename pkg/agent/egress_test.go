@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/egress"
@@ -26,10 +27,7 @@ func TestCreateCarriesEgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agenttest.Serve(t, rt.Run)
 	h := &harness{t: t, conn: c, store: bus.NewEventStore(c, "test", nil), drv: drv}
 
 	cmd := events.CreateCommand{

@@ -393,6 +393,9 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	// handle runs the command and returns its outcome.
+	var proxyID string
+	var handle func() string
 	switch verb {
 	case events.VerbCreate:
 		var cmd events.CreateCommand
@@ -401,14 +404,7 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
-		stop := keepAlive(ctx, msg)
-		r.queue.Submit(cmd.ProxyID, func() {
-			defer stop()
-			r.withSlot(func() {
-				started := time.Now()
-				r.record(ctx, verb, r.handleCreate(ctx, msg, cmd), started)
-			})
-		})
+		proxyID, handle = cmd.ProxyID, func() string { return r.handleCreate(ctx, msg, cmd) }
 	case events.VerbDelete:
 		var cmd events.DeleteCommand
 		if err := env.DecodeData(&cmd); err != nil {
@@ -416,18 +412,20 @@ func (r *Runtime) dispatch(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Term()
 			return
 		}
-		stop := keepAlive(ctx, msg)
-		r.queue.Submit(cmd.ProxyID, func() {
-			defer stop()
-			r.withSlot(func() {
-				started := time.Now()
-				r.record(ctx, verb, r.handleDelete(ctx, msg, cmd), started)
-			})
-		})
+		proxyID, handle = cmd.ProxyID, func() string { return r.handleDelete(ctx, msg, cmd) }
 	default:
 		r.log.Error("dropping command with unknown verb", "subject", msg.Subject())
 		_ = msg.Term()
+		return
 	}
+	stop := keepAlive(ctx, msg)
+	r.queue.Submit(proxyID, func() {
+		defer stop()
+		r.withSlot(func() {
+			started := time.Now()
+			r.record(ctx, verb, handle(), started)
+		})
+	})
 }
 
 func (r *Runtime) withSlot(fn func()) {

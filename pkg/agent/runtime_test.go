@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -64,9 +65,7 @@ func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, e
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.order = append(d.order, "create:"+s.ProxyID)
-	if len(d.createErrs) > 0 {
-		err := d.createErrs[0]
-		d.createErrs = d.createErrs[1:]
+	if err := popErr(&d.createErrs); err != nil {
 		return agent.Instance{}, err
 	}
 	d.creates[s.ProxyID]++
@@ -79,6 +78,16 @@ func (d *memDriver) Create(ctx context.Context, s agent.Spec) (agent.Instance, e
 	}
 	d.instances[s.Name] = inst
 	return *inst, nil
+}
+
+// popErr takes the next of the errors queued in errs: nil when none is.
+func popErr(errs *[]error) error {
+	if len(*errs) == 0 {
+		return nil
+	}
+	err := (*errs)[0]
+	*errs = (*errs)[1:]
+	return err
 }
 
 func (d *memDriver) Get(ctx context.Context, r agent.Ref) (agent.Instance, error) {
@@ -99,9 +108,7 @@ func (d *memDriver) Delete(ctx context.Context, r agent.Ref) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.order = append(d.order, "delete:"+r.ProxyID)
-	if len(d.deleteErrs) > 0 {
-		err := d.deleteErrs[0]
-		d.deleteErrs = d.deleteErrs[1:]
+	if err := popErr(&d.deleteErrs); err != nil {
 		return err
 	}
 	if _, ok := d.instances[r.Name]; !ok {
@@ -165,11 +172,8 @@ func (h *harness) run(drv agent.Driver) context.CancelFunc {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	h.t.Cleanup(func() { cancel(); <-done })
-	return func() { cancel(); <-done }
+	_, stop := agenttest.Serve(h.t, rt.Run)
+	return func() { _ = stop() }
 }
 
 func (h *harness) create(id string, attempt int) {

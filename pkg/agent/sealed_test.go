@@ -51,13 +51,8 @@ func (h *harness) runKeyed(drv agent.Driver, keyDir string) (stop func()) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	h.t.Cleanup(stop)
-	return stop
+	_, stopped := agenttest.Serve(h.t, rt.Run)
+	return func() { _ = stopped() }
 }
 
 const (

@@ -173,14 +173,7 @@ func appendSmallEvents(ctx context.Context, b *testing.B, c *bus.Conn, n int) ui
 			}
 		}
 	}
-	st, err := c.JS.Stream(ctx, bus.EventsStream)
-	if err != nil {
-		b.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
+	info := eventsInfo(ctx, b, c)
 	if info.State.Msgs != uint64(n) {
 		b.Fatalf("stream holds %d events, want %d", info.State.Msgs, n)
 	}

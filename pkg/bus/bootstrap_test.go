@@ -12,6 +12,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/testwait"
 )
 
 // dialNoCreate connects to srv's server as a service started with
@@ -34,8 +35,7 @@ func TestAgentConsumerIsBoundNotCreatedWithoutCreateRights(t *testing.T) {
 	if c.MayCreate() {
 		t.Fatal("a connection with NoCreate may create")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 10*time.Second)
 
 	_, err := bus.EnsureAgentConsumer(ctx, c, "local", "t1")
 	if err == nil || !strings.Contains(err.Error(), "planner bootstrap") || !strings.Contains(err.Error(), "agent-local-t1") {
@@ -87,8 +87,7 @@ func TestParseAgent(t *testing.T) {
 
 func TestConnectWithNKeyAndBadTLSOptions(t *testing.T) {
 	srv := bustest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 10*time.Second)
 	dir := t.TempDir()
 	kp, _ := nkeys.CreateUser()
 	seed, _ := kp.Seed()

@@ -12,22 +12,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/testwait"
 )
 
 // TestConnectWithNATSContext connects through a nats CLI context file to a
 // server that demands a user and password.
 func TestConnectWithNATSContext(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		Username: "fleet", Password: "s3cret", NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server did not start")
-	}
-	defer srv.Shutdown()
+	srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Username: "fleet", Password: "s3cret"})
 
 	xdg := t.TempDir()
 	t.Setenv("XDG_CONFIG_HOME", xdg)
@@ -44,8 +38,7 @@ func TestConnectWithNATSContext(t *testing.T) {
 	write("wrong", `{"url":"`+srv.ClientURL()+`","user":"fleet","password":"nope"}`)
 	write("jwt", `{"url":"`+srv.ClientURL()+`","user_jwt":"eyJ"}`)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c, err := bus.Connect(ctx, bus.Config{Context: "prod", Name: "ctx-test", Embed: embedded.Start, DataDir: t.TempDir()}, nil)
 	if err != nil {
 		t.Fatalf("connect with context prod: %v", err)

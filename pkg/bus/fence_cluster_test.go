@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
 	"proxyfleet/pkg/testwait"
@@ -40,20 +41,10 @@ func startCluster(t testing.TB) *bus.Conn {
 			Port:       server.RANDOM_PORT,
 			JetStream:  true,
 			StoreDir:   t.TempDir(),
-			NoLog:      true,
-			NoSigs:     true,
 			Cluster:    server.ClusterOpts{Name: "fence", Host: "127.0.0.1", Port: server.RANDOM_PORT},
 			Routes:     slices.Clone(routes),
 		}
-		srv, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Start()
-		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("server n%d did not start", i+1)
-		}
+		srv := bustest.Server(t, opts)
 		routes[i] = &url.URL{Scheme: "nats", Host: srv.ClusterAddr().String()}
 		if urls != "" {
 			urls += ","

@@ -14,19 +14,25 @@ import (
 	"proxyfleet/pkg/events"
 )
 
-// streamCounts returns how many messages FLEET_EVENTS holds in all and on
-// the fence subject.
-func streamCounts(t *testing.T, c *bus.Conn) (all, fences uint64) {
+// eventsInfo returns the stream info of FLEET_EVENTS, asked with opts.
+func eventsInfo(ctx context.Context, t testing.TB, c *bus.Conn, opts ...jetstream.StreamInfoOpt) *jetstream.StreamInfo {
 	t.Helper()
-	ctx := context.Background()
 	st, err := c.JS.Stream(ctx, bus.EventsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(events.PlannerFenceSubject()))
+	info, err := st.Info(ctx, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return info
+}
+
+// streamCounts returns how many messages FLEET_EVENTS holds in all and on
+// the fence subject.
+func streamCounts(t *testing.T, c *bus.Conn) (all, fences uint64) {
+	t.Helper()
+	info := eventsInfo(context.Background(), t, c, jetstream.WithSubjectFilter(events.PlannerFenceSubject()))
 	return info.State.Msgs, info.State.Subjects[events.PlannerFenceSubject()]
 }
 
@@ -176,15 +182,7 @@ func TestFenceMessagesExpire(t *testing.T) {
 func TestTopologyUpgradesEventsStream(t *testing.T) {
 	ctx := context.Background()
 	c := bustest.Start(t)
-	st, err := c.JS.Stream(ctx, bus.EventsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := info.Config
+	old := eventsInfo(ctx, t, c).Config
 	old.AllowAtomicPublish = false
 	if _, err := c.JS.UpdateStream(ctx, old); err != nil {
 		t.Fatalf("downgrade: %v", err)
@@ -232,15 +230,7 @@ func TestStartFencedBatches(t *testing.T) {
 	}
 	lastSeq := func() uint64 {
 		t.Helper()
-		st, err := c.JS.Stream(ctx, bus.EventsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.State.LastSeq
+		return eventsInfo(ctx, t, c).State.LastSeq
 	}
 	// Ten batches of 50 creates; batch 3's 7th decision expects its
 	// aggregate at 9, which it is not.

@@ -1,7 +1,6 @@
 package bus_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,14 +10,14 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/testwait"
 )
 
 // An embedded server asked for port 0 names the port the kernel chose in its
 // ports file (scripts/run.sh reads it to reach the planner's server), and
 // removes the file when it stops.
 func TestEmbedWritesPortsFile(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	dir := t.TempDir()
 	c, err := bus.Connect(ctx, bus.Config{
 		DataDir: filepath.Join(dir, "jetstream"), Listen: "127.0.0.1:0", PortsFileDir: dir, Name: t.Name(),

@@ -12,6 +12,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // Enough events that a read takes several pull requests, and a stall of
@@ -72,8 +73,7 @@ func diffSeqs(got, want []uint64) string {
 // A pause in the middle of a replay (network, busy server) delays it; it
 // never ends it early.
 func TestReplayOutlastsAStall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := bustest.Start(t)
 	want := appendPools(ctx, t, bus.NewEventStore(c, "test", nil), "p", stallEvents)
 	rs, r := readerThrough(t, c)
@@ -100,8 +100,7 @@ func TestReplayOutlastsAStall(t *testing.T) {
 // Follow reports caught up only once the last event that existed when it
 // began was delivered, however long that takes, and exactly once.
 func TestFollowCatchesUpAtTheEndItFound(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := bustest.Start(t)
 	w := bus.NewEventStore(c, "test", nil)
 	want := appendPools(ctx, t, w, "p", stallEvents)
@@ -161,8 +160,7 @@ func TestFollowCatchesUpAtTheEndItFound(t *testing.T) {
 
 // With nothing at or after from, Follow is caught up before any event.
 func TestFollowCaughtUpAtOnceWithNoHistory(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c := bustest.Start(t)
 	s := bus.NewEventStore(c, "test", nil)
 	for _, from := range []uint64{0, 3} {
@@ -194,10 +192,11 @@ func TestFollowCaughtUpAtOnceWithNoHistory(t *testing.T) {
 	}
 }
 
-// An event that cannot be decoded is skipped and still marks the end.
+// An event that cannot be decoded is delivered by its position only
+// (Unreadable set, an empty envelope: nothing a reader could act on) and
+// still marks the end.
 func TestReadersReachAnUndecodableLastEvent(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c := bustest.Start(t)
 	s := bus.NewEventStore(c, "test", nil)
 	want := appendPools(ctx, t, s, "p", 2)
@@ -206,15 +205,29 @@ func TestReadersReachAnUndecodableLastEvent(t *testing.T) {
 	}
 
 	var got []uint64
-	if err := s.Replay(ctx, 0, func(e bus.Event) error { got = append(got, e.Seq); return nil }); err != nil {
+	var bad []bus.Event
+	if err := s.Replay(ctx, 0, func(e bus.Event) error {
+		if e.Unreadable != nil {
+			bad = append(bad, e)
+		} else {
+			got = append(got, e.Seq)
+		}
+		return nil
+	}); err != nil {
 		t.Fatalf("Replay: %v", err)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Replay: %s", diffSeqs(got, want))
 	}
+	if len(bad) != 1 || bad[0].Seq != want[len(want)-1]+1 || bad[0].ID != "bad" || bad[0].Envelope.ID != "" {
+		t.Errorf("Replay delivered %+v as unreadable, want the one after %d, of pool bad, with an empty envelope", bad, want[len(want)-1])
+	}
 	evs, err := s.Load(ctx, events.AggregatePool, "bad")
-	if err != nil || len(evs) != 0 {
-		t.Errorf("Load(bad) = %d events, %v; want 0, nil", len(evs), err)
+	if err != nil || len(evs) != 1 || evs[0].Unreadable == nil {
+		t.Errorf("Load(bad) = %+v, %v; want the one unreadable event", evs, err)
+	}
+	if last, err := s.Last(ctx, events.AggregatePool, "bad"); err != nil || last != nil {
+		t.Errorf("Last(bad) = %+v, %v; want none: no event of pool bad reads", last, err)
 	}
 
 	fctx, fcancel := context.WithCancel(ctx)
@@ -227,8 +240,7 @@ func TestReadersReachAnUndecodableLastEvent(t *testing.T) {
 
 // Load ends at the aggregate's own last event, not at the stream's.
 func TestLoadEndsAtTheAggregatesLastEvent(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c := bustest.Start(t)
 	s := bus.NewEventStore(c, "test", nil)
 	want := appendPools(ctx, t, s, "a", 1)
@@ -244,8 +256,7 @@ func TestLoadEndsAtTheAggregatesLastEvent(t *testing.T) {
 
 // Cancelling ctx stops a read that waits on a stalled server.
 func TestReplayStopsWhenCancelledDuringAStall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := bustest.Start(t)
 	appendPools(ctx, t, bus.NewEventStore(c, "test", nil), "p", stallEvents)
 	rs, r := readerThrough(t, c)
@@ -271,8 +282,7 @@ func TestReplayStopsWhenCancelledDuringAStall(t *testing.T) {
 // On a replicated stream the end comes from the stream leader; every
 // reader delivers the whole history and leaves no consumer behind.
 func TestReadersOnReplicatedStream(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := startCluster(t)
 	s := bus.NewEventStore(c, "test", nil)
 	want := appendPools(ctx, t, s, "p", 50)
@@ -295,14 +305,7 @@ func TestReadersOnReplicatedStream(t *testing.T) {
 		t.Errorf("Follow returned %v having delivered %s; want context.Canceled from caughtUp after every event", err, diffSeqs(history, want))
 	}
 
-	st, err := c.JS.Stream(ctx, bus.EventsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := eventsInfo(ctx, t, c)
 	// Follow ended with its context, so its consumer is left to expire.
 	if info.State.Consumers > 1 {
 		t.Errorf("%d consumers left on %s after the reads, want at most Follow's", info.State.Consumers, bus.EventsStream)

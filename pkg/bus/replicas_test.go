@@ -1,19 +1,18 @@
 package bus_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/testwait"
 )
 
 // A service given the URL of a single server (as `make run` does) must not
 // ask for replicated streams, which such a server refuses.
 func TestConnectToSingleServerUsesOneReplica(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	srv := bustest.Start(t)
 	c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: t.Name()}, nil)
 	if err != nil {

@@ -35,6 +35,11 @@ type Event struct {
 	// [events.CheckEvent] and [events.CheckPlacement].
 	By     events.Observer
 	Header nats.Header
+	// Unreadable, when set, is why the message's envelope does not
+	// decode; its Envelope is empty and only its position (Seq,
+	// Aggregate, ID, Kind, By: from its subject) is known. Readers never
+	// act on it (see unreadable.go).
+	Unreadable error
 }
 
 // EventStore appends to and reads FLEET_EVENTS.
@@ -171,10 +176,19 @@ func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error)
 		return nil, err
 	}
 	ev, err := decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
-	if err != nil {
-		return nil, err
+	if err == nil && ev.Unreadable == nil {
+		return &ev, nil
 	}
-	return &ev, nil
+	// The last message does not read: the last one that does is the
+	// answer (a read skips the others).
+	var last *Event
+	err = s.read(ctx, subject, 0, false, func(e Event) error {
+		if e.Unreadable == nil {
+			last = &e
+		}
+		return nil
+	}, nil)
+	return last, err
 }
 
 // Load returns every event of one aggregate in order, up to its last event
@@ -203,8 +217,9 @@ func (s *EventStore) Replay(ctx context.Context, from uint64, fn func(Event) err
 // the stream has nothing at or after from): from then on the caller's state
 // is at least as new as the log was when it started following.
 //
-// Events that fail to decode are logged and skipped, in every reader, so one
-// bad message never stalls a projection.
+// An event whose envelope does not decode is logged, counted and delivered
+// with Unreadable set (see unreadable.go), so one bad message never stalls
+// a projection; one whose subject has the wrong shape is skipped.
 func (s *EventStore) Follow(ctx context.Context, from uint64, fn func(Event) error, caughtUp func()) error {
 	return s.read(ctx, events.EventsAll, from, true, fn, caughtUp)
 }
@@ -275,8 +290,11 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 		}
 		seq := md.Sequence.Stream
 		ev, derr := decodeRaw(msg.Subject(), seq, msg.Headers(), msg.Data())
+		if ev.Unreadable != nil {
+			s.noteUnreadable(ctx, seq, msg.Subject(), ev.Unreadable)
+		}
 		if derr != nil {
-			s.log.Error("skipping undecodable event", "seq", seq, "subject", msg.Subject(), "err", derr)
+			s.noteUnreadable(ctx, seq, msg.Subject(), derr)
 		} else if err := fn(ev); err != nil {
 			return err
 		}
@@ -351,9 +369,12 @@ func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, e
 	if !ok {
 		return Event{}, fmt.Errorf("event subject %q has the wrong shape", subject)
 	}
+	ev := Event{Seq: seq, Aggregate: agg, ID: id, Kind: typ, By: by, Header: h}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
-		return Event{}, fmt.Errorf("event %d on %s: %w", seq, subject, err)
+		ev.Unreadable = fmt.Errorf("event %d on %s: %w", seq, subject, err)
+		return ev, nil
 	}
-	return Event{Envelope: env, Seq: seq, Aggregate: agg, ID: id, Kind: typ, By: by, Header: h}, nil
+	ev.Envelope = env
+	return ev, nil
 }

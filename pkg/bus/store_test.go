@@ -9,6 +9,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 func TestAppendExpectsAggregateWildcard(t *testing.T) {
@@ -184,8 +185,7 @@ func TestAgentObservationsNameTheAgent(t *testing.T) {
 }
 
 func TestFollowDeliversHistoryThenLive(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c := bustest.Start(t)
 	s := bus.NewEventStore(c, "test", nil)
 	for i, id := range []string{"a", "b", "c"} {
@@ -224,8 +224,7 @@ func TestFollowDeliversHistoryThenLive(t *testing.T) {
 }
 
 func TestReplayReturnsAtTheEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	c := bustest.Start(t)
 	s := bus.NewEventStore(c, "test", nil)
 	if err := s.Replay(ctx, 0, func(bus.Event) error { t.Fatal("event in an empty stream"); return nil }); err != nil {

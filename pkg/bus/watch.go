@@ -2,9 +2,32 @@ package bus
 
 import (
 	"context"
+	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// ErrWatchEnded is [EachUpdate]'s error when the watcher's updates end
+// before its context.
+var ErrWatchEnded = errors.New("the watch ended")
+
+// EachUpdate calls fn with each update of w, in order, on the caller's
+// goroutine, until ctx ends (it returns nil) or w's updates end (it returns
+// [ErrWatchEnded]). A nil entry marks the end of the values the bucket held
+// when the watch started. The caller still stops w ([StopWatch]).
+func EachUpdate(ctx context.Context, w jetstream.KeyWatcher, fn func(jetstream.KeyValueEntry)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ErrWatchEnded
+			}
+			fn(e)
+		}
+	}
+}
 
 // StopWatch stops a KV watcher and drains its updates. The watcher's
 // delivery blocks on a full updates channel and would never see the stop
@@ -13,22 +36,5 @@ import (
 func StopWatch(w jetstream.KeyWatcher) {
 	_ = w.Stop()
 	for range w.Updates() {
-	}
-}
-
-// EachUpdate calls fn with every update w delivers, nil for the marker
-// that the values the bucket held when the watch started have all been
-// delivered, until ctx ends or the watch stops. It does not stop w.
-func EachUpdate(ctx context.Context, w jetstream.KeyWatcher, fn func(jetstream.KeyValueEntry)) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			fn(e)
-		}
 	}
 }

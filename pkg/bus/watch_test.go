@@ -2,7 +2,9 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,5 +48,55 @@ func TestStopWatchWithUnreadUpdates(t *testing.T) {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("StopWatch did not return")
+	}
+}
+
+// TestEachUpdate: the bucket's values, the nil marker after them, a later
+// put and a delete arrive in order; the end of the context returns nil and
+// a stopped watcher returns ErrWatchEnded.
+func TestEachUpdate(t *testing.T) {
+	c := bustest.Start(t)
+	ctx := context.Background()
+	kv, err := c.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "each-update"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	var got []string
+	err = bus.EachUpdate(wctx, w, func(e jetstream.KeyValueEntry) {
+		switch {
+		case e == nil:
+			got = append(got, "loaded")
+			if _, err := kv.Put(ctx, "b", []byte("2")); err != nil {
+				t.Error(err)
+			}
+		case e.Operation() == jetstream.KeyValuePut:
+			got = append(got, "put "+e.Key())
+			if e.Key() == "b" {
+				if err := kv.Delete(ctx, "a"); err != nil {
+					t.Error(err)
+				}
+			}
+		default:
+			got = append(got, "delete "+e.Key())
+			cancel()
+		}
+	})
+	if err != nil {
+		t.Errorf("EachUpdate after its context ended = %v, want nil", err)
+	}
+	if want := "put a,loaded,put b,delete a"; strings.Join(got, ",") != want {
+		t.Errorf("updates %q, want %q", strings.Join(got, ","), want)
+	}
+	bus.StopWatch(w)
+	if err := bus.EachUpdate(ctx, w, func(jetstream.KeyValueEntry) { t.Error("an update after the stop") }); !errors.Is(err, bus.ErrWatchEnded) {
+		t.Errorf("EachUpdate of a stopped watcher = %v, want ErrWatchEnded", err)
 	}
 }

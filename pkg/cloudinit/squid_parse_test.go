@@ -3,7 +3,6 @@ package cloudinit
 import (
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +11,7 @@ import (
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
-	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/squidtest"
 )
 
 // TestSquidDefaultConfParses runs Debian's `squid -k parse` on the
@@ -20,11 +19,7 @@ import (
 // pool's allowance. It belongs to the squid tier (make test-squid sets
 // PROXYFLEET_SQUID) and skips elsewhere.
 func TestSquidDefaultConfParses(t *testing.T) {
-	squid := os.Getenv("PROXYFLEET_SQUID")
-	if squid == "" {
-		t.Skip("squid tier: set PROXYFLEET_SQUID to a squid binary (make test-squid)")
-	}
-	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
+	squid := squidtest.Binary(t)
 	pol, err := (&events.Egress{AllowCIDRs: []string{"10.1.0.0/16", "2001:db8:1::/48"}, AllowPorts: []int{8080, 8443}}).Policy(
 		[]netip.AddrPort{netip.MustParseAddrPort("203.0.114.9:8480"), netip.MustParseAddrPort("[2a00:1450::9]:8480")})
 	if err != nil {
@@ -60,14 +55,8 @@ func TestSquidDefaultConfParses(t *testing.T) {
 				t.Fatal(err)
 			}
 			conf = strings.ReplaceAll(conf, OwnAddressesFile, own)
-			path := filepath.Join(dir, "squid.conf")
-			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			out, err := exec.Command(squid, "-k", "parse", "-f", path).CombinedOutput()
-			// "is a subnetwork of": Squid dropped an entry of an acl.
-			if err != nil || strings.Contains(string(out), "FATAL") || strings.Contains(string(out), "ERROR") || strings.Contains(string(out), "is a subnetwork of") {
-				t.Errorf("squid -k parse (auth %v, %d allowed ranges): %v\n%s\n%s", auth != nil, len(p.AllowCIDRs), err, out, conf)
+			if err := squidtest.ParseConf(squid, dir, conf); err != nil {
+				t.Errorf("auth %v, %d allowed ranges: %v\n%s", auth != nil, len(p.AllowCIDRs), err, conf)
 			}
 		}
 	}

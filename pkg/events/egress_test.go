@@ -30,14 +30,7 @@ func TestPoolSpecEgress(t *testing.T) {
 	for i, c := range cases[:len(cases)-1] {
 		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Egress: &c.eg}
 		spec.Normalize()
-		err := spec.Validate()
-		var got []string
-		var ve *events.ValidationError
-		if errors.As(err, &ve) {
-			for _, f := range ve.Fields {
-				got = append(got, f.Error())
-			}
-		}
+		got := fieldMessages(t, fmt.Sprintf("case %d", i), spec.Validate())
 		if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 			t.Errorf("case %d: got %q, want %q", i, got, c.want)
 		}

@@ -151,16 +151,9 @@ func BenchmarkDecodeEnvelope(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	type plain struct {
-		SpecVersion     string          `json:"specversion"`
-		ID              string          `json:"id"`
-		Source          string          `json:"source"`
-		Type            string          `json:"type"`
-		Subject         string          `json:"subject,omitempty"`
-		Time            time.Time       `json:"time"`
-		DataContentType string          `json:"datacontenttype,omitempty"`
-		Data            json.RawMessage `json:"data,omitempty"`
-	}
+	// plain has Envelope's fields without its methods: encoding/json
+	// decodes it field by field, keeping no extensions and checking nothing.
+	type plain events.Envelope
 	var base time.Duration
 	b.Run("baseline", func(b *testing.B) {
 		for b.Loop() {

@@ -3,6 +3,7 @@ package events_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -40,20 +41,41 @@ func TestGatewaySpecValidate(t *testing.T) {
 	for _, c := range cases {
 		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Gateway: &c.gw}
 		spec.Normalize()
-		err := spec.Validate()
-		var got []string
-		var ve *events.ValidationError
-		if errors.As(err, &ve) {
-			for _, f := range ve.Fields {
-				got = append(got, f.Error())
-			}
-		} else if err != nil {
-			t.Fatalf("%s: %v is not a ValidationError", c.name, err)
-		}
-		if !slices.Equal(got, c.want) {
+		if got := fieldMessages(t, c.name, spec.Validate()); !slices.Equal(got, c.want) {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}
 	}
+}
+
+// fieldMessages is the message of each field of err, a
+// [events.ValidationError] (none when err is nil); the test of name fails
+// at once on any other error.
+func fieldMessages(t *testing.T, name string, err error) []string {
+	t.Helper()
+	var ve *events.ValidationError
+	if err != nil && !errors.As(err, &ve) {
+		t.Fatalf("%s: %v is not a ValidationError", name, err)
+	}
+	var got []string
+	if ve != nil {
+		for _, f := range ve.Fields {
+			got = append(got, f.Error())
+		}
+	}
+	return got
+}
+
+// jsonRoundTrip encodes spec and decodes it again.
+func jsonRoundTrip(t *testing.T, spec events.PoolSpec) (raw []byte, back events.PoolSpec) {
+	t.Helper()
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	return raw, back
 }
 
 // TestGatewaySpecDefaults: an absent spec and absent fields give the
@@ -86,14 +108,7 @@ func TestGatewaySpecRoundTrip(t *testing.T) {
 	if *spec.Gateway.Retries != 1 || spec.Gateway.BanRules[0].Status[0] != 429 {
 		t.Fatalf("Public shares the gateway spec with the original: %+v", spec.Gateway)
 	}
-	raw, err := json.Marshal(spec.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back events.PoolSpec
-	if err := json.Unmarshal(raw, &back); err != nil {
-		t.Fatal(err)
-	}
+	raw, back := jsonRoundTrip(t, spec.Public())
 	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 {
 		t.Errorf("round trip: %s", raw)
 	}
@@ -149,16 +164,7 @@ func TestPoolAutoscaleValidate(t *testing.T) {
 	for _, c := range cases {
 		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 3, Autoscale: &c.a}
 		spec.Normalize()
-		var got []string
-		var ve *events.ValidationError
-		if err := spec.Validate(); errors.As(err, &ve) {
-			for _, f := range ve.Fields {
-				got = append(got, f.Error())
-			}
-		} else if err != nil {
-			t.Fatalf("%s: %v is not a ValidationError", c.name, err)
-		}
-		if !slices.Equal(got, c.want) {
+		if got := fieldMessages(t, c.name, spec.Validate()); !slices.Equal(got, c.want) {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}
 	}
@@ -230,14 +236,7 @@ func TestAutoscaleRoundTrip(t *testing.T) {
 	if spec.Autoscale.Max != 10 {
 		t.Fatalf("Public shares autoscale with the original")
 	}
-	raw, err := json.Marshal(spec.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back events.PoolSpec
-	if err := json.Unmarshal(raw, &back); err != nil {
-		t.Fatal(err)
-	}
+	raw, back := jsonRoundTrip(t, spec.Public())
 	if back.Autoscale == nil || *back.Autoscale != *spec.Autoscale {
 		t.Errorf("round trip: %s", raw)
 	}
@@ -261,16 +260,7 @@ func TestPoolScaledData(t *testing.T) {
 			[]string{`size: must be between 0 and 100000 (got "-1")`, `previous: must be between 0 and 100000 (got "100001")`, `reason: is required`}},
 	}
 	for _, c := range cases {
-		var got []string
-		var ve *events.ValidationError
-		if err := c.d.Validate(); errors.As(err, &ve) {
-			for _, f := range ve.Fields {
-				got = append(got, f.Error())
-			}
-		} else if err != nil {
-			t.Fatalf("%+v: %v is not a ValidationError", c.d, err)
-		}
-		if !slices.Equal(got, c.want) {
+		if got := fieldMessages(t, fmt.Sprintf("%+v", c.d), c.d.Validate()); !slices.Equal(got, c.want) {
 			t.Errorf("%+v: got %q, want %q", c.d, got, c.want)
 		}
 	}

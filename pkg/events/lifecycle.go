@@ -216,6 +216,28 @@ func CheckProxyData(typ string, e Envelope) error {
 	return e.DecodeData(d)
 }
 
+// CheckPoolData decodes the data of a pool event of type typ. Every reader
+// skips a pool event whose data does not decode, as the planner does, so
+// that no reader acts on an event another refuses (a deleted pool whose
+// deletion the planner cannot read stays in every view). Unknown types are
+// not checked.
+func CheckPoolData(typ string, e Envelope) error {
+	var d any
+	switch typ {
+	case PoolApplied:
+		d = &PoolAppliedData{}
+	case PoolDeleted:
+		d = &PoolDeletedData{}
+	case PoolScaled:
+		d = &PoolScaledData{}
+	case PoolCondition:
+		d = &PoolConditionData{}
+	default:
+		return nil
+	}
+	return e.DecodeData(d)
+}
+
 // ProxyStates returns the states of a proxy in lifecycle order; they are
 // also the proxy event types.
 func ProxyStates() []string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/service"
 )
 
@@ -96,19 +97,10 @@ func captureStderr(t *testing.T) (out *bytes.Buffer, restore func()) {
 // the password appears nowhere in the output.
 func TestStartNeverLogsTheURLPassword(t *testing.T) {
 	const password, wrong = "s3cret-pw-7d1f", "wr0ng-pw-91ac"
-	srv, err := server.NewServer(&server.Options{
+	srv := bustest.Server(t, &server.Options{
 		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
-		NoSigs: true, NoLog: true,
 		Users: []*server.User{{Username: "planner", Password: password}},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(srv.Shutdown)
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
 	rl := startRelay(t, srv.Addr().String())
 	addr := rl.ln.Addr().String()
 

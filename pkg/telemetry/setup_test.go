@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/pkg/testwait"
 )
 
 // clearOTel unsets every OTEL_* variable Setup reads, for one test.
@@ -197,8 +198,7 @@ func TestOTLPGRPCExportsSpans(t *testing.T) {
 	}
 	_, span := tel.Tracer.Start(context.Background(), "grpc-op")
 	span.End()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	if err := tel.Close(ctx); err != nil {
 		t.Fatalf("flush to the gRPC receiver: %v", err)
 	}
@@ -228,8 +228,7 @@ func TestOTLPHTTPExportsSpans(t *testing.T) {
 	}
 	_, span := tel.Tracer.Start(context.Background(), "http-op")
 	span.End()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	if err := tel.Close(ctx); err != nil {
 		t.Fatalf("flush to the HTTP receiver: %v", err)
 	}

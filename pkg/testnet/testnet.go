@@ -3,11 +3,14 @@
 // and their use. Asking for a port with a listener and closing it before
 // the real user binds (bind-then-close) leaves a window in which another
 // process on a busy machine may take it; a socket that is bound but never
-// listens holds the port and still refuses every connection.
+// listens holds the port and still refuses every connection. A [Counter]
+// is the opposite: a port that accepts, and tells whether anything came.
 package testnet
 
 import (
+	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -52,4 +55,39 @@ func reserve(t testing.TB, reusePort bool) *net.TCPAddr {
 		t.Fatalf("testnet: getsockname: %v", err)
 	}
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*syscall.SockaddrInet4).Port}
+}
+
+// Counter is a listener that accepts every connection, writes its
+// greeting (if any) and closes it, counting what it accepted: the target
+// a test watches to see that nothing reached it.
+type Counter struct {
+	net.Listener
+	accepted atomic.Int32
+}
+
+// Accepted is the number of connections accepted so far.
+func (c *Counter) Accepted() int32 { return c.accepted.Load() }
+
+// Count listens on addr (such as "127.0.0.1:0") until the test ends and
+// answers each connection with greeting.
+func Count(t testing.TB, addr, greeting string) *Counter {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("testnet: listen on %s: %v", addr, err)
+	}
+	c := &Counter{Listener: ln}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.accepted.Add(1)
+			_, _ = io.WriteString(conn, greeting)
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return c
 }

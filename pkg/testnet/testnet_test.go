@@ -2,6 +2,7 @@ package testnet_test
 
 import (
 	"errors"
+	"io"
 	"net"
 	"syscall"
 	"testing"
@@ -55,5 +56,26 @@ func TestSharedPortServesTheChildListener(t *testing.T) {
 			t.Fatal(err)
 		}
 		a.Close()
+	}
+}
+
+func TestCountCountsAndGreets(t *testing.T) {
+	c := testnet.Count(t, "127.0.0.1:0", "hello\n")
+	if n := c.Accepted(); n != 0 {
+		t.Fatalf("Accepted() = %d before any dial, want 0", n)
+	}
+	for i := 0; i < 2; i++ {
+		conn, err := net.Dial("tcp", c.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil || string(got) != "hello\n" {
+			t.Fatalf("read %q, %v; want the greeting, then the close", got, err)
+		}
+	}
+	if n := c.Accepted(); n != 2 {
+		t.Fatalf("Accepted() = %d, want 2", n)
 	}
 }

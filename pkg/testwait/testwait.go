@@ -1,12 +1,16 @@
 // Package testwait waits, in tests, for what happens asynchronously: a
-// condition polled until it holds, within a bound, instead of a sleep, and
-// a [Buffer] of a process's output to poll. bustest.WaitEvent builds on it
-// to wait for a proxy's event.
+// condition polled until it holds, within a bound, instead of a sleep, a
+// [Context] that bounds a test's calls, and a [Buffer] of a process's
+// output to poll, and [Stop], which waits a bounded time for a process the
+// test started to exit. bustest.WaitEvent builds on it to wait for a
+// proxy's event.
 package testwait
 
 import (
 	"bytes"
 	"context"
+	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +53,31 @@ func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
 	defer cancel()
 	if err := For(ctx, cond); err != nil {
 		t.Fatalf("timed out after %s waiting for %s", within, what)
+	}
+}
+
+// Context bounds a test's calls: it ends after within, or when the test's
+// function returns ([testing.T.Context]), whichever comes first. It takes
+// the place of a context.WithTimeout and its deferred cancel at the top of
+// a test.
+func Context(t testing.TB, within time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Stop ends cmd, started and not yet waited for: it sends sig (SIGTERM, for
+// a service's graceful stop), waits up to grace for the process to exit,
+// kills it if it has not, and returns once cmd has been waited for.
+func Stop(cmd *exec.Cmd, sig os.Signal, grace time.Duration) {
+	_ = cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
 	}
 }
 

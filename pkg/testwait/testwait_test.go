@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +41,57 @@ func TestForEndsWithTheContext(t *testing.T) {
 	defer cancel()
 	if err := testwait.For(ctx, func() bool { return false }); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("For = %v, want the context's deadline", err)
+	}
+}
+
+func TestContextEndsWithinOrWithTheTest(t *testing.T) {
+	ctx := testwait.Context(t, 30*time.Millisecond)
+	<-ctx.Done()
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatalf("ctx.Err() = %v, want the deadline", ctx.Err())
+	}
+	var inner context.Context
+	t.Run("inner", func(t *testing.T) {
+		inner = testwait.Context(t, time.Hour)
+		if inner.Err() != nil {
+			t.Fatalf("a fresh test context ended: %v", inner.Err())
+		}
+	})
+	if !errors.Is(inner.Err(), context.Canceled) {
+		t.Fatalf("after its test: ctx.Err() = %v, want canceled", inner.Err())
+	}
+}
+
+func TestStop(t *testing.T) {
+	// A process that exits on the signal is waited for.
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	testwait.Stop(cmd, syscall.SIGTERM, time.Minute)
+	if cmd.ProcessState == nil || time.Since(start) > 30*time.Second {
+		t.Fatalf("Stop returned after %s with state %v, want sleep waited for at once", time.Since(start), cmd.ProcessState)
+	}
+	// One that ignores it is killed after the grace.
+	cmd = exec.Command("sh", "-c", "trap '' TERM; echo trapped; exec sleep 60")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := out.Read(make([]byte, 8)); err != nil { // the trap is set
+		t.Fatal(err)
+	}
+	start = time.Now()
+	testwait.Stop(cmd, syscall.SIGTERM, 200*time.Millisecond)
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("state %v after Stop, want killed", cmd.ProcessState)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("killed after %s, want the grace of 200ms first", d)
 	}
 }
 

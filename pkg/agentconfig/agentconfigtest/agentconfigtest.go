@@ -1,6 +1,6 @@
 // Package agentconfigtest checks, for the fuzz targets of every agent's
 // configuration loader, the properties each loader built on [agentconfig]
-// must have whatever document it is given.
+// must have whatever document it is given; [Fuzz] is such a target.
 package agentconfigtest
 
 import (
@@ -116,6 +116,25 @@ func plain(v reflect.Value) any {
 		return s
 	}
 	return v.Interface()
+}
+
+// Fuzz is the fuzz target of an agent's configuration loader: f is seeded
+// with the ```yaml blocks of the Markdown files docs (the documented
+// examples, see [YAMLBlocks]) and with seeds, and every input goes through
+// [CheckParse] with parse.
+func Fuzz[T any](f *testing.F, parse func([]byte) (*T, error), docs []string, seeds ...string) {
+	f.Helper()
+	for _, doc := range docs {
+		for _, b := range YAMLBlocks(f, doc) {
+			f.Add(b)
+		}
+	}
+	for _, s := range seeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		CheckParse(t, parse, b)
+	})
 }
 
 // YAMLBlocks returns the fenced ```yaml blocks of the Markdown file at

@@ -1,11 +1,14 @@
 // Package bustest starts a real embedded JetStream server for tests: one per
-// test, on a random loopback port, storing under t.TempDir().
+// test, on a random loopback port, storing under t.TempDir(); [Server]
+// starts one with options of the test's own.
 package bustest
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
@@ -33,6 +36,25 @@ func StartIn(t testing.TB, dir string) *bus.Conn {
 		t.Fatalf("topology: %v", err)
 	}
 	return c
+}
+
+// Server starts a nats-server with opts, for a test that needs what
+// [Start] does not set up (users, a cluster, a shipped configuration): it
+// runs without logging or signal handlers, is ready for connections when
+// Server returns, and is shut down when the test ends.
+func Server(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	return srv
 }
 
 // Dial opens another client connection to the server behind c, as a separate

@@ -30,6 +30,9 @@ func WaitEvent(t testing.TB, within time.Duration, store *bus.EventStore, id, ki
 		seen = seen[:0]
 		ok := false
 		for _, ev := range evs {
+			if ev.Unreadable != nil {
+				continue
+			}
 			seen = append(seen, ev.Kind)
 			if ev.Kind == events.ProxyFailed && kind != events.ProxyFailed {
 				var fd events.ProxyFailedData

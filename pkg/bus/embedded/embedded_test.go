@@ -16,6 +16,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -159,8 +160,7 @@ func TestAuthenticatedServerBeyondLoopback(t *testing.T) {
 // TestLoopbackNeedsNoAuth: make run's case, unchanged: no configuration,
 // a loopback listener, and any local client gets in.
 func TestLoopbackNeedsNoAuth(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 20*time.Second)
 	conn, err := bus.Connect(ctx, bus.Config{Name: "embedder", DataDir: t.TempDir(), Listen: "127.0.0.1:0", Embed: embedded.Start}, nil)
 	if err != nil {
 		t.Fatalf("Connect: %v", err)

@@ -6,8 +6,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -105,13 +103,13 @@ func TestBenchKVM(t *testing.T) {
 	seamDur := time.Since(start)
 	src.Close()
 	// What libvirtd wrote must be the file, byte for byte.
-	want := fileDigest(t, file)
+	want := fileSHA256(t, file)
 	for _, v := range []string{seamName, image.VolumeName(entry, "tiny", "qcow2")} {
 		path, err := virsh(t, "vol-path", "--pool", pool, v)
 		if err != nil {
 			t.Fatalf("vol-path %s: %v", v, err)
 		}
-		if got := fileDigest(t, strings.TrimSpace(path)); got != want {
+		if got := fileSHA256(t, strings.TrimSpace(path)); got != want {
 			t.Fatalf("volume %s differs from the uploaded file: sha256 %s, want %s", v, got, want)
 		}
 	}
@@ -138,20 +136,6 @@ func TestBenchKVM(t *testing.T) {
 	fmt.Printf("kvm bench: of which the libvirt stream alone (local file through the seam): %.0f MiB/s (%s)\n", mbps(seamDur), seamDur.Round(time.Millisecond))
 	fmt.Printf("kvm bench: create with a cached base (overlay, seed, define, start; no boot): %s mean of %d\n", (total / n).Round(time.Millisecond), n)
 	fmt.Printf("kvm bench: idle agent RSS %s\n", rss)
-}
-
-func fileDigest(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // idleRSS starts the kvm-agent binary against a NATS server of the test's

@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -37,30 +36,14 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	gateway := g.gateway
 	// The site fetched through the guest's proxy.
 	const greeting = "hello through the guest"
-	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
-	sl, err := net.Listen("tcp", net.JoinHostPort(gateway, "0"))
-	if err != nil {
-		t.Fatalf("listen on the guest network's gateway: %v", err)
-	}
-	go func() { _ = site.Serve(sl) }()
-	defer site.Close()
+	sl := serveGreeting(t, gateway, greeting)
 
 	entry := randomEntry(t)
 	proxy := "boot-e2e"
 	name := events.InstanceName(proxy)
 	cleanupEntry(t, g.pool, entry, name)
-	cfg := g.config(t, entry)
-	conn := bustest.Start(t)
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-	defer stack.Close()
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	conn, stack := g.agentOn(t, entry)
+	ctx := t.Context()
 
 	userData := []byte("#!/bin/sh\nexec /bin/fwdproxy -listen :3128\n")
 	store := bus.NewEventStore(conn, events.SourcePlanner, nil)
@@ -131,6 +114,20 @@ func TestGuestBootsAndProxies(t *testing.T) {
 	if err := stack.Driver.Delete(ctx, agent.Ref{ProxyID: proxy, Name: name}); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
+}
+
+// serveGreeting serves greeting over HTTP on host (the guest network's
+// gateway) until the test ends and returns its listener.
+func serveGreeting(t *testing.T, host, greeting string) net.Listener {
+	t.Helper()
+	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
+	sl, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatalf("listen on the guest network's gateway: %v", err)
+	}
+	go func() { _ = site.Serve(sl) }()
+	t.Cleanup(func() { _ = site.Close() })
+	return sl
 }
 
 // startHealth builds and runs the health service on the guest network's
@@ -215,6 +212,18 @@ func needImageTier(t *testing.T, imageEnv, hint string) guestTier {
 // guest image under key guest, one tiny profile.
 func (g guestTier) config(t *testing.T, entry string) *config.Config {
 	t.Helper()
+	return g.parseConfig(t, entry, fmt.Sprintf(`images:
+  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
+profiles:
+  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
+`, g.imageAddr))
+}
+
+// parseConfig is the kvm-agent configuration of entry on the tier (its
+// libvirt socket, pool and network, TCG) followed by rest: the images and
+// profiles, and whatever else a test sets.
+func (g guestTier) parseConfig(t *testing.T, entry, rest string) *config.Config {
+	t.Helper()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(`
 entry: %s
 target: ci
@@ -222,13 +231,19 @@ libvirt: {socket: %s}
 pool: %s
 network: %s
 domainType: qemu
-images:
-  guest: {url: "http://%s/guest.qcow2", format: qcow2, firmware: bios}
-profiles:
-  tiny: {vcpus: 1, memoryMiB: 256, diskGiB: 1}
-`, entry, g.socket, g.pool, g.network, g.imageAddr)))
+`, entry, g.socket, g.pool, g.network) + rest))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// agentOn runs a kvm-agent for entry with the tier's guest configuration
+// (commands may take 5 minutes) on a NATS server of its own, and returns
+// the connection to that server and the agent's stack.
+func (g guestTier) agentOn(t *testing.T, entry string) (*bus.Conn, *kvm.Stack) {
+	t.Helper()
+	conn := bustest.Start(t)
+	stack := startAgent(t, conn, g.config(t, entry), kvm.Options{}, agent.Config{CommandTimeout: 5 * time.Minute, WatchInterval: time.Second})
+	return conn, stack
 }

@@ -4,8 +4,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +21,6 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/cloudinit/seedtest"
 	"proxyfleet/pkg/events"
-	"proxyfleet/services/kvm-agent/internal/config"
 	"proxyfleet/services/kvm-agent/internal/kvm"
 )
 
@@ -68,13 +65,7 @@ func TestCloudImageProxies(t *testing.T) {
 
 	// The site the test fetches through the proxies.
 	const greeting = "hello through squid"
-	site := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, greeting) })}
-	sl, err := net.Listen("tcp", net.JoinHostPort(g.gateway, "0"))
-	if err != nil {
-		t.Fatalf("listen on the guest network's gateway: %v", err)
-	}
-	go func() { _ = site.Serve(sl) }()
-	t.Cleanup(func() { _ = site.Close() })
+	sl := serveGreeting(t, g.gateway, greeting)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -85,33 +76,15 @@ func TestCloudImageProxies(t *testing.T) {
 	fleet := func(echo string, planner bool) (entry string, conn *bus.Conn) {
 		entry = randomEntry(t)
 		endpoints := []netip.AddrPort{netip.MustParseAddrPort(echo), netip.MustParseAddrPort(sl.Addr().String())}
-		cfg, err := config.Parse([]byte(fmt.Sprintf(`
-entry: %s
-target: ci
-libvirt: {socket: %s}
-pool: %s
-network: %s
-domainType: qemu
-serialLogDir: %s
+		cfg := g.parseConfig(t, entry, fmt.Sprintf(`serialLogDir: %s
 images:
   debian12: {url: "http://%s/debian-12-cloud.qcow2", sha256: %s, format: qcow2, firmware: uefi}
 profiles:
   small: {vcpus: 1, memoryMiB: 768, diskGiB: 3}
-`, entry, g.socket, g.pool, g.network, logDir, g.imageAddr, sum)))
-		if err != nil {
-			t.Fatal(err)
-		}
+`, logDir, g.imageAddr, sum))
 		conn = bustest.Start(t)
-		stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-		t.Cleanup(stack.Close)
-		rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 10 * time.Minute,
-			WatchInterval: time.Second, EgressEndpoints: endpoints}, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { defer close(done); _ = rt.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		startAgent(t, conn, cfg, kvm.Options{}, agent.Config{CommandTimeout: 10 * time.Minute,
+			WatchInterval: time.Second, EgressEndpoints: endpoints})
 		startHealthEcho(t, conn.ClientURL(), echo)
 		if planner {
 			startPlanner(t, conn.ClientURL())
@@ -293,20 +266,6 @@ func logFigures(t *testing.T, ctx context.Context, what string, store *bus.Event
 	req := at(events.ProxyRequested)
 	t.Logf("%s: command → running %s (address %s), command → ready %s", what,
 		at(events.ProxyRunning).Sub(req).Round(time.Second), running.Address, at(events.ProxyReady).Sub(req).Round(time.Second))
-}
-
-func fileSHA256(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // poolMembers counts the proxies ever requested for pool.

@@ -5,10 +5,12 @@ package integration
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -25,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -212,6 +215,38 @@ func cleanupEntry(t *testing.T, pool, entry string, instances ...string) {
 	})
 }
 
+// startAgent opens the kvm stack of cfg, publishing its progress on conn,
+// and runs the agent runtime over its driver with rc (Info is the
+// driver's) until the test ends; the runtime stops, then the stack closes.
+func startAgent(t *testing.T, conn *bus.Conn, cfg *config.Config, o kvm.Options, rc agent.Config) *kvm.Stack {
+	t.Helper()
+	o.Publish = conn.NC.Publish
+	stack := kvm.Open(cfg, o)
+	t.Cleanup(stack.Close)
+	rc.Info = stack.Driver.Info()
+	rt, err := agent.New(conn, stack.Driver, rc, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agenttest.Serve(t, rt.Run)
+	return stack
+}
+
+// fileSHA256 is the hex sha256 of the file at path.
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 func spec(entry, proxy string) agent.Spec {
 	return agent.Spec{ProxyID: proxy, Pool: "web", Entry: entry, Target: "ci", Name: events.InstanceName(proxy), Attempt: 1, Port: 3128}
 }
@@ -239,16 +274,8 @@ func TestLifecycleThroughNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish, ProgressEvery: time.Millisecond})
-	defer stack.Close()
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 20 * time.Second, WatchInterval: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := t.Context()
+	startAgent(t, conn, cfg, kvm.Options{ProgressEvery: time.Millisecond}, agent.Config{CommandTimeout: 20 * time.Second, WatchInterval: time.Second})
 
 	start := time.Now()
 	create := events.CreateCommand{ProxyID: proxy, ProxySpec: events.ProxySpec{Pool: "web", Entry: entry, Target: "ci", Instance: name, Port: 3128}, Attempt: 1}

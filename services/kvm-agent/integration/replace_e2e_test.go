@@ -16,9 +16,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
-	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
-	"proxyfleet/services/kvm-agent/internal/kvm"
 )
 
 // TestDestroyedDomainIsReplaced is the fleet healing a dead VM on a real
@@ -31,20 +29,10 @@ func TestDestroyedDomainIsReplaced(t *testing.T) {
 	g := needGuestTier(t)
 	gateway := g.gateway
 	entry := randomEntry(t)
-	cfg := g.config(t, entry)
-	conn := bustest.Start(t)
-	stack := kvm.Open(cfg, kvm.Options{Publish: conn.NC.Publish})
-	defer stack.Close()
 	// The default recheck interval: the delay logged below is the one an
 	// operator gets.
-	rt, err := agent.New(conn, stack.Driver, agent.Config{Info: stack.Driver.Info(), CommandTimeout: 5 * time.Minute, WatchInterval: time.Second}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	conn, _ := g.agentOn(t, entry)
+	ctx := t.Context()
 	startHealth(t, conn.ClientURL(), gateway)
 	startPlanner(t, conn.ClientURL())
 

@@ -108,12 +108,7 @@ func TestContractAgainstDiscovery(t *testing.T) {
 	f.pageSize = 1
 	drv := newDriver(t, f, "zone-a", []string{"zone-a", "zone-b"}, nil)
 	s := spec("px-contract", 1)
-	inst, err := drv.Create(ctx(t), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
-	waitRunning(t, drv, ref)
+	ref := createRunning(t, drv, s)
 	if _, err := drv.Create(ctx(t), spec("px-contract-2", 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -26,12 +26,7 @@ func TestStoppedInstanceIsTerminated(t *testing.T) {
 	f := newFakeCompute(t, "zone-a")
 	d := newDriver(t, f, "zone-a", []string{"zone-a"}, nil)
 	s := spec("px-stopped", 1)
-	inst, err := d.Create(ctx(t), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
-	waitRunning(t, d, ref)
+	ref := createRunning(t, d, s)
 	stopBehindTheBack(t, d, "zone-a", s.Name)
 	got, err := d.Get(ctx(t), ref)
 	if err != nil || got.State != agent.StateTerminated || got.Detail != "instance is TERMINATED" || got.Address != "" {

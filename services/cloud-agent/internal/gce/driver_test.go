@@ -71,6 +71,19 @@ func waitRunning(t *testing.T, d *Driver, ref agent.Ref) agent.Instance {
 	return inst
 }
 
+// createRunning creates s with d and waits until it runs, as the agent
+// runtime would; it returns the instance's reference.
+func createRunning(t *testing.T, d *Driver, s agent.Spec) agent.Ref {
+	t.Helper()
+	inst, err := d.Create(ctx(t), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+	waitRunning(t, d, ref)
+	return ref
+}
+
 func TestCreateWaitsForOperationThenReportsAddress(t *testing.T) {
 	f := newFakeCompute(t, "zone-a")
 	f.pollsToDone = 3

@@ -57,15 +57,7 @@ func (s *system) start(svc string, args ...string) {
 	}
 	s.procs[svc] = cmd
 	s.t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, syscall.SIGTERM, 15*time.Second)
 	})
 }
 

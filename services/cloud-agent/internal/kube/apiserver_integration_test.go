@@ -223,15 +223,7 @@ func (c *controlPlane) logTail(name string) string {
 func (c *controlPlane) stop() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
-		_ = p.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = p.Process.Kill()
-			<-done
-		}
+		testwait.Stop(p, syscall.SIGTERM, 10*time.Second)
 	}
 	if c.dir != "" {
 		_ = os.RemoveAll(c.dir)

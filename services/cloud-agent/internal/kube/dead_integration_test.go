@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -39,10 +40,7 @@ func TestKubeDeadPodsFailTheirProxies(t *testing.T) {
 		HeartbeatInterval: time.Hour,
 	}, nil, nil)
 	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agenttest.Serve(t, rt.Run)
 
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-k-ends", "pool-k-gone"}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -124,41 +125,67 @@ func applyRBAC(t *testing.T, cs kubernetes.Interface, path ...string) {
 	}
 	ctx := context.Background()
 	for _, raw := range manifestDocs(t, file) {
-		var err error
 		var meta metav1.TypeMeta
 		_ = json.Unmarshal(raw, &meta)
-		switch meta.Kind {
-		case "Namespace":
-			var o corev1.Namespace
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.CoreV1().Namespaces().Create(ctx, &o, metav1.CreateOptions{})
-		case "ServiceAccount":
-			var o corev1.ServiceAccount
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
-		case "ClusterRole":
-			var o rbacv1.ClusterRole
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.RbacV1().ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
-		case "ClusterRoleBinding":
-			var o rbacv1.ClusterRoleBinding
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
-		case "Role":
-			var o rbacv1.Role
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
-		case "RoleBinding":
-			var o rbacv1.RoleBinding
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("%s: unexpected kind %q", file, meta.Kind)
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := createObject(ctx, t, cs, file, meta.Kind, raw, nil); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("apply %s: %v", meta.Kind, err)
 		}
 	}
+}
+
+// createObject creates raw, a document of kind from the manifest file,
+// with cs and returns the API's error; edit, when not nil, sees (and may
+// change) the decoded object first. A kind the manifests do not use fails
+// the test.
+func createObject(ctx context.Context, t *testing.T, cs kubernetes.Interface, file, kind string, raw []byte, edit func(obj any)) error {
+	t.Helper()
+	opts := metav1.CreateOptions{}
+	switch kind {
+	case "Namespace":
+		return decodeCreate(t, raw, edit, func(o *corev1.Namespace) error {
+			_, err := cs.CoreV1().Namespaces().Create(ctx, o, opts)
+			return err
+		})
+	case "ServiceAccount":
+		return decodeCreate(t, raw, edit, func(o *corev1.ServiceAccount) error {
+			_, err := cs.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, opts)
+			return err
+		})
+	case "ClusterRole":
+		return decodeCreate(t, raw, edit, func(o *rbacv1.ClusterRole) error {
+			_, err := cs.RbacV1().ClusterRoles().Create(ctx, o, opts)
+			return err
+		})
+	case "ClusterRoleBinding":
+		return decodeCreate(t, raw, edit, func(o *rbacv1.ClusterRoleBinding) error {
+			_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+			return err
+		})
+	case "Role":
+		return decodeCreate(t, raw, edit, func(o *rbacv1.Role) error {
+			_, err := cs.RbacV1().Roles(o.Namespace).Create(ctx, o, opts)
+			return err
+		})
+	case "RoleBinding":
+		return decodeCreate(t, raw, edit, func(o *rbacv1.RoleBinding) error {
+			_, err := cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
+			return err
+		})
+	}
+	t.Fatalf("%s: unexpected kind %q", file, kind)
+	return nil
+}
+
+// decodeCreate decodes raw into a T, lets edit (if any) see it, and
+// creates it with create.
+func decodeCreate[T any](t *testing.T, raw []byte, edit func(obj any), create func(*T) error) error {
+	t.Helper()
+	var o T
+	must(t, json.Unmarshal(raw, &o))
+	if edit != nil {
+		edit(&o)
+	}
+	return create(&o)
 }
 
 func must(t *testing.T, err error) {
@@ -268,6 +295,18 @@ func kspec(id, entry, ns string, attempt int) agent.Spec {
 		Port: 3128, Profile: "small", Auth: &events.ProxyAuth{Username: "crawler", Password: "pw-canary-9f8e7d"}}
 }
 
+// createOne creates the proxy id of entry k8s in a new namespace named
+// after prefix, and returns its driver, namespace, spec and reference.
+func (e *kubeEnv) createOne(prefix, id string) (d *Driver, ns string, s agent.Spec, ref agent.Ref) {
+	e.t.Helper()
+	ns = e.namespace(prefix)
+	d = e.driver("k8s", ns)
+	s = kspec(id, "k8s", ns, 1)
+	inst, err := d.Create(tctx(e.t), s)
+	must(e.t, err)
+	return d, ns, s, agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+}
+
 func tctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -375,12 +414,7 @@ func TestKubeForeignPodIsLeftAlone(t *testing.T) {
 
 func TestKubePodWithoutIPStaysProvisioning(t *testing.T) {
 	e := newKubeEnv(t)
-	ns := e.namespace("noip")
-	d := e.driver("k8s", ns)
-	s := kspec("pool-k-noip", "k8s", ns, 1)
-	inst, err := d.Create(tctx(t), s)
-	must(t, err)
-	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+	d, ns, s, ref := e.createOne("noip", "pool-k-noip")
 	cases := []struct {
 		phase corev1.PodPhase
 		ip    string
@@ -402,12 +436,7 @@ func TestKubePodWithoutIPStaysProvisioning(t *testing.T) {
 
 func TestKubeDeleteWhileTerminating(t *testing.T) {
 	e := newKubeEnv(t)
-	ns := e.namespace("term")
-	d := e.driver("k8s", ns)
-	s := kspec("pool-k-term", "k8s", ns, 1)
-	inst, err := d.Create(tctx(t), s)
-	must(t, err)
-	ref := agent.Ref{ProxyID: s.ProxyID, Name: s.Name, ProviderID: inst.ProviderID}
+	d, ns, s, ref := e.createOne("term", "pool-k-term")
 	// A finalizer holds the Pod in Terminating, as a kubelet stopping its
 	// containers would.
 	const hold = "proxyfleet.test/hold"
@@ -499,10 +528,7 @@ func TestKubeEndToEnd(t *testing.T) {
 		WatchInterval: 50 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 	}, log, nil)
 	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = rt.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	agenttest.Serve(t, rt.Run)
 
 	store := bus.NewEventStore(conn, "test", nil)
 	ids := []string{"pool-k-e2e1", "pool-k-e2e2"}

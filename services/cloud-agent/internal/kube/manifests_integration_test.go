@@ -293,23 +293,19 @@ func applyOverlay(t *testing.T, cs kubernetes.Interface) {
 		var meta metav1.TypeMeta
 		must(t, json.Unmarshal(raw, &meta))
 		kinds = append(kinds, meta.Kind)
-		var err error
-		switch meta.Kind {
-		case "ClusterRole":
-			var o rbacv1.ClusterRole
-			must(t, json.Unmarshal(raw, &o))
-			_, err = cs.RbacV1().ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
-		case "ClusterRoleBinding":
-			var o rbacv1.ClusterRoleBinding
-			must(t, json.Unmarshal(raw, &o))
+		if meta.Kind != "ClusterRole" && meta.Kind != "ClusterRoleBinding" {
+			t.Fatalf("overlay: unexpected kind %s", meta.Kind)
+		}
+		err := createObject(ctx, t, cs, overlayManifest, meta.Kind, raw, func(obj any) {
+			o, ok := obj.(*rbacv1.ClusterRoleBinding)
+			if !ok {
+				return
+			}
 			if len(o.Subjects) != 1 || o.Subjects[0].Kind != "ServiceAccount" || "system:serviceaccount:"+o.Subjects[0].Namespace+":"+o.Subjects[0].Name != agentSubject {
 				t.Fatalf("the overlay binds %+v, want the agent's service account", o.Subjects)
 			}
 			o.Subjects = []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: overlayGroup}}
-			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("overlay: unexpected kind %s", meta.Kind)
-		}
+		})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}

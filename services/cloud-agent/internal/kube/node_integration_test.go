@@ -29,6 +29,7 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // The node tier: `make test-kube-node` runs this file inside
@@ -121,15 +122,7 @@ func startProc(t *testing.T, dir, name string, argv ...string) func() string {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	must(t, cmd.Start())
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, syscall.SIGTERM, 20*time.Second)
 	})
 	return func() string { b, _ := os.ReadFile(logPath); return tailOf(string(b)) }
 }

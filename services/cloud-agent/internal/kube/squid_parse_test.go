@@ -10,6 +10,7 @@ import (
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/squidtest"
 	"proxyfleet/pkg/testgate"
 )
 
@@ -18,11 +19,7 @@ import (
 // the squid tier (make test-squid sets PROXYFLEET_SQUID) and skips
 // elsewhere.
 func TestSquidConfParses(t *testing.T) {
-	squid := os.Getenv("PROXYFLEET_SQUID")
-	if squid == "" {
-		t.Skip("squid tier: set PROXYFLEET_SQUID to a squid binary (make test-squid)")
-	}
-	testgate.NeedFile(t, squid, "install Debian's squid (make squid-install)")
+	squid := squidtest.Binary(t)
 	pol, err := (&events.Egress{AllowCIDRs: []string{"10.1.0.0/16"}, AllowPorts: []int{8080}}).Policy(
 		[]netip.AddrPort{netip.MustParseAddrPort("10.96.0.20:8480")})
 	if err != nil {
@@ -37,13 +34,8 @@ func TestSquidConfParses(t *testing.T) {
 	for _, auth := range []*events.ProxyAuth{nil, {Username: "crawler", Password: "pw"}} {
 		for _, p := range []egress.Policy{{}, pol} {
 			conf := squidConf(pod, 3128, auth, "/usr/lib/squid/basic_ncsa_auth", p)
-			path := filepath.Join(t.TempDir(), "squid.conf")
-			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			out, err := exec.Command(squid, "-k", "parse", "-f", path).CombinedOutput()
-			if err != nil || strings.Contains(string(out), "FATAL") || strings.Contains(string(out), "ERROR") || strings.Contains(string(out), "is a subnetwork of") {
-				t.Errorf("squid -k parse (auth %v, %d allowed ranges): %v\n%s\n%s", auth != nil, len(p.AllowCIDRs), err, out, conf)
+			if err := squidtest.ParseConf(squid, t.TempDir(), conf); err != nil {
+				t.Errorf("auth %v, %d allowed ranges: %v\n%s", auth != nil, len(p.AllowCIDRs), err, conf)
 			}
 		}
 	}

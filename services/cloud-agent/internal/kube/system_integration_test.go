@@ -23,6 +23,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 )
 
 // startService builds and runs one proxyfleet service against conn; it is
@@ -47,15 +48,7 @@ func startService(t *testing.T, conn *bus.Conn, dir, svc string, args ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, syscall.SIGTERM, 15*time.Second)
 	})
 	return func() string { b, _ := os.ReadFile(logPath); return string(b) }
 }

@@ -328,31 +328,21 @@ func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, a
 			delay = 100 * time.Millisecond
 			seen := map[string]bool{}
 			loaded := false
-		loop:
-			for {
-				select {
-				case <-ctx.Done():
-					break loop
-				case e, ok := <-w.Updates():
-					if !ok {
-						err = errors.New("the watch ended")
-						break loop
+			err = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+				if e == nil {
+					loaded = true
+					reset(seen)
+					if first {
+						first = false
+						f.markSynced()
 					}
-					if e == nil {
-						loaded = true
-						reset(seen)
-						if first {
-							first = false
-							f.markSynced()
-						}
-						continue
-					}
-					if !loaded && e.Operation() == jetstream.KeyValuePut {
-						seen[e.Key()] = true
-					}
-					apply(e)
+					return
 				}
-			}
+				if !loaded && e.Operation() == jetstream.KeyValuePut {
+					seen[e.Key()] = true
+				}
+				apply(e)
+			})
 			bus.StopWatch(w)
 		}
 		if ctx.Err() != nil {

@@ -292,6 +292,17 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 	if !replayable {
 		retries = 0
 	}
+	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
+		return s.relayOnce(w, r, x, body, stream, last, start)
+	})
+}
+
+// tryProxies calls once with a proxy of target's pool, then, while once
+// returns false (the attempt failed and another may be made), with
+// another proxy not tried yet, up to retries times more; last tells once
+// that no attempt follows. Without a proxy to try, the request fails with
+// 503.
+func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries int, start time.Time, once func(x route.Proxy, last bool) bool) {
 	var tried []string
 	for attempt := 0; ; attempt++ {
 		x, err := s.cfg.Table.Pick(target, tried...)
@@ -300,8 +311,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		last := attempt >= retries
-		done := s.relayOnce(w, r, x, body, stream, last, start)
+		done := once(x, attempt >= retries)
 		s.cfg.Table.Done(x)
 		if done {
 			return
@@ -441,21 +451,9 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 		return
 	}
 	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	var tried []string
-	for attempt := 0; ; attempt++ {
-		x, err := s.cfg.Table.Pick(target, tried...)
-		if err != nil {
-			s.fail(target.Pool, "", "no_proxy", start)
-			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		done := s.tunnelOnce(w, hj, r, x, attempt >= retries, start)
-		s.cfg.Table.Done(x)
-		if done {
-			return
-		}
-		tried = append(tried, x.ID)
-	}
+	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
+		return s.tunnelOnce(w, hj, r, x, last, start)
+	})
 }
 
 // tunnelOnce makes one attempt at a tunnel through x; it returns false

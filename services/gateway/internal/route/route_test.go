@@ -192,12 +192,17 @@ func TestSessions(t *testing.T) {
 	if x, _ := tb.Pick(s); x.ID != again.ID {
 		t.Fatalf("re-pinned session moved again to %s", x.ID)
 	}
-	if n := tb.Sessions("demo"); n != 2 {
-		t.Fatalf("live sessions: %d, want 2", n)
-	}
+	wantSessions(t, tb, "demo", 2, "live")
 	now = now.Add(61 * time.Second)
-	if n := tb.Sessions("demo"); n != 0 {
-		t.Fatalf("sessions after their TTL: %d, want 0", n)
+	wantSessions(t, tb, "demo", 0, "after their TTL")
+}
+
+// wantSessions fails t unless pool has want live sessions at the moment
+// when names.
+func wantSessions(t *testing.T, tb *Table, pool string, want int, when string) {
+	t.Helper()
+	if n := tb.Sessions(pool); n != want {
+		t.Fatalf("%s: %d live sessions of %s, want %d", when, n, pool, want)
 	}
 }
 
@@ -209,13 +214,9 @@ func TestSessionsDefaultTTL(t *testing.T) {
 	fill(tb, "demo", 2)
 	tb.Pick(Target{Pool: "demo", Session: "s"})
 	now = now.Add(9 * time.Minute)
-	if n := tb.Sessions("demo"); n != 1 {
-		t.Fatalf("after 9 min: %d sessions", n)
-	}
+	wantSessions(t, tb, "demo", 1, "after 9 min")
 	now = now.Add(2 * time.Minute)
-	if n := tb.Sessions("demo"); n != 0 {
-		t.Fatalf("after 11 min: %d sessions", n)
-	}
+	wantSessions(t, tb, "demo", 0, "after 11 min")
 }
 
 // TestProxyMovesPool: a proxy id seen in another pool leaves the first.

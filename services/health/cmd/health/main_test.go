@@ -73,12 +73,59 @@ func build(ctx context.Context, t *testing.T) string {
 	return bin
 }
 
+// healthProc is a health binary the test runs.
+type healthProc struct {
+	name   string
+	cmd    *exec.Cmd
+	out    *testwait.Buffer // its output
+	exited chan struct{}    // closed once it has exited; err is then its Wait's
+	err    error
+}
+
+// startHealth runs bin with args as name; if it still runs when the test
+// ends, it is killed.
+func startHealth(t *testing.T, name, bin string, args ...string) *healthProc {
+	t.Helper()
+	p := &healthProc{name: name, out: &testwait.Buffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and fails t unless the process exits cleanly before
+// ctx ends.
+func (p *healthProc) stop(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			t.Fatalf("%s exited with %v\n%s", p.name, p.err, p.out)
+		}
+	case <-ctx.Done():
+		t.Fatalf("%s did not stop on SIGTERM\n%s", p.name, p.out)
+	}
+}
+
 // TestBinaryProjectsRebuildsAndStops runs the real binary against a NATS
 // server: it projects the log and probes, stops cleanly on SIGTERM, and
 // `health --rebuild-views` replays the log into identical views and exits.
 func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 120*time.Second)
 	bin := build(ctx, t)
 	c := bustest.Start(t)
 	appendEv := func(agg, id, kind string, data any) {
@@ -100,25 +147,10 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	appendEv(events.AggregateProxy, "demo-a", events.ProxyRunning, events.ProxyRunningData{Address: addr, Attempt: 1})
 	appendEv(events.AggregateProxy, "demo-a", events.ProxyReady, events.ProxyReadyData{Address: addr})
 
-	cmd := exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
+	h := startHealth(t, "health", bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(),
 		"--echo-addr", "127.0.0.1:0", "--probe-interval", "50ms", "--probe-timeout", "500ms", "--check-interval", "1s",
 		"--metrics-addr", "127.0.0.1:0")
-	out := &testwait.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
+	out := h.out
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
 		err := testwait.For(ctx, func() bool {
@@ -126,8 +158,8 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 				return true
 			}
 			select {
-			case <-exited:
-				t.Fatalf("health exited (%v) while waiting for %s\n%s", waitErr, what, out)
+			case <-h.exited:
+				t.Fatalf("health exited (%v) while waiting for %s\n%s", h.err, what, out)
 			default:
 			}
 			return false
@@ -184,17 +216,7 @@ func TestBinaryProjectsRebuildsAndStops(t *testing.T) {
 	if strings.Contains(scraped, "proxyfleet_health_probe_latency") || strings.Contains(scraped, "milliseconds") {
 		t.Errorf("health still exports milliseconds:\n%s", scraped)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-exited:
-		if waitErr != nil {
-			t.Fatalf("health exited with %v\n%s", waitErr, out)
-		}
-	case <-ctx.Done():
-		t.Fatalf("health did not stop on SIGTERM\n%s", out)
-	}
+	h.stop(ctx, t)
 	if !strings.Contains(out.String(), "health stopped") {
 		t.Fatalf("no clean stop in the log:\n%s", out)
 	}
@@ -256,8 +278,7 @@ func dump(t *testing.T, ctx context.Context, c *bus.Conn) map[string][]byte {
 // --replica-id: both join fleet-health and split the proxies between them;
 // one stopped with SIGTERM leaves at once and the other takes its proxies.
 func TestTwoReplicasSplitTheFleet(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 120*time.Second)
 	bin := build(ctx, t)
 	c := bustest.Start(t)
 	const n = 12
@@ -276,30 +297,9 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 			}
 		}
 	}
-	type proc struct {
-		cmd    *exec.Cmd
-		out    *testwait.Buffer
-		exited chan struct{}
-		err    error
-	}
-	start := func(replica string) *proc {
-		p := &proc{out: &testwait.Buffer{}, exited: make(chan struct{})}
-		p.cmd = exec.Command(bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(), "--replica-id", replica,
+	start := func(replica string) *healthProc {
+		return startHealth(t, replica, bin, "--nats-url", c.ClientURL(), "--data-dir", t.TempDir(), "--replica-id", replica,
 			"--echo-addr", "127.0.0.1:0", "--probe-interval", "100ms", "--probe-timeout", "500ms", "--check-interval", "1s")
-		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
-		t.Cleanup(func() {
-			select {
-			case <-p.exited:
-			default:
-				_ = p.cmd.Process.Kill()
-				<-p.exited
-			}
-		})
-		return p
 	}
 	one, two := start("health-1"), start("health-2")
 	members, err := c.JS.KeyValue(ctx, bus.BucketHealth)
@@ -332,17 +332,7 @@ func TestTwoReplicasSplitTheFleet(t *testing.T) {
 		return len(p) == 2 && p["health-1"] > 0 && p["health-2"] > 0 && p["health-1"]+p["health-2"] == n
 	})
 
-	if err := two.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-two.exited:
-		if two.err != nil {
-			t.Fatalf("health-2 exited with %v\n%s", two.err, two.out)
-		}
-	case <-ctx.Done():
-		t.Fatalf("health-2 did not stop on SIGTERM\n%s", two.out)
-	}
+	two.stop(ctx, t)
 	// It deleted its key before exiting: no waiting for the TTL.
 	if keys, err := members.Keys(ctx); err != nil || len(keys) != 1 || keys[0] != "health-1" {
 		t.Fatalf("members after health-2 stopped: %v (%v), want health-1 alone", keys, err)

@@ -85,16 +85,12 @@ func checkHTTP(ctx context.Context, addr string, creds *Credentials, echo *url.U
 	if echo.Scheme == "https" {
 		return checkHTTPSTransport(ctx, addr, creds, echo, timeout)
 	}
-	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	conn, stop, err := dialBound(ctx, addr)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, echo.String(), nil)
 	if err != nil {
 		return "", err
@@ -138,19 +134,30 @@ func checkHTTPSTransport(ctx context.Context, addr string, creds *Credentials, e
 	return readEcho(resp)
 }
 
+// dialBound dials addr and binds the connection to ctx: ctx's deadline is
+// the connection's, and the end of ctx unblocks a read or write at once.
+// The caller closes conn and calls stop, which unbinds it.
+func dialBound(ctx context.Context, addr string) (conn net.Conn, stop func() bool, err error) {
+	conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	return conn, stop, nil
+}
+
 func checkConnect(ctx context.Context, addr string, creds *Credentials, echo *url.URL, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	conn, stop, err := dialBound(ctx, addr)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
 
 	target := hostPort(echo)
 	connectReq := &http.Request{

@@ -145,6 +145,13 @@ func (p *fwdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
+	relay(w, resp)
+	p.served.Add(1)
+}
+
+// relay passes an origin's answer on to the client: resp's headers,
+// status and body, and closes the body.
+func relay(w http.ResponseWriter, resp *http.Response) {
 	defer resp.Body.Close()
 	for k, vs := range resp.Header {
 		for _, v := range vs {
@@ -153,7 +160,6 @@ func (p *fwdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
-	p.served.Add(1)
 }
 
 func (p *fwdProxy) tunnel(w http.ResponseWriter, r *http.Request) {

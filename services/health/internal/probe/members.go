@@ -332,34 +332,26 @@ func (p *Prober) watchPeers(ctx context.Context, kv jetstream.KeyValue) {
 }
 
 func (p *Prober) followPeers(ctx context.Context, w jetstream.KeyWatcher) {
-	for {
-		select {
-		case <-ctx.Done():
+	_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+		if e == nil {
 			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				continue
-			}
-			var r Record
-			if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &r) != nil {
-				continue
-			}
-			p.mu.Lock()
-			// Only proxies this replica tracks and another probes; the
-			// records of its own proxies are its own writes.
-			if t := p.proxies[e.Key()]; t != nil && !t.owned && (r.Address == "" || r.Address == t.view.Address) {
-				p.egress.set(e.Key(), r.EgressIP)
-				t.streak, t.lastOK = r.Streak, time.Time{}
-				if r.LastOKAt != nil {
-					t.lastOK = *r.LastOKAt
-				}
-			}
-			p.mu.Unlock()
 		}
-	}
+		var r Record
+		if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &r) != nil {
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		// Only proxies this replica tracks and another probes; the
+		// records of its own proxies are its own writes.
+		if t := p.proxies[e.Key()]; t != nil && !t.owned && (r.Address == "" || r.Address == t.view.Address) {
+			p.egress.set(e.Key(), r.EgressIP)
+			t.streak, t.lastOK = r.Streak, time.Time{}
+			if r.LastOKAt != nil {
+				t.lastOK = *r.LastOKAt
+			}
+		}
+	})
 }
 
 // owned counts the proxies this replica probes.

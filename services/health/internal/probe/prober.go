@@ -356,25 +356,17 @@ func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, kn
 	// interval, so a restart does not probe every proxy at once; a proxy
 	// that appears later is probed within a quarter interval.
 	within := p.cfg.Interval
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watcher closed")
-			}
-			if e == nil {
-				// The view's current values are in: what is not among
-				// them left while no watch was running.
-				p.forgetUnknown(known)
-				p.dropStaleRecords(ctx, b, known)
-				within = p.cfg.Interval / 4
-				continue
-			}
-			p.observe(e, b.records, known, within)
+	return bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+		if e == nil {
+			// The view's current values are in: what is not among
+			// them left while no watch was running.
+			p.forgetUnknown(known)
+			p.dropStaleRecords(ctx, b, known)
+			within = p.cfg.Interval / 4
+			return
 		}
-	}
+		p.observe(e, b.records, known, within)
+	})
 }
 
 // observe follows one change of the proxies view. A proxy new to the

@@ -17,8 +17,7 @@ import (
 // Writes queued while the writer is busy are coalesced per key: the bucket
 // gets each key's latest write, once, and a delete queued after a put wins.
 func TestRecordWriterKeepsTheLatestWrite(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 30*time.Second)
 	c := bustest.Start(t)
 	kv, err := c.JS.KeyValue(ctx, bus.BucketProbes)
 	if err != nil {

@@ -275,8 +275,7 @@ func TestReplicasWithOneIDAreReported(t *testing.T) {
 // A replica without the fleet-health bucket (a topology from before it)
 // refuses to start and names the command that creates it.
 func TestReplicaWithoutTheBucketNamesBootstrap(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 30*time.Second)
 	c := bustest.Start(t)
 	if err := c.JS.DeleteKeyValue(ctx, bus.BucketHealth); err != nil {
 		t.Fatal(err)

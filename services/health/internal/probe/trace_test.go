@@ -31,8 +31,7 @@ import (
 // joining the request's trace; the log line of the transition carries the
 // new trace's ids.
 func TestTransitionIsANewTraceLinkedToTheRequest(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := bustest.Start(t)
 	echoSrv := httptest.NewServer(echo.Handler())
 	t.Cleanup(echoSrv.Close)

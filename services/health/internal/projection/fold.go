@@ -77,6 +77,8 @@ func (p *Projector) prepare(seq uint64, subject string, data []byte, h nats.Head
 		}
 		// The data of the other types is decoded by the fold, once:
 		// ProxyView.Apply refuses what does not decode.
+	} else {
+		ev.invalid = events.CheckPoolData(kind, env)
 	}
 	return ev
 }
@@ -310,6 +312,12 @@ func (b *batch) pool(ctx context.Context, ev *event) error {
 	if s.exists && s.val.Seq >= seq {
 		return nil
 	}
+	if ev.invalid != nil {
+		// Whatever its type: a deletion the planner cannot read does not
+		// delete the pool here either.
+		b.logPool(ev).Error("invalid event data; skipped", "err", ev.invalid)
+		return nil
+	}
 	at := env.Time.UTC()
 	switch kind {
 	case events.PoolApplied:
@@ -413,11 +421,29 @@ func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq ui
 		if err != nil {
 			return false, err
 		}
-		if raw.Sequence > seq {
+		if raw.Sequence > seq && readableEnd(raw.Subject, raw.Data) {
 			return true, nil
 		}
 	}
 	return false, nil
+}
+
+// readableEnd reports whether an event that would end an aggregate is one
+// the fold would apply: its envelope and data decode and its writer may
+// write it. An unreadable or forged deletion ends nothing.
+func readableEnd(subject string, data []byte) bool {
+	agg, id, kind, by, ok := events.ParseEventSubject(subject)
+	if !ok {
+		return false
+	}
+	env, err := events.DecodeEnvelope(data)
+	if err != nil || events.CheckEvent(agg, id, kind, env.Source, by) != nil {
+		return false
+	}
+	if agg == events.AggregatePool {
+		return events.CheckPoolData(kind, env) == nil
+	}
+	return events.CheckProxyData(kind, env) == nil
 }
 
 // logProxy and logPool are the projection's loggers for one event, made

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -197,19 +199,13 @@ func (e *env) dump() map[string][]byte {
 	return out
 }
 
+// diffDumps fails t with each key whose value differs between the dumps
+// (or that only one of them holds), in key order.
 func diffDumps(t *testing.T, got, want map[string][]byte) {
 	t.Helper()
-	var keys []string
-	for k := range want {
-		keys = append(keys, k)
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	keys := maps.Clone(want)
+	maps.Copy(keys, got)
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if !bytes.Equal(got[k], want[k]) {
 			t.Errorf("%s:\n got  %s\n want %s", k, got[k], want[k])
 		}

@@ -17,6 +17,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/health/internal/targets"
 )
 
@@ -36,8 +37,7 @@ func (d checkDriver) List(context.Context) ([]agent.Instance, error) { return ni
 func (d checkDriver) Check(context.Context) []agent.Verdict          { return d.verdicts }
 
 func TestCheckAllRecordsEveryAgent(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	c := bustest.Start(t)
 
 	// A real agent runtime answering its check.

@@ -1,7 +1,6 @@
 package libvirt
 
 import (
-	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/testwait"
 )
 
 // sshServer accepts one client key and forwards direct-streamlocal channels
@@ -166,8 +166,7 @@ func TestSSHDialerForwardsTheSocketAndChecksTheHostKey(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 10*time.Second)
 	d := SSHDialer{Addr: srv.addr, User: "proxyfleet", KeyFile: keyFile, KnownHostsFile: good, Socket: sock}
 	c, err := d.Dial(ctx)
 	if err != nil {

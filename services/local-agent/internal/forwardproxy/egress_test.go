@@ -16,35 +16,14 @@ import (
 	"time"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/testnet"
 )
 
-// watchedListener is a loopback listener the test owns; it counts the
-// connections it accepts.
-type watchedListener struct {
-	net.Listener
-	accepted atomic.Int32
-}
-
-func watched(t *testing.T) *watchedListener {
+// watched is a loopback listener the test owns; it counts the connections
+// it accepts and greets each as a NATS server would.
+func watched(t *testing.T) *testnet.Counter {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &watchedListener{Listener: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.accepted.Add(1)
-			_, _ = io.WriteString(c, "INFO {\"server_id\":\"test\"}\r\n")
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return w
+	return testnet.Count(t, "127.0.0.1:0", "INFO {\"server_id\":\"test\"}\r\n")
 }
 
 // failingDial fails the test if the proxy ever dials: the policy must
@@ -118,7 +97,7 @@ func TestConnectToLoopbackRefused(t *testing.T) {
 		resp, body, took = rawRequest(t, proxy, http.MethodGet, "http://"+target+"/")
 		wantDenied(t, resp, body, took, egress.RuleLoopback)
 	}
-	if got := ln.accepted.Load(); got != 0 {
+	if got := ln.Accepted(); got != 0 {
 		t.Fatalf("the listener accepted %d connections through the proxy; want none", got)
 	}
 }
@@ -140,22 +119,7 @@ func TestOwnAddressRefused(t *testing.T) {
 	if !own.IsValid() {
 		t.Skip("this host has no non-loopback IPv4 address")
 	}
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(own, 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &watchedListener{Listener: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.accepted.Add(1)
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
+	ln := testnet.Count(t, netip.AddrPortFrom(own, 0).String(), "")
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	// Its port and range are allowed: only the own-address rule refuses it,
 	// which an allowed range never lifts.
@@ -166,7 +130,7 @@ func TestOwnAddressRefused(t *testing.T) {
 	wantDenied(t, resp, body, took, want)
 	resp, body, took = rawRequest(t, proxy, http.MethodConnect, ln.Addr().String())
 	wantDenied(t, resp, body, took, want)
-	if got := w.accepted.Load(); got != 0 {
+	if got := ln.Accepted(); got != 0 {
 		t.Fatalf("the listener on %s accepted %d connections through the proxy; want none", ln.Addr(), got)
 	}
 }
@@ -265,31 +229,9 @@ func TestEchoEndpointAllowed(t *testing.T) {
 	other := watched(t)
 	resp, body, took := rawRequest(t, proxy, http.MethodConnect, other.Addr().String())
 	wantDenied(t, resp, body, took, egress.RulePort)
-	if other.accepted.Load() != 0 {
+	if other.Accepted() != 0 {
 		t.Fatal("another loopback port was reached")
 	}
-}
-
-// watchedOn is [watched] on a given loopback address.
-func watchedOn(t *testing.T, addr string) *watchedListener {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &watchedListener{Listener: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.accepted.Add(1)
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return w
 }
 
 // TestHostItselfRefusedWhateverTheAllowance: a pool allowing every range
@@ -300,7 +242,7 @@ func watchedOn(t *testing.T, addr string) *watchedListener {
 // them are refused at once, and the listeners see no connection.
 func TestHostItselfRefusedWhateverTheAllowance(t *testing.T) {
 	loop := watched(t)
-	loop2 := watchedOn(t, "127.0.0.2:0")
+	loop2 := testnet.Count(t, "127.0.0.2:0", "")
 	_, p1, _ := net.SplitHostPort(loop.Addr().String())
 	_, p2, _ := net.SplitHostPort(loop2.Addr().String())
 	n1, _ := strconv.Atoi(p1)
@@ -331,10 +273,10 @@ func TestHostItselfRefusedWhateverTheAllowance(t *testing.T) {
 		resp, body, took := rawRequest(t, proxy, c.method, c.target)
 		t.Run(c.method+" "+c.target, func(t *testing.T) { wantDenied(t, resp, body, took, c.rule) })
 	}
-	if n := loop.accepted.Load(); n != 0 {
+	if n := loop.Accepted(); n != 0 {
 		t.Errorf("the listener on %s accepted %d connections through the proxy; want none", loop.Addr(), n)
 	}
-	if n := loop2.accepted.Load(); n != 0 {
+	if n := loop2.Accepted(); n != 0 {
 		t.Errorf("the listener on %s accepted %d connections through the proxy; want none", loop2.Addr(), n)
 	}
 }

@@ -2,7 +2,7 @@ package local
 
 import (
 	"context"
-	"net/netip"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,19 +15,59 @@ import (
 	"proxyfleet/pkg/events"
 )
 
-// startAgentProcess runs the built local-agent binary against conn's server
-// and returns the running command; its output goes to a file in the test's
-// temp dir.
-func startAgentProcess(t *testing.T, conn *bus.Conn, dataDir string, ports PortRange, logName string, allow netip.AddrPort) *exec.Cmd {
+// agentEnv is what a test of the local-agent binary works with: a bus, an
+// origin its proxies may reach, the agent's data directory (its proxies'
+// state under stateDir) and ports, and the fleet's event store.
+type agentEnv struct {
+	conn     *bus.Conn
+	o        *httptest.Server
+	dataDir  string
+	stateDir string
+	ports    PortRange
+	store    *bus.EventStore
+}
+
+// newAgentEnv starts the bus and the origin; every proxy left in the state
+// directory is stopped when the test ends.
+func newAgentEnv(t *testing.T) agentEnv {
 	t.Helper()
-	logf, err := os.Create(filepath.Join(dataDir, logName))
+	conn := bustest.Start(t)
+	dataDir := t.TempDir()
+	e := agentEnv{
+		conn:     conn,
+		o:        origin(t),
+		dataDir:  dataDir,
+		stateDir: filepath.Join(dataDir, "proxies"),
+		ports:    testPorts(),
+		store:    bus.NewEventStore(conn, "test", nil),
+	}
+	t.Cleanup(func() {
+		if d, err := New(Config{StateDir: e.stateDir, Ports: e.ports, Executable: agentBin}, nil); err == nil {
+			cleanupAll(t, d)
+		}
+	})
+	return e
+}
+
+// agentCommand is the local-agent binary's command line against e's bus,
+// data directory and ports, its egress allowing e's origin.
+func (e agentEnv) agentCommand(t *testing.T) *exec.Cmd {
+	t.Helper()
+	return exec.Command(agentBin,
+		"--nats-url", e.conn.ClientURL(),
+		"--data-dir", e.dataDir, "--ports", e.ports.String(), "--target", testTarget, "--egress-allow", endpoint(t, e.o).String())
+}
+
+// startAgentProcess runs the built local-agent binary and returns the
+// running command; its output goes to logName in the data directory.
+func (e agentEnv) startAgentProcess(t *testing.T, logName string) *exec.Cmd {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(e.dataDir, logName))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	cmd := exec.Command(agentBin,
-		"--nats-url", conn.ClientURL(),
-		"--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget, "--egress-allow", allow.String())
+	cmd := e.agentCommand(t)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -66,42 +106,31 @@ func TestAgentKilledWhileCreating(t *testing.T) {
 }
 
 func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string) bool) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	dataDir := t.TempDir()
-	ports := testPorts()
-	store := bus.NewEventStore(conn, "test", nil)
+	e := newAgentEnv(t)
 	ctx := ctxT(t)
-	stateDir := filepath.Join(dataDir, "proxies")
-	t.Cleanup(func() {
-		d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil)
-		if err == nil {
-			cleanupAll(t, d)
-		}
-	})
 	t.Cleanup(func() {
 		if t.Failed() {
-			dumpLogs(t, dataDir)
+			dumpLogs(t, e.dataDir)
 		}
 	})
 
-	first := startAgentProcess(t, conn, dataDir, ports, "agent-1.log", endpoint(t, o))
+	first := e.startAgentProcess(t, "agent-1.log")
 	cmd := createCommand("demo-crash", nil)
-	if _, err := bus.PublishCreate(ctx, conn, "test", cmd, 0); err != nil {
+	if _, err := bus.PublishCreate(ctx, e.conn, "test", cmd, 0); err != nil {
 		t.Fatal(err)
 	}
-	stateFile := filepath.Join(stateDir, cmd.Instance+".json")
-	eventually(t, "the agent to reach the kill point", func() bool { return killWhen(store, stateFile) })
+	stateFile := filepath.Join(e.stateDir, cmd.Instance+".json")
+	eventually(t, "the agent to reach the kill point", func() bool { return killWhen(e.store, stateFile) })
 	if err := first.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = first.Wait()
 
-	startAgentProcess(t, conn, dataDir, ports, "agent-2.log", endpoint(t, o))
-	addr := waitRunning(t, store, cmd.ProxyID)
-	wantServes(t, addr, o)
+	e.startAgentProcess(t, "agent-2.log")
+	addr := waitRunning(t, e.store, cmd.ProxyID)
+	wantServes(t, addr, e.o)
 
-	d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil)
+	d, err := New(Config{StateDir: e.stateDir, Ports: e.ports, Executable: agentBin}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,10 +147,10 @@ func testKilledWhileCreating(t *testing.T, killWhen func(*bus.EventStore, string
 	if err != nil || got.State != agent.StateRunning {
 		t.Fatalf("Get = %+v, %v; want running", got, err)
 	}
-	if n := countMarked(t, stateDir); n != 1 {
+	if n := countMarked(t, e.stateDir); n != 1 {
 		t.Fatalf("%d proxy processes carry this state directory's marker, want 1", n)
 	}
-	evs, _ := store.Load(ctx, events.AggregateProxy, cmd.ProxyID)
+	evs, _ := e.store.Load(ctx, events.AggregateProxy, cmd.ProxyID)
 	running := 0
 	for _, ev := range evs {
 		if ev.Kind == events.ProxyRunning {
@@ -160,30 +189,20 @@ func dumpLogs(t *testing.T, dir string) {
 // A Ctrl-C in the agent's terminal signals the agent's whole process group;
 // proxies run in their own session and must keep serving.
 func TestProxiesSurviveInterruptOfAgentGroup(t *testing.T) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	dataDir := t.TempDir()
-	ports := testPorts()
-	store := bus.NewEventStore(conn, "test", nil)
+	e := newAgentEnv(t)
 	ctx := ctxT(t)
-	stateDir := filepath.Join(dataDir, "proxies")
-	t.Cleanup(func() {
-		if d, err := New(Config{StateDir: stateDir, Ports: ports, Executable: agentBin}, nil); err == nil {
-			cleanupAll(t, d)
-		}
-	})
-	agentCmd := exec.Command(agentBin, "--nats-url", conn.ClientURL(), "--data-dir", dataDir, "--ports", ports.String(), "--target", testTarget, "--egress-allow", endpoint(t, o).String())
+	agentCmd := e.agentCommand(t)
 	agentCmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the "terminal's" process group
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	cmd := createCommand("demo-sigint", nil)
-	addr := createRunning(ctx, t, conn, store, cmd)
+	addr := createRunning(ctx, t, e.conn, e.store, cmd)
 	if err := syscall.Kill(-agentCmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	if err := agentCmd.Wait(); err != nil {
 		t.Fatalf("agent after SIGINT: %v, want a clean exit", err)
 	}
-	wantServes(t, addr, o)
+	wantServes(t, addr, e.o)
 }

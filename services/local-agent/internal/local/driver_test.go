@@ -2,10 +2,12 @@ package local
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,16 +27,23 @@ func readState(t *testing.T, d *Driver, name string) *state {
 	return s
 }
 
-func TestCreateServesAndIsIdempotent(t *testing.T) {
-	o := origin(t)
-	d := newDriver(t, Config{})
-	ctx := ctxT(t)
-	sp := spec("demo-aaaa")
-	sp.Egress = allowing(t, o)
+// createAllowing creates the proxy proxyID on d with an egress policy that
+// allows the origin o, failing the test if Create fails.
+func createAllowing(ctx context.Context, t *testing.T, d *Driver, o *httptest.Server, proxyID string) (agent.Spec, agent.Instance) {
+	t.Helper()
+	sp := withEgress(spec(proxyID), allowing(t, o))
 	inst, err := d.Create(ctx, sp)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
+	return sp, inst
+}
+
+func TestCreateServesAndIsIdempotent(t *testing.T) {
+	o := origin(t)
+	d := newDriver(t, Config{})
+	ctx := ctxT(t)
+	sp, inst := createAllowing(ctx, t, d, o, "demo-aaaa")
 	if inst.State != agent.StateRunning || inst.Marker != sp.Marker() || inst.Name != sp.Name {
 		t.Fatalf("Create = %+v, want running %s with marker %+v", inst, sp.Name, sp.Marker())
 	}
@@ -62,12 +71,7 @@ func TestRestartedDriverFindsProxies(t *testing.T) {
 	o := origin(t)
 	d1 := newDriver(t, Config{})
 	ctx := ctxT(t)
-	sp := spec("demo-bbbb")
-	sp.Egress = allowing(t, o)
-	inst, err := d1.Create(ctx, sp)
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	sp, inst := createAllowing(ctx, t, d1, o, "demo-bbbb")
 	d2, err := New(d1.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -109,12 +113,7 @@ func TestCreateRestartsKilledProxyOnSamePort(t *testing.T) {
 	o := origin(t)
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
-	sp := spec("demo-dddd")
-	sp.Egress = allowing(t, o)
-	inst, err := d.Create(ctx, sp)
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	sp, inst := createAllowing(ctx, t, d, o, "demo-dddd")
 	old := readState(t, d, sp.Name).PID
 	killProxy(t, old)
 	got, err := d.Get(ctx, agent.Ref{Name: sp.Name})
@@ -377,16 +376,12 @@ func TestRestartMovesOffATakenPort(t *testing.T) {
 	o := origin(t)
 	d := newDriver(t, Config{})
 	ctx := ctxT(t)
-	sp := spec("demo-moved")
-	sp.Egress = allowing(t, o)
-	inst, err := d.Create(ctx, sp)
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	sp, inst := createAllowing(ctx, t, d, o, "demo-moved")
 	killProxy(t, readState(t, d, sp.Name).PID)
 	var squatter net.Listener
 	eventually(t, "the old port to be free", func() bool {
-		squatter, err = net.Listen("tcp", inst.Address)
+		ln, err := net.Listen("tcp", inst.Address)
+		squatter = ln
 		return err == nil
 	})
 	defer squatter.Close()
@@ -406,14 +401,8 @@ func TestKernelChoosesPorts(t *testing.T) {
 	o := origin(t)
 	d := newDriver(t, Config{Ports: PortRange{}, Capacity: 2})
 	ctx := ctxT(t)
-	a, err := d.Create(ctx, withEgress(spec("demo-kern1"), allowing(t, o)))
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
-	b, err := d.Create(ctx, withEgress(spec("demo-kern2"), allowing(t, o)))
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	_, a := createAllowing(ctx, t, d, o, "demo-kern1")
+	_, b := createAllowing(ctx, t, d, o, "demo-kern2")
 	if a.Address == b.Address {
 		t.Fatalf("two proxies on %s", a.Address)
 	}

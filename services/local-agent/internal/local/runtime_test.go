@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -29,15 +31,7 @@ func runAgent(t *testing.T, conn *bus.Conn, d agent.Driver, allow ...netip.AddrP
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("runtime: %v", err)
-		}
-	})
+	agenttest.Serve(t, rt.Run)
 }
 
 func createCommand(proxyID string, auth *events.ProxyAuth) events.CreateCommand {
@@ -86,12 +80,19 @@ func runningAddress(t *testing.T, ev bus.Event) string {
 	return run.Address
 }
 
-func TestRuntimeCreateAndDelete(t *testing.T) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	d := newDriver(t, Config{})
+// startRuntime starts a bus and the agent runtime over a new driver whose
+// proxies may reach the returned origin; store is the fleet's event store.
+func startRuntime(t *testing.T) (conn *bus.Conn, o *httptest.Server, d *Driver, store *bus.EventStore) {
+	t.Helper()
+	conn = bustest.Start(t)
+	o = origin(t)
+	d = newDriver(t, Config{})
 	runAgent(t, conn, d, endpoint(t, o))
-	store := bus.NewEventStore(conn, "test", nil)
+	return conn, o, d, bus.NewEventStore(conn, "test", nil)
+}
+
+func TestRuntimeCreateAndDelete(t *testing.T) {
+	conn, o, d, store := startRuntime(t)
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt1", nil)
@@ -109,11 +110,7 @@ func TestRuntimeCreateAndDelete(t *testing.T) {
 }
 
 func TestRuntimeCreateWithAuth(t *testing.T) {
-	conn := bustest.Start(t)
-	o := origin(t)
-	d := newDriver(t, Config{})
-	runAgent(t, conn, d, endpoint(t, o))
-	store := bus.NewEventStore(conn, "test", nil)
+	conn, o, _, store := startRuntime(t)
 	ctx := ctxT(t)
 
 	cmd := createCommand("demo-rt2", &events.ProxyAuth{Username: "crawler", Password: "pa55word"})

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"proxyfleet/pkg/egress"
+	"proxyfleet/pkg/squidtest"
 	"proxyfleet/pkg/testgate"
 )
 
@@ -170,15 +171,6 @@ func wantSquidOK(t *testing.T, proxyAddr, method, target string) {
 	}
 }
 
-// squidParse runs squid -k parse on a configuration file.
-func squidParse(t *testing.T, squid, conf string) {
-	t.Helper()
-	out, err := exec.Command(squid, "-k", "parse", "-f", conf).CombinedOutput()
-	if err != nil || strings.Contains(string(out), "FATAL") || strings.Contains(string(out), "ERROR") {
-		t.Fatalf("squid -k parse %s: %v\n%s", conf, err, out)
-	}
-}
-
 // TestSquidEgress runs real Squid processes with the configuration the
 // local agent generates: loopback, the host's own address and a private
 // address inside a network namespace the test creates are refused at once
@@ -224,7 +216,9 @@ func TestSquidEgress(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	squidParse(t, d.cfg.Squid, filepath.Join(d.states.instanceDir(sp.Name), fileSquid))
+	if err := squidtest.Parse(d.cfg.Squid, filepath.Join(d.states.instanceDir(sp.Name), fileSquid)); err != nil {
+		t.Fatal(err)
+	}
 	wantSquidOK(t, def.Address, http.MethodGet, echo.URL+"/probe")
 	wantSquidOK(t, def.Address, http.MethodConnect, echo.Listener.Addr().String())
 	wantSquidDenied(t, def.Address, http.MethodConnect, loop.Addr().String(), egress.RulePort)
@@ -242,7 +236,9 @@ func TestSquidEgress(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	squidParse(t, d.cfg.Squid, filepath.Join(d.states.instanceDir(sp2.Name), fileSquid))
+	if err := squidtest.Parse(d.cfg.Squid, filepath.Join(d.states.instanceDir(sp2.Name), fileSquid)); err != nil {
+		t.Fatal(err)
+	}
 	wantSquidDenied(t, ports.Address, http.MethodConnect, loop.Addr().String(), egress.RuleLoopback)
 	wantSquidDenied(t, ports.Address, http.MethodGet, "http://"+loop.Addr().String()+"/", egress.RuleLoopback)
 	wantSquidDenied(t, ports.Address, http.MethodConnect, nsTarget, egress.RulePrivate)
@@ -311,7 +307,9 @@ func TestSquidHostItselfWhateverTheAllowance(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	squidParse(t, d.cfg.Squid, filepath.Join(d.states.instanceDir(sp.Name), fileSquid))
+	if err := squidtest.Parse(d.cfg.Squid, filepath.Join(d.states.instanceDir(sp.Name), fileSquid)); err != nil {
+		t.Fatal(err)
+	}
 	wantSquidDenied(t, inst.Address, http.MethodConnect, "0.0.0.0:"+p1, egress.RuleUnspecified)
 	wantSquidDenied(t, inst.Address, http.MethodGet, "http://0.0.0.0:"+p1+"/", egress.RuleUnspecified)
 	wantSquidDenied(t, inst.Address, http.MethodConnect, "127.0.0.1:"+p1, egress.RuleLoopback)

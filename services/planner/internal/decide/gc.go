@@ -202,6 +202,9 @@ type Fact struct {
 	Aggregate, ID, Kind, Source string
 	// By is the agent the event's subject names (zero for a decision).
 	By events.Observer
+	// Unreadable: the message's envelope does not decode; only its
+	// position is known.
+	Unreadable bool
 }
 
 // OrphanDelete is how an orphan is deleted, from its proxy's events.
@@ -233,7 +236,7 @@ func DeleteOrphan(o Orphan, evs []Fact) OrphanDelete {
 	retirings := 0
 	for _, e := range evs {
 		d.LastSeq = e.Seq
-		if events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, e.By) != nil || events.CheckPlacement(e.By, o.Entry, o.Target) != nil {
+		if e.Unreadable || events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, e.By) != nil || events.CheckPlacement(e.By, o.Entry, o.Target) != nil {
 			continue
 		}
 		switch e.Kind {

@@ -75,7 +75,7 @@ func (d *demandBook) watch(ctx context.Context) {
 			}
 		}
 		warned = false
-		bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+		_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
 			if e == nil {
 				d.set(func(s *demandSeen) { s.synced = true })
 				return

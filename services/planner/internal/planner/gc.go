@@ -178,7 +178,7 @@ func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o decide.Orph
 	}
 	facts := make([]decide.Fact, len(evs))
 	for i, e := range evs {
-		facts[i] = decide.Fact{Seq: e.Seq, Aggregate: e.Aggregate, ID: e.ID, Kind: e.Kind, Source: e.Source, By: e.By}
+		facts[i] = decide.Fact{Seq: e.Seq, Aggregate: e.Aggregate, ID: e.ID, Kind: e.Kind, Source: e.Source, By: e.By, Unreadable: e.Unreadable != nil}
 	}
 	od := decide.DeleteOrphan(o, facts)
 	if od.Skip {

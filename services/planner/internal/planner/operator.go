@@ -228,10 +228,14 @@ func (b backend) retireInstance(ctx context.Context, f *flight, id string) (int,
 		lastKind, pool := "", ""
 		retirings := 0
 		for _, e := range evs {
+			lastSeq = e.Seq
+			if e.Unreadable != nil {
+				continue // never acted on; its sequence is expected all the same
+			}
 			if e.Kind == events.ProxyRetiring {
 				retirings++
 			}
-			lastSeq, lastKind = e.Seq, e.Kind
+			lastKind = e.Kind
 		}
 		if lastKind == events.ProxyRetiring {
 			return retirings, nil

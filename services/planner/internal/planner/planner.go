@@ -515,7 +515,7 @@ func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
 				continue
 			}
 		}
-		bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+		_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
 			if e != nil {
 				p.onAgent(e)
 			}

@@ -265,6 +265,12 @@ func (s *state) apply(ev bus.Event) bool {
 	if ev.Seq > s.seq {
 		s.seq = ev.Seq
 	}
+	if ev.Unreadable != nil {
+		// Logged and counted by the store; never acted on, but decisions
+		// expect the aggregate's last sequence, whatever it holds.
+		s.noteSeq(ev)
+		return false
+	}
 	if ev.Aggregate != events.AggregatePlanner || ev.Kind != events.PlannerFence {
 		s.anchor = anchor{Seq: ev.Seq, ID: ev.Envelope.ID}
 	}
@@ -291,14 +297,13 @@ func (s *state) apply(ev bus.Event) bool {
 
 func (s *state) skip(ev bus.Event, err error) bool {
 	s.log.Warn("skipping event the planner cannot read", "seq", ev.Seq, "aggregate", ev.Aggregate, "id", ev.ID, "type", ev.Kind, "err", err)
+	s.noteSeq(ev)
 	return false
 }
 
-// reject skips an event with an id that breaks the identifier rule, from
-// a writer not allowed to append its type, on a subject that is not its
-// writer's, or from an agent the proxy was not placed on. The aggregate's last sequence
-// still moves on: decisions are appended expecting it.
-func (s *state) reject(ev bus.Event, fe *events.FieldError) {
+// noteSeq moves the last sequence of the event's aggregate on, for an
+// event the fold does not apply: decisions are appended expecting it.
+func (s *state) noteSeq(ev bus.Event) {
 	switch ev.Aggregate {
 	case events.AggregateProxy:
 		if x := s.proxies[ev.ID]; x != nil {
@@ -309,6 +314,14 @@ func (s *state) reject(ev bus.Event, fe *events.FieldError) {
 			p.LastSeq = ev.Seq
 		}
 	}
+}
+
+// reject skips an event with an id that breaks the identifier rule, from
+// a writer not allowed to append its type, on a subject that is not its
+// writer's, or from an agent the proxy was not placed on. The aggregate's last sequence
+// still moves on: decisions are appended expecting it.
+func (s *state) reject(ev bus.Event, fe *events.FieldError) {
+	s.noteSeq(ev)
 	s.rejects.Report(ev.Seq, ev.Aggregate, ev.ID, ev.Kind, ev.Source, fe)
 }
 

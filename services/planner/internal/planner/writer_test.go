@@ -427,3 +427,34 @@ func TestRoundsLookOnlyAtChangedPools(t *testing.T) {
 		t.Errorf("pools looked at after one proxy turned unhealthy: %d, want 1 to 3 (its pool alone)", n)
 	}
 }
+
+// TestUnreadableEventsBlockNothing: a message on a proxy's subjects whose
+// envelope does not decode (here 0 bytes, on a decision's subject and on
+// an agent's) is skipped by the fold, yet the next decision about the
+// proxy expects its sequence: the operator's deletes land at once, and the
+// lookup of a proxy's last event answers the last one that reads.
+func TestUnreadableEventsBlockNothing(t *testing.T) {
+	h := newHarness(t)
+	_, ids, req := h.demoPool(2, "t1")
+	h.bringUp(ids[0], req[ids[0]].Target, events.ProxyReady)
+	ctx := context.Background()
+	for _, subject := range []string{
+		events.EventSubject(events.AggregateProxy, ids[0], events.ProxyRetiring),
+		events.ObservationSubject(ids[1], events.ProxyRunning, "local", req[ids[1]].Target),
+	} {
+		if _, err := h.c.JS.Publish(ctx, subject, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		var x Proxy
+		h.ok(proxyDelete, `{"id":"`+id+`"}`, &x)
+		if x.State != events.ProxyRetiring {
+			t.Errorf("%s after its delete: state %q, want retiring", id, x.State)
+		}
+	}
+	last, err := h.store.Last(ctx, events.AggregateProxy, ids[1])
+	if err != nil || last == nil || last.Unreadable != nil || last.Kind != events.ProxyRetiring {
+		t.Errorf("last event of %s: %+v (%v), want its retiring", ids[1], last, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 	"proxyfleet/services/proxmox-agent/internal/pve/pvetest"
 )
@@ -98,8 +99,7 @@ func TestOneProcessServesEveryNode(t *testing.T) {
 		<-exited
 	})
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := testwait.Context(t, 60*time.Second)
 	// Waits end when the agent exits, whose log then tells why.
 	alive, died := context.WithCancel(ctx)
 	defer died()

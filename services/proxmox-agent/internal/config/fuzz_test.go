@@ -11,16 +11,12 @@ import (
 // (agentconfigtest.CheckParse lists the properties), seeded with the
 // documented example and this package's test documents.
 func FuzzParse(f *testing.F) {
-	for _, b := range agentconfigtest.YAMLBlocks(f, "../../../../docs/proxmox.md") {
-		f.Add(b)
-	}
-	f.Add([]byte(good))
-	f.Add([]byte(good + "taskPollInterval: 250ms\nrequestTimeout: 2m\nclone: full\ncloneStorage: local-lvm\ncluster: c1\n"))
-	f.Add([]byte(good + "caFile: /etc/pve.pem\ninstallGuestAgent: false\nminFreeMiB: 0\n"))
-	f.Add([]byte(good + "templates: {debian-13: -1, Bad: 100}\n"))
-	f.Add([]byte(good + "requestTimeout: soon\n"))
-	f.Add([]byte("nodes: {a: b}\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		agentconfigtest.CheckParse(t, config.Parse, b)
-	})
+	agentconfigtest.Fuzz(f, config.Parse, []string{"../../../../docs/proxmox.md"},
+		good,
+		good+"taskPollInterval: 250ms\nrequestTimeout: 2m\nclone: full\ncloneStorage: local-lvm\ncluster: c1\n",
+		good+"caFile: /etc/pve.pem\ninstallGuestAgent: false\nminFreeMiB: 0\n",
+		good+"templates: {debian-13: -1, Bad: 100}\n",
+		good+"requestTimeout: soon\n",
+		"nodes: {a: b}\n",
+	)
 }

@@ -27,12 +27,8 @@ func TestListStateOfVMs(t *testing.T) {
 			e := newEnv(t, pvetest.Options{})
 			d := e.driver()
 			ctx := ctxT(t, 30*time.Second)
-			s := spec("web-deaddead00")
-			id, err := d.Prepare(ctx, s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.ProviderID = id
+			s := prepared(ctx, t, d, spec("web-deaddead00"))
+			id := s.ProviderID
 			if _, err := d.Create(ctx, s); err != nil {
 				t.Fatal(err)
 			}

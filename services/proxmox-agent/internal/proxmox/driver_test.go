@@ -22,11 +22,8 @@ func TestLifecycle(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	s := spec("web-aaaaaaaaaa")
 
-	id, err := d.Prepare(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.ProviderID = id
+	s = prepared(ctx, t, d, s)
+	id := s.ProviderID
 	inst, err := d.Create(ctx, s)
 	if err != nil {
 		t.Fatal(err)
@@ -164,9 +161,7 @@ func TestTwoAgentsCreateTwentyProxiesOnOneNode(t *testing.T) {
 	}
 	for i := 0; i < n; i++ {
 		p := fmt.Sprintf("web-%010d", i)
-		if got := len(e.vmsOf(p)); got != 1 {
-			t.Errorf("proxy %s has %d VMs, want 1", p, got)
-		}
+		e.wantOneVM(p)
 	}
 	// The reservations must have kept the agents apart: every clone
 	// request was accepted, none lost a race for its VMID.
@@ -222,9 +217,7 @@ func TestCrashAfterCloneStartedMakesNoSecondClone(t *testing.T) {
 	if c := e.fake.Clones(); c != 1 {
 		t.Errorf("clones = %d, want 1", c)
 	}
-	if got := len(e.vmsOf(s.ProxyID)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1", got)
-	}
+	e.wantOneVM(s.ProxyID)
 }
 
 func TestLostProvisioningEventReusesTheReservation(t *testing.T) {
@@ -293,14 +286,10 @@ func TestVMIDRaceRetriesWithAnotherID(t *testing.T) {
 	e := newEnv(t, pvetest.Options{})
 	d := e.driver()
 	ctx := ctxT(t, 30*time.Second)
-	s := spec("web-raceraceaa")
-	id, err := d.Prepare(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.ProviderID = id
+	s := prepared(ctx, t, d, spec("web-raceraceaa"))
+	id := s.ProviderID
 	e.fake.RaceNextClone()
-	_, err = d.Create(ctx, s)
+	_, err := d.Create(ctx, s)
 	if !errors.Is(err, pve.ErrVMIDTaken) || agent.Classify(err) != agent.ClassTransient {
 		t.Fatalf("Create losing the VMID race: %v, want a transient ErrVMIDTaken", err)
 	}
@@ -322,23 +311,17 @@ func TestVMIDRaceRetriesWithAnotherID(t *testing.T) {
 	if !other {
 		t.Error("the other tool's VM is gone")
 	}
-	if got := len(e.vmsOf(s.ProxyID)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1", got)
-	}
+	e.wantOneVM(s.ProxyID)
 }
 
 func TestErrorsInTaskExitStatusAreClassified(t *testing.T) {
 	e := newEnv(t, pvetest.Options{})
 	d := e.driver()
 	ctx := ctxT(t, 30*time.Second)
-	s := spec("web-taskfail00")
-	id, err := d.Prepare(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.ProviderID = id
+	s := prepared(ctx, t, d, spec("web-taskfail00"))
+	id := s.ProviderID
 	e.fake.FailNextTask("POST", "/nodes/{node}/qemu/{vmid}/status/start", "can't lock file '/var/lock/qemu-server/lock-"+id+".conf' - got timeout")
-	_, err = d.Create(ctx, s)
+	_, err := d.Create(ctx, s)
 	var te *pve.TaskError
 	if !errors.As(err, &te) || agent.Classify(err) != agent.ClassTransient {
 		t.Fatalf("Create with a start task that timed out on its lock: %v, want a transient task error", err)
@@ -404,12 +387,8 @@ func TestImmediateLockTimeoutOnCloneIsRetried(t *testing.T) {
 	e := newEnv(t, pvetest.Options{})
 	d := e.driver()
 	ctx := ctxT(t, 30*time.Second)
-	s := spec("web-locktimeou")
-	id, err := d.Prepare(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.ProviderID = id
+	s := prepared(ctx, t, d, spec("web-locktimeou"))
+	id := s.ProviderID
 	e.fake.FailNext("POST", "/nodes/{node}/qemu/{vmid}/clone", 500, "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout")
 	var ae *pve.APIError
 	if _, err := d.Create(ctx, s); !errors.As(err, &ae) || agent.Classify(err) != agent.ClassTransient {

@@ -1,13 +1,12 @@
 package proxmox_test
 
 import (
-	"context"
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/agent"
+	"proxyfleet/pkg/agent/agenttest"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/proxmox"
@@ -25,22 +24,12 @@ func (e *env) runAgent(d *proxmox.Driver) (stop func()) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	var stopped bool
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
+	_, stopRun := agenttest.Serve(e.t, rt.Run)
+	return func() {
+		if err := stopRun(); err != nil {
 			e.t.Errorf("agent Run: %v", err)
 		}
 	}
-	e.t.Cleanup(stop)
-	return stop
 }
 
 func createCmd(proxy string) events.CreateCommand {
@@ -156,7 +145,5 @@ func TestAgentCrashDuringCloneThenRestart(t *testing.T) {
 	if c := e.fake.Clones(); c != 1 {
 		t.Errorf("clones = %d, want 1", c)
 	}
-	if got := len(e.vmsOf(p)); got != 1 {
-		t.Errorf("proxy has %d VMs, want 1: %v", got, fmt.Sprint(e.fake.VMs()))
-	}
+	e.wantOneVM(p)
 }

@@ -88,6 +88,18 @@ func spec(proxy string) agent.Spec {
 		Attempt: 1, Image: "debian-13", Profile: "small", Port: 3128, Auth: &events.ProxyAuth{Username: "u", Password: "secret-pw"}}
 }
 
+// prepared reserves a VMID for s with d and returns s carrying it as its
+// provider ID, as the agent runtime does before Create.
+func prepared(ctx context.Context, t *testing.T, d *proxmox.Driver, s agent.Spec) agent.Spec {
+	t.Helper()
+	id, err := d.Prepare(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProviderID = id
+	return s
+}
+
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -143,6 +155,14 @@ func (e *env) vmsOf(proxy string) []pvetest.VMInfo {
 		}
 	}
 	return out
+}
+
+// wantOneVM fails the test unless proxy has exactly one VM.
+func (e *env) wantOneVM(proxy string) {
+	e.t.Helper()
+	if got := e.vmsOf(proxy); len(got) != 1 {
+		e.t.Errorf("proxy %s has %d VMs, want 1: %v", proxy, len(got), e.fake.VMs())
+	}
 }
 
 func containsLine(s, line string) bool {

@@ -47,16 +47,8 @@ func startService(t *testing.T, binDir string, conn *bus.Conn, svc string, args 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		testwait.Stop(cmd, os.Interrupt, 10*time.Second)
 		if t.Failed() {
 			t.Logf("%s output:\n%s", svc, logs.String())
 		}

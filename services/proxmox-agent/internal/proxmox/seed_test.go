@@ -24,11 +24,7 @@ func TestSeedIsTheOneThatBootedOnKVM(t *testing.T) {
 	s := spec(seedtest.OperatorProxyID)
 	s.UserData = seed.UserData
 
-	id, err := d.Prepare(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.ProviderID = id
+	s = prepared(ctx, t, d, s)
 	if _, err := d.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,28 @@
+package projection_test
+
+import (
+	"testing"
+
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/services/health/internal/projection"
+)
+
+// TestUnreadablePoolDeletionDeletesNothing: a pool.deleted event whose
+// data does not decode is skipped, as the planner skips it, instead of
+// removing the pool from fleet-pools while the planner keeps it.
+func TestUnreadablePoolDeletionDeletesNothing(t *testing.T) {
+	e := start(t)
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Port: 3128}
+	e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec, Revision: 1})
+	if _, err := e.conn.JS.Publish(e.ctx, events.EventSubject(events.AggregatePool, "demo", events.PoolDeleted),
+		[]byte(`{"specversion":"1.0","id":"bad-delete","source":"proxyfleet/planner","type":"proxyfleet.pool.deleted.v1","time":"2026-01-01T00:00:00Z","data":{"revision":"two"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	after := e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced})
+	var got projection.Pool
+	e.eventually("the condition after the unreadable deletion", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == after })
+	if got.Revision != 1 {
+		t.Errorf("pool after an unreadable deletion: revision %d, want 1", got.Revision)
+	}
+}

@@ -2,6 +2,7 @@ package cloudinit
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -234,13 +235,33 @@ func TestDefaultSquidUserData(t *testing.T) {
 			}
 			// The egress denies come before any allow, so they hold for
 			// authenticated clients too.
-			rules := pol.SquidRules(OwnAddressesFile)
+			rules := pol.SquidRules(egress.SquidOwn{File: OwnAddressesFile})
 			at, allow := strings.Index(conf, rules), strings.Index(conf, "http_access allow")
 			if at < 0 || allow < at {
 				t.Errorf("squid.conf lacks the egress rules before its first http_access allow:\n%s", conf)
 			}
-			if !strings.Contains(files["/etc/proxyfleet/setup-squid.sh"], "> "+OwnAddressesFile+"\n") {
-				t.Errorf("the setup script does not write %s", OwnAddressesFile)
+			// The own-address list: written before Squid starts, then kept
+			// current by a unit that runs the same script every few seconds.
+			setup := files["/etc/proxyfleet/setup-squid.sh"]
+			if files[OwnAddressesScriptPath] != OwnAddressesScript {
+				t.Errorf("%s is not the own-address script:\n%s", OwnAddressesScriptPath, files[OwnAddressesScriptPath])
+			}
+			refresh, restart, enable := strings.Index(setup, "sh "+OwnAddressesScriptPath+"\n"), strings.Index(setup, "systemctl restart squid\n"), strings.Index(setup, "systemctl enable --now "+OwnAddressesUnit+"\n")
+			if refresh < 0 || restart < refresh || enable < restart {
+				t.Errorf("the setup script must list the own addresses, start squid, then enable %s:\n%s", OwnAddressesUnit, setup)
+			}
+			unit := files["/etc/systemd/system/"+OwnAddressesUnit]
+			if want := fmt.Sprintf("ExecStart=/bin/sh -c 'while :; do /bin/sh %s || echo \"own addresses not refreshed\"; sleep %d; done'\n", OwnAddressesScriptPath, OwnAddressesEvery); !strings.Contains(unit, want) || !strings.Contains(unit, "Restart=always\n") {
+				t.Errorf("%s does not rerun the script:\n%s", OwnAddressesUnit, unit)
+			}
+			// The client stays hidden: no header naming it is forwarded.
+			for _, want := range []string{egress.SquidHideClient(), "request_header_access Forwarded deny all\n"} {
+				if !strings.Contains(conf, want) {
+					t.Errorf("squid.conf lacks %q:\n%s", want, conf)
+				}
+			}
+			if !strings.Contains(conf, "acl proxyfleet_egress_own_address dst \""+OwnAddressesFile+"\"\n") {
+				t.Errorf("squid.conf does not read %s:\n%s", OwnAddressesFile, conf)
 			}
 			if len(cc.Packages) == 0 || cc.Packages[0] != "squid" {
 				t.Errorf("packages = %v, want squid first", cc.Packages)

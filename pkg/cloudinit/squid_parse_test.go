@@ -47,10 +47,11 @@ func TestSquidDefaultConfParses(t *testing.T) {
 				}
 			}
 			dir := t.TempDir()
-			// The guest writes its own addresses at boot; here a file with
-			// what the setup script writes first.
+			// The guest lists its own addresses at boot; here a file with
+			// what the script writes first, each IPv4 address in its IPv6
+			// forms too.
 			own := filepath.Join(dir, "own")
-			if err := os.WriteFile(own, []byte("127.0.0.1\n::1\n"), 0o644); err != nil {
+			if err := os.WriteFile(own, []byte("127.0.0.1\n64:ff9b::127.0.0.1\n::127.0.0.1\n::1\n::ffff:0:127.0.0.1\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			conf = strings.ReplaceAll(conf, OwnAddressesFile, own)

@@ -42,6 +42,11 @@ const Header = "X-Proxyfleet-Egress"
 type Range struct {
 	Rule     Rule
 	Prefixes []netip.Prefix
+	// Always marks the ranges that are the host itself (loopback, and the
+	// unspecified addresses, which reach it too): no allowed range opens
+	// them, and [CheckAllowCIDR] refuses a range that holds any of them.
+	// Only an allowed endpoint (the agent's --egress-allow) reaches them.
+	Always bool
 }
 
 func prefixes(ss ...string) []netip.Prefix {
@@ -52,30 +57,106 @@ func prefixes(ss ...string) []netip.Prefix {
 	return out
 }
 
-// Ranges are the refused destination ranges, IPv4 and IPv6. An IPv4-mapped
-// IPv6 address (::ffff:a.b.c.d) is checked as the IPv4 address it carries.
+// Ranges are the refused destination ranges, IPv4 and IPv6, in the order
+// they are checked. An IPv6 address that carries an IPv4 address (see
+// [Embedded]) is checked as that IPv4 address. Loopback comes before
+// unspecified: ::1 is loopback, though an IPv4-compatible reading would
+// make it 0.0.0.1.
 var Ranges = []Range{
-	{RuleUnspecified, prefixes("0.0.0.0/8", "::/128")},
-	{RuleLoopback, prefixes("127.0.0.0/8", "::1/128")},
+	{Rule: RuleLoopback, Prefixes: prefixes("127.0.0.0/8", "::1/128"), Always: true},
+	{Rule: RuleUnspecified, Prefixes: prefixes("0.0.0.0/8", "::/128"), Always: true},
 	// 169.254.169.254 (and fd00:ec2::254, in the unique-local range) is the
 	// cloud metadata service.
-	{RuleLinkLocal, prefixes("169.254.0.0/16", "fe80::/10")},
-	{RulePrivate, prefixes(
+	{Rule: RuleLinkLocal, Prefixes: prefixes("169.254.0.0/16", "fe80::/10")},
+	{Rule: RulePrivate, Prefixes: prefixes(
 		"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
 		"100.64.0.0/10",  // carrier-grade NAT shared space
 		"192.0.0.0/24",   // IETF protocol assignments
 		"198.18.0.0/15",  // benchmarking
 		"64:ff9b:1::/48", // local-use NAT64
 	)},
-	{RuleUniqueLocal, prefixes("fc00::/7", "fec0::/10")},
-	{RuleMulticast, prefixes("224.0.0.0/4", "ff00::/8")},
-	{RuleReserved, prefixes(
+	{Rule: RuleUniqueLocal, Prefixes: prefixes("fc00::/7", "fec0::/10")},
+	{Rule: RuleMulticast, Prefixes: prefixes("224.0.0.0/4", "ff00::/8")},
+	{Rule: RuleReserved, Prefixes: prefixes(
 		"240.0.0.0/4",                                                        // includes 255.255.255.255
 		"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32", // documentation
 		"100::/64",  // discard-only
 		"2001::/23", // IETF protocol assignments (Teredo, ORCHID...)
 		"2002::/16", // 6to4: reaches any IPv4 address, private ones included
 	)},
+}
+
+// V4InV6 are the IPv6 prefixes whose last 32 bits are an IPv4 address a
+// connection may reach: IPv4-mapped (::ffff:a.b.c.d, which this host's own
+// stack turns into IPv4), IPv4-compatible (::a.b.c.d, deprecated),
+// IPv4-translated (::ffff:0:a.b.c.d, SIIT) and the well-known NAT64 prefix
+// (64:ff9b::a.b.c.d, which a NAT64 gateway, possibly this host, turns into
+// IPv4).
+var V4InV6 = prefixes("::ffff:0:0/96", "::/96", "::ffff:0:0:0/96", "64:ff9b::/96")
+
+// Embedded returns the IPv4 address a carries when a is in one of the
+// [V4InV6] forms (an IPv4 address is returned as it is). :: and ::1 carry
+// none: they are IPv6's own unspecified and loopback addresses.
+func Embedded(a netip.Addr) (netip.Addr, bool) {
+	a = a.WithZone("")
+	if a.Is4() {
+		return a, true
+	}
+	if a == netip.IPv6Unspecified() || a == netip.IPv6Loopback() {
+		return netip.Addr{}, false
+	}
+	for _, pr := range V4InV6 {
+		if pr.Contains(a) {
+			b := a.As16()
+			return netip.AddrFrom4([4]byte(b[12:])), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// embed returns v4 (an IPv4 prefix) inside the /96 IPv6 prefix in.
+func embed(in, v4 netip.Prefix) netip.Prefix {
+	b := in.Addr().As16()
+	a4 := v4.Addr().As4()
+	copy(b[12:], a4[:])
+	return netip.PrefixFrom(netip.AddrFrom16(b), 96+v4.Bits())
+}
+
+// withEmbeddings returns ps with, for every IPv4 prefix, the same prefix in
+// each [V4InV6] form but the mapped one (Squid and this package read a
+// mapped address as IPv4 already), and without the prefixes another one
+// holds: Squid keeps only one of two overlapping entries of an acl, and
+// not always the wider.
+func withEmbeddings(ps []netip.Prefix) []netip.Prefix {
+	var all []netip.Prefix
+	for _, pr := range ps {
+		all = append(all, pr)
+		if pr.Addr().Is4() {
+			for _, in := range V4InV6[1:] {
+				all = append(all, embed(in, pr))
+			}
+		}
+	}
+	return minimal(all)
+}
+
+// minimal drops from ps the duplicates and the prefixes another prefix of
+// ps holds, keeping the order of the rest.
+func minimal(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for i, p := range ps {
+		held := false
+		for j, q := range ps {
+			if i != j && q.Bits() <= p.Bits() && q.Contains(p.Addr()) && (q.Bits() < p.Bits() || j < i) {
+				held = true
+				break
+			}
+		}
+		if !held {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Default ports.
@@ -87,7 +168,8 @@ const (
 // Policy is what one proxy may reach. The zero value is the default policy.
 type Policy struct {
 	// AllowCIDRs are destinations allowed despite [Ranges] (still subject to
-	// the port rule, and never the host's own addresses).
+	// the port rule, and never the [Range.Always] ranges or the host's own
+	// addresses).
 	AllowCIDRs []netip.Prefix
 	// AllowPorts are ports allowed for CONNECT and plain HTTP beside the
 	// defaults.
@@ -100,7 +182,9 @@ type Policy struct {
 }
 
 // Check returns the rule that refuses a connection to addr:port, or
-// [RuleOK]. connect tells a CONNECT tunnel from a plain HTTP request.
+// [RuleOK]. connect tells a CONNECT tunnel from a plain HTTP request. An
+// address that carries an IPv4 address ([Embedded]) is checked as that
+// IPv4 address.
 func (p *Policy) Check(addr netip.Addr, port uint16, connect bool) Rule {
 	addr = addr.Unmap().WithZone("")
 	if slices.Contains(p.AllowEndpoints, netip.AddrPortFrom(addr, port)) {
@@ -109,29 +193,48 @@ func (p *Policy) Check(addr netip.Addr, port uint16, connect bool) Rule {
 	if !p.portAllowed(port, connect) {
 		return RulePort
 	}
-	// The ranges first (lifted by an allowed range), then the host's own
-	// addresses, which an allowed range never opens: only an endpoint
-	// reaches the host. Squid checks in the same order.
-	allowed := slices.ContainsFunc(p.AllowCIDRs, func(pr netip.Prefix) bool { return pr.Contains(addr) })
-	if r := rangeRule(addr); r != RuleOK && !allowed {
-		return r
+	dst := addr
+	if v4, ok := Embedded(addr); ok {
+		dst = v4
 	}
-	if slices.ContainsFunc(p.Own, func(o netip.Addr) bool { return o.Unmap().WithZone("") == addr }) {
+	// The ranges first (lifted by an allowed range, but for the host
+	// itself), then the host's own addresses, which an allowed range never
+	// opens: only an endpoint reaches the host. Squid checks in the same
+	// order.
+	allowed := slices.ContainsFunc(p.AllowCIDRs, func(pr netip.Prefix) bool { return pr.Contains(dst) || pr.Contains(addr) })
+	if r := rangeOf(dst); r != nil && (r.Always || !allowed) {
+		return r.Rule
+	}
+	if slices.ContainsFunc(p.Own, func(o netip.Addr) bool {
+		o = o.Unmap().WithZone("")
+		return o == addr || o == dst
+	}) {
 		return RuleOwnAddress
 	}
 	return RuleOK
 }
 
-// rangeRule returns the rule of the refused range holding addr, or [RuleOK].
-func rangeRule(addr netip.Addr) Rule {
-	for _, r := range Ranges {
+// PortRule returns [RulePort] when no destination at all may be reached on
+// port: neither an allowed port nor an allowed endpoint's. It needs no
+// address, so a proxy asks it before resolving a name: a request to a
+// refused port never causes a DNS lookup.
+func (p *Policy) PortRule(port uint16, connect bool) Rule {
+	if p.portAllowed(port, connect) || slices.ContainsFunc(p.AllowEndpoints, func(ep netip.AddrPort) bool { return ep.Port() == port }) {
+		return RuleOK
+	}
+	return RulePort
+}
+
+// rangeOf returns the refused range holding addr, or nil.
+func rangeOf(addr netip.Addr) *Range {
+	for i, r := range Ranges {
 		for _, pr := range r.Prefixes {
 			if pr.Contains(addr) {
-				return r.Rule
+				return &Ranges[i]
 			}
 		}
 	}
-	return RuleOK
+	return nil
 }
 
 func (p *Policy) portAllowed(port uint16, connect bool) bool {
@@ -183,6 +286,37 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
+// CheckAllowCIDR refuses an allowed range that holds an address of a
+// [Range.Always] range, in any form (IPv4, or IPv6 carrying it, see
+// [V4InV6]): such a range would promise what the policy never grants.
+// 0.0.0.0/0 and ::/0 are refused as well: public addresses need no
+// allowance, so an allowance lists the refused ranges it opens.
+func CheckAllowCIDR(pr netip.Prefix) error {
+	const never = "which no allowance opens: the host itself is reached only through the agent's --egress-allow; list the refused ranges to open (public addresses need no allowance)"
+	// The ranges as written first, so ::/0 names ::1 rather than a form
+	// carrying 127.0.0.0/8.
+	for _, r := range Ranges {
+		for _, q := range r.Prefixes {
+			if r.Always && pr.Overlaps(q) {
+				return fmt.Errorf("holds %s (%s), %s", q, r.Rule, never)
+			}
+		}
+	}
+	for _, r := range Ranges {
+		for _, q := range r.Prefixes {
+			if !r.Always || !q.Addr().Is4() {
+				continue
+			}
+			for _, in := range V4InV6 {
+				if e := embed(in, q); pr.Overlaps(e) {
+					return fmt.Errorf("holds %s (%s %s in IPv6), %s", e, r.Rule, q, never)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // ParsePort parses an allowed port, 1 to 65535.
 func ParsePort(n int) (uint16, error) {
 	if n < 1 || n > 65535 {
@@ -192,7 +326,10 @@ func ParsePort(n int) (uint16, error) {
 }
 
 // Compile builds a policy from a pool's allowed CIDRs and ports (already
-// validated by the pool spec) and the agent's allowed endpoints.
+// validated by the pool spec) and the agent's allowed endpoints. It does
+// not ask [CheckAllowCIDR]: a range recorded before that check still
+// compiles, and [Policy.Check] and [Policy.SquidRules] keep the
+// [Range.Always] ranges refused whatever it holds.
 func Compile(cidrs []string, ports []int, endpoints []netip.AddrPort) (Policy, error) {
 	var p Policy
 	for i, c := range cidrs {
@@ -252,16 +389,44 @@ func squidACL(r Rule) string {
 	return "proxyfleet_egress_" + strings.ReplaceAll(string(r), "-", "_")
 }
 
+// SquidOwn tells [Policy.SquidRules] where Squid finds the host's own
+// addresses beside [Policy.Own], for hosts whose addresses are known only
+// where Squid runs.
+type SquidOwn struct {
+	// File is a file of addresses, one a line, read when Squid (re)reads
+	// its configuration.
+	File string
+	// Host is a host name Squid resolves when it reads its configuration
+	// (a Kubernetes Pod's own name, which the kubelet's /etc/hosts maps to
+	// the Pod's addresses); Squid refuses to start when it does not
+	// resolve.
+	Host string
+}
+
 // SquidRules returns the squid.conf lines that enforce p: acls, http_access
 // deny lines and their deny_info pages. They must come before any
 // http_access allow line (authentication included). Squid evaluates dst acls
 // on the resolved addresses of the request's host and connects to those
-// same addresses. ownFile, when set, is a file of the host's own addresses
-// (one a line) read as the own-address acl, for hosts whose addresses are
-// only known at boot; p.Own is used as well.
-func (p *Policy) SquidRules(ownFile string) string {
+// same addresses; the port rules come first, and an endpoint's port is
+// tested before its address, so a refused port is answered without a DNS
+// lookup. Every range is
+// listed with its IPv4-in-IPv6 forms ([V4InV6]), the [Range.Always] ranges
+// are denied whatever p allows, and own adds the host's own addresses to
+// p.Own.
+func (p *Policy) SquidRules(own SquidOwn) string {
 	var b strings.Builder
 	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	join := func(ps []netip.Prefix) string {
+		ss := make([]string, len(ps))
+		for i, pr := range ps {
+			ss[i] = pr.String()
+			if pr.Bits() == 0 && pr.Addr().Is4() {
+				// Squid reads "0.0.0.0/0" as "all", IPv6 included.
+				ss[i] = "0.0.0.0/1 128.0.0.0/1"
+			}
+		}
+		return strings.Join(ss, " ")
+	}
 	line("# egress policy (proxyfleet): refused destinations answer 403 naming the rule")
 	line("acl proxyfleet_connect method CONNECT")
 	line("acl proxyfleet_ssl_ports port %s", portList([]uint16{ConnectPort}, p.AllowPorts))
@@ -273,44 +438,71 @@ func (p *Policy) SquidRules(ownFile string) string {
 			n := fmt.Sprintf("proxyfleet_endpoint_%d", i)
 			line("acl %s_dst dst %s", n, ep.Addr())
 			line("acl %s_port port %d", n, ep.Port())
-			line("acl %s all-of %s_dst %s_port", n, n, n)
+			// The port first: all-of stops at the first mismatch, so
+			// another port never needs the dst acl's lookup.
+			line("acl %s all-of %s_port %s_dst", n, n, n)
 			names[i] = n
 		}
 		line("acl proxyfleet_endpoints any-of %s", strings.Join(names, " "))
 		unless = "!proxyfleet_endpoints "
 	}
+	// The port acl last: deny_info answers with the page of the line's
+	// last acl.
 	line("http_access deny %sproxyfleet_connect !proxyfleet_ssl_ports", unless)
 	line("http_access deny %s!proxyfleet_safe_ports", unless)
 	line("deny_info 403:%s proxyfleet_ssl_ports", SquidPage(RulePort))
 	line("deny_info 403:%s proxyfleet_safe_ports", SquidPage(RulePort))
-	unlessEndpoint := unless
+	lift := unless
 	if len(p.AllowCIDRs) > 0 {
-		cidrs := make([]string, len(p.AllowCIDRs))
-		for i, c := range p.AllowCIDRs {
-			cidrs[i] = c.String()
-		}
-		line("acl proxyfleet_allow_dst dst %s", strings.Join(cidrs, " "))
-		unless += "!proxyfleet_allow_dst "
+		line("acl proxyfleet_allow_dst dst %s", join(withEmbeddings(p.AllowCIDRs)))
+		lift += "!proxyfleet_allow_dst "
 	}
 	for _, r := range Ranges {
-		ps := make([]string, len(r.Prefixes))
-		for i, pr := range r.Prefixes {
-			ps[i] = pr.String()
+		line("acl %s dst %s", squidACL(r.Rule), join(withEmbeddings(r.Prefixes)))
+		if r.Always {
+			line("http_access deny %s%s", unless, squidACL(r.Rule))
+		} else {
+			line("http_access deny %s%s", lift, squidACL(r.Rule))
 		}
-		line("acl %s dst %s", squidACL(r.Rule), strings.Join(ps, " "))
-		line("http_access deny %s%s", unless, squidACL(r.Rule))
 		line("deny_info 403:%s %s", SquidPage(r.Rule), squidACL(r.Rule))
 	}
-	own := squidACL(RuleOwnAddress)
-	if len(p.Own) > 0 || ownFile != "" {
+	acl := squidACL(RuleOwnAddress)
+	if len(p.Own) > 0 || own != (SquidOwn{}) {
+		var addrs []netip.Prefix
 		for _, a := range p.Own {
-			line("acl %s dst %s", own, a.Unmap().WithZone(""))
+			a = a.Unmap().WithZone("")
+			addrs = append(addrs, netip.PrefixFrom(a, a.BitLen()))
 		}
-		if ownFile != "" {
-			line("acl %s dst %q", own, ownFile)
+		if len(addrs) > 0 {
+			line("acl %s dst %s", acl, join(withEmbeddings(addrs)))
 		}
-		line("http_access deny %s%s", unlessEndpoint, own)
-		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), own)
+		if own.File != "" {
+			line("acl %s dst %q", acl, own.File)
+		}
+		if own.Host != "" {
+			line("acl %s dst %s", acl, own.Host)
+		}
+		line("http_access deny %s%s", unless, acl)
+		line("deny_info 403:%s %s", SquidPage(RuleOwnAddress), acl)
+	}
+	return b.String()
+}
+
+// ClientHeaders are the request headers that tell the origin about the
+// client or the proxies before this one. No proxy proxyfleet runs forwards
+// them, whoever set them: they would name the crawler behind the proxy,
+// and an origin that trusts them could be told anything.
+var ClientHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Via"}
+
+// SquidHideClient returns the squid.conf lines that keep the client hidden:
+// Squid adds no Via or X-Forwarded-For of its own and forwards none of the
+// [ClientHeaders] a client sent (with "via off" alone, Squid forwards the
+// client's Via as it came, and it never touches Forwarded).
+func SquidHideClient() string {
+	var b strings.Builder
+	b.WriteString("via off\nforwarded_for delete\n")
+	for _, h := range ClientHeaders {
+		fmt.Fprintf(&b, "request_header_access %s deny all\n", h)
 	}
 	return b.String()
 }

@@ -52,7 +52,8 @@ func (c *CreateCommand) Validate() error {
 		v.Add("port", "must be between 1 and 65535", fmt.Sprint(c.Port))
 	}
 	if c.Egress != nil {
-		c.Egress.validate(&v, "egress")
+		// The planner copies the recorded spec's allowance.
+		c.Egress.validate(&v, "egress", true)
 	}
 	if c.Sealed != nil && (c.Sealed.To == "" || c.Sealed.From == "" || len(c.Sealed.Box) == 0) {
 		v.Add("sealed", "must name its recipient (to) and sender (from) keys and carry a box", "")

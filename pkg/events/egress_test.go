@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -69,5 +70,71 @@ func TestPoolSpecEgress(t *testing.T) {
 	var none *events.Egress
 	if def, err := none.Policy(nil); err != nil || def.Check(netip.MustParseAddr("10.1.2.3"), 443, true) != egress.RulePrivate {
 		t.Errorf("nil egress: %v, want the default policy", err)
+	}
+}
+
+// TestPoolSpecEgressHostItself: an allowed range that holds the host
+// itself — loopback or unspecified, IPv4 or IPv6, or an IPv6 form carrying
+// them — is refused naming the element and what it holds; a spec recorded
+// before that check still reads (the log's pool and the planner's create
+// command), and its policy still refuses the host.
+func TestPoolSpecEgressHostItself(t *testing.T) {
+	cidrs := []string{"10.0.0.0/8", "0.0.0.0/0", "127.0.0.0/8", "::", "::/0", "64:ff9b::/96", "::ffff:0:0:0/96", "127.0.0.2", "0.0.0.0/1"}
+	want := map[int]string{
+		1: "holds 127.0.0.0/8 (loopback)",
+		2: "holds 127.0.0.0/8 (loopback)",
+		3: "holds ::/128 (unspecified)",
+		4: "holds ::1/128 (loopback)",
+		5: "holds 64:ff9b::7f00:0/104 (loopback 127.0.0.0/8 in IPv6)",
+		6: "holds ::ffff:0:7f00:0/104 (loopback 127.0.0.0/8 in IPv6)",
+		7: "holds 127.0.0.0/8 (loopback)",
+		8: "holds 127.0.0.0/8 (loopback)",
+	}
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Egress: &events.Egress{AllowCIDRs: cidrs}}
+	spec.Normalize()
+	var ve *events.ValidationError
+	if err := spec.Validate(); !errors.As(err, &ve) {
+		t.Fatalf("Validate = %v, want the host's ranges refused", err)
+	}
+	if len(ve.Fields) != len(want) {
+		t.Errorf("%d fields refused, want %d: %v", len(ve.Fields), len(want), ve)
+	}
+	for _, f := range ve.Fields {
+		var i int
+		if _, err := fmt.Sscanf(f.Field, "egress.allowCIDRs[%d]", &i); err != nil || want[i] == "" {
+			t.Errorf("refused %s: %v", f.Field, f)
+			continue
+		}
+		prefix := fmt.Sprintf("egress.allowCIDRs[%d]: %s, which no allowance opens", i, want[i])
+		if got := f.Error(); !strings.HasPrefix(got, prefix) || !strings.HasSuffix(got, fmt.Sprintf("(got %q)", cidrs[i])) {
+			t.Errorf("got %q, want it to start %q and name %q", got, prefix, cidrs[i])
+		}
+	}
+
+	// Recorded before the check: the pool still reads, and so does the
+	// planner's command; the host stays refused.
+	recorded := events.PoolAppliedData{Spec: spec, Revision: 1}
+	if err := recorded.Validate(); err != nil {
+		t.Errorf("a recorded pool with such a range no longer reads: %v", err)
+	}
+	cmd := events.CreateCommand{
+		ProxyID:   "demo-aaaaaaaaaa",
+		ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName("demo-aaaaaaaaaa"), Port: 3128, Egress: spec.Egress},
+		Attempt:   1,
+	}
+	if err := cmd.Validate(); err != nil {
+		t.Errorf("the create command of a recorded pool: %v", err)
+	}
+	pol, err := spec.Egress.Policy(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"127.0.0.2", "0.0.0.0", "::", "::1", "64:ff9b::7f00:1"} {
+		if got := pol.Check(netip.MustParseAddr(a), 443, true); got == egress.RuleOK {
+			t.Errorf("the recorded allowance opens %s", a)
+		}
+	}
+	if got := pol.Check(netip.MustParseAddr("10.1.2.3"), 443, true); got != egress.RuleOK {
+		t.Errorf("the recorded allowance of 10.0.0.0/8: %s, want allowed", got)
 	}
 }

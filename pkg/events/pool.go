@@ -83,13 +83,21 @@ type Egress struct {
 // MaxEgressAllows bounds each list of an [Egress].
 const MaxEgressAllows = 64
 
-// validate checks e; fields are named under prefix ("egress").
-func (e *Egress) validate(v *ValidationError, prefix string) {
+// validate checks e; fields are named under prefix ("egress"). An allowed
+// range that holds the host itself (loopback, unspecified: see
+// [egress.CheckAllowCIDR]) is refused unless recorded: a spec recorded
+// before that check still reads, and its proxies still refuse the host,
+// whatever the range holds.
+func (e *Egress) validate(v *ValidationError, prefix string, recorded bool) {
 	if len(e.AllowCIDRs) > MaxEgressAllows {
 		v.Add(prefix+".allowCIDRs", fmt.Sprintf("may hold at most %d ranges", MaxEgressAllows), fmt.Sprint(len(e.AllowCIDRs)))
 	}
 	for i, c := range e.AllowCIDRs {
-		if _, err := egress.ParseCIDR(c); err != nil {
+		pr, err := egress.ParseCIDR(c)
+		if err == nil && !recorded {
+			err = egress.CheckAllowCIDR(pr)
+		}
+		if err != nil {
 			v.Add(fmt.Sprintf("%s.allowCIDRs[%d]", prefix, i), err.Error(), c)
 		}
 	}
@@ -179,7 +187,11 @@ func (p PoolSpec) UnhealthyAfterOrDefault() time.Duration {
 
 // Validate checks every field and returns a [*ValidationError] listing all
 // problems, or nil.
-func (p *PoolSpec) Validate() error {
+func (p *PoolSpec) Validate() error { return p.validate(false) }
+
+// validate is [PoolSpec.Validate]; recorded relaxes what a spec already in
+// the log may hold (see [Egress.validate]).
+func (p *PoolSpec) validate(recorded bool) error {
 	var v ValidationError
 	v.AddField(CheckIdentifier("name", p.Name))
 	v.AddField(CheckIdentifier("provider", p.Provider))
@@ -226,7 +238,7 @@ func (p *PoolSpec) Validate() error {
 		v.Add("unhealthyAfter", "must be at least "+MinUnhealthyAfter.String(), time.Duration(p.UnhealthyAfter).String())
 	}
 	if p.Egress != nil {
-		p.Egress.validate(&v, "egress")
+		p.Egress.validate(&v, "egress", recorded)
 	}
 	if p.Gateway != nil {
 		p.Gateway.validate(&v, "gateway")

@@ -58,7 +58,7 @@ func (d *PoolAppliedData) Validate() error {
 		// fleet-secrets, so its absence here is expected.
 		spec.Auth = &ProxyAuth{Username: spec.Auth.Username, Password: "(secret)"}
 	}
-	return spec.Validate()
+	return spec.validate(true)
 }
 
 // PoolDeletedData is recorded when an operator deletes a pool.

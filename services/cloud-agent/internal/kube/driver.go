@@ -266,7 +266,7 @@ func resources(p config.Resources) (corev1.ResourceRequirements, error) {
 // ensureSecret writes the Pod's Squid configuration and htpasswd into a
 // Secret of the Pod's name, owned by the Pod so it goes with it.
 func (d *Driver) ensureSecret(ctx context.Context, spec agent.Spec, pod *corev1.Pod) error {
-	data := map[string][]byte{squidConfKey: []byte(squidConf(spec.Port, spec.Auth, d.o.Config.AuthHelper, spec.Egress))}
+	data := map[string][]byte{squidConfKey: []byte(squidConf(spec.Name, spec.Port, spec.Auth, d.o.Config.AuthHelper, spec.Egress))}
 	if spec.Auth != nil {
 		line, err := htpasswd.Line(spec.Auth.Username, spec.Auth.Password)
 		if err != nil {

@@ -30,12 +30,16 @@ var squidWritableDirs = []struct{ volume, path string }{
 // squidConf returns the Squid configuration of one proxy: listening on port,
 // enforcing the egress policy pol, demanding basic auth when auth is set,
 // logging to the container's streams, caching nothing and hiding the
-// client. The Pod's own address is private in every cluster network
-// proxyfleet supports, so the private rules cover it.
-func squidConf(port int, auth *events.ProxyAuth, authHelper string, pol egress.Policy) string {
+// client. pod is the Pod's name, which is its host name: the kubelet's
+// /etc/hosts maps it to the Pod's addresses, and Squid resolves it when it
+// reads the configuration, so the own-address acl holds the Pod's own
+// addresses, which a pool's allowed range would otherwise open (a sidecar
+// listening on them, or Squid itself). The Pod's addresses never change,
+// and a Squid that cannot resolve the name refuses to start.
+func squidConf(pod string, port int, auth *events.ProxyAuth, authHelper string, pol egress.Policy) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "http_port %d\n", port)
-	b.WriteString(pol.SquidRules(""))
+	b.WriteString(pol.SquidRules(egress.SquidOwn{Host: pod}))
 	b.WriteString("pid_filename none\n")
 	// The ICMP pinger needs a raw socket; the container has no capabilities.
 	b.WriteString("pinger_enable off\n")
@@ -44,7 +48,8 @@ func squidConf(port int, auth *events.ProxyAuth, authHelper string, pol egress.P
 	b.WriteString("shutdown_lifetime 3 seconds\n")
 	b.WriteString("cache_log /dev/stderr\n")
 	b.WriteString("access_log stdio:/dev/stdout squid\n")
-	b.WriteString("cache deny all\nvia off\nforwarded_for delete\n")
+	b.WriteString("cache deny all\n")
+	b.WriteString(egress.SquidHideClient())
 	if auth != nil {
 		fmt.Fprintf(&b, "auth_param basic program %s %s/%s\n", authHelper, configDir, htpasswdKey)
 		b.WriteString("auth_param basic realm proxyfleet\n")

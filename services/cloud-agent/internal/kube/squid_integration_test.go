@@ -95,7 +95,11 @@ func TestSquidPodRunsReadOnly(t *testing.T) {
 	// The requests below go to 127.0.0.1:1, which the egress policy refuses
 	// unless allowed as an endpoint: allowing it lets them reach authentication.
 	askable := egress.Policy{AllowEndpoints: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:1")}}
-	for name, content := range map[string]string{squidConfKey: squidConf(port, spec.Auth, helper, askable), htpasswdKey: line} {
+	// The Pod's host name resolves (the kubelet's /etc/hosts); here the
+	// host's, which the chroot's /etc/hosts maps.
+	podHost, err := os.Hostname()
+	must(t, err)
+	for name, content := range map[string]string{squidConfKey: squidConf(podHost, port, spec.Auth, helper, askable), htpasswdKey: line} {
 		must(t, os.WriteFile(filepath.Join(secret, name), []byte(content), 0o444))
 	}
 	// The container's stdout and stderr belong to its user, as the

@@ -39,10 +39,11 @@ func (p *Proxy) dialHTTP(ctx context.Context, _, address string) (net.Conn, erro
 	return p.dialChecked(ctx, address, false)
 }
 
-// dialChecked resolves hostport once, checks every address against the
-// policy (one refused address refuses the request: a name that resolves to
-// a private address among public ones is not a destination), and dials only
-// the checked addresses, as literals, so no second resolution can swap them.
+// dialChecked checks hostport's port, then resolves its host once, checks
+// every address against the policy (one refused address refuses the
+// request: a name that resolves to a private address among public ones is
+// not a destination), and dials only the checked addresses, as literals,
+// so no second resolution can swap them.
 func (p *Proxy) dialChecked(ctx context.Context, hostport string, connect bool) (net.Conn, error) {
 	host, portStr, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -51,6 +52,12 @@ func (p *Proxy) dialChecked(ctx context.Context, hostport string, connect bool) 
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil || port == 0 {
 		return nil, &refusal{rule: egress.RulePort, dest: hostport}
+	}
+	pol := p.cfg.Egress
+	// A port no destination may be reached on is refused before the
+	// name is looked up: no DNS query leaves for it.
+	if rule := pol.PortRule(uint16(port), connect); rule != egress.RuleOK {
+		return nil, &refusal{rule: rule, dest: hostport}
 	}
 	var addrs []netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
@@ -64,7 +71,6 @@ func (p *Proxy) dialChecked(ctx context.Context, hostport string, connect bool) 
 			return nil, fmt.Errorf("%s: no addresses", host)
 		}
 	}
-	pol := p.cfg.Egress
 	pol.Own = p.own.get()
 	for _, a := range addrs {
 		if rule := pol.Check(a, uint16(port), connect); rule != egress.RuleOK {

@@ -233,3 +233,73 @@ func TestEchoEndpointAllowed(t *testing.T) {
 		t.Fatal("another loopback port was reached")
 	}
 }
+
+// TestHostItselfRefusedWhateverTheAllowance: a pool allowing every range
+// (0.0.0.0/0 and ::/0, as recorded before validation refused them) and the
+// listeners' ports still cannot reach this host: CONNECT 0.0.0.0:P (which
+// the kernel delivers to a loopback listener), a GET to 127.0.0.2 (loopback,
+// though no interface has that exact address) and the IPv6 forms carrying
+// them are refused at once, and the listeners see no connection.
+func TestHostItselfRefusedWhateverTheAllowance(t *testing.T) {
+	loop := watched(t)
+	loop2 := testnet.Count(t, "127.0.0.2:0", "")
+	_, p1, _ := net.SplitHostPort(loop.Addr().String())
+	_, p2, _ := net.SplitHostPort(loop2.Addr().String())
+	n1, _ := strconv.Atoi(p1)
+	n2, _ := strconv.Atoi(p2)
+	pol, err := egress.Compile([]string{"0.0.0.0/0", "::/0"}, []int{n1, n2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, Config{Egress: pol})
+	cases := []struct {
+		method, target string
+		rule           egress.Rule
+	}{
+		{http.MethodConnect, "0.0.0.0:" + p1, egress.RuleUnspecified},
+		{http.MethodGet, "http://0.0.0.0:" + p1 + "/", egress.RuleUnspecified},
+		{http.MethodConnect, "[::]:" + p1, egress.RuleUnspecified},
+		{http.MethodConnect, "[::ffff:0.0.0.0]:" + p1, egress.RuleUnspecified},
+		{http.MethodConnect, "127.0.0.1:" + p1, egress.RuleLoopback},
+		{http.MethodConnect, "[::ffff:127.0.0.1]:" + p1, egress.RuleLoopback},
+		{http.MethodConnect, "[64:ff9b::7f00:1]:" + p1, egress.RuleLoopback},
+		{http.MethodConnect, "[::7f00:1]:" + p1, egress.RuleLoopback},
+		{http.MethodConnect, "localhost:" + p1, egress.RuleLoopback},
+		{http.MethodGet, "http://127.0.0.2:" + p2 + "/", egress.RuleLoopback},
+		{http.MethodConnect, "127.0.0.2:" + p2, egress.RuleLoopback},
+		{http.MethodGet, "http://[::ffff:127.0.0.2]:" + p2 + "/", egress.RuleLoopback},
+	}
+	for _, c := range cases {
+		resp, body, took := rawRequest(t, proxy, c.method, c.target)
+		t.Run(c.method+" "+c.target, func(t *testing.T) { wantDenied(t, resp, body, took, c.rule) })
+	}
+	if n := loop.Accepted(); n != 0 {
+		t.Errorf("the listener on %s accepted %d connections through the proxy; want none", loop.Addr(), n)
+	}
+	if n := loop2.Accepted(); n != 0 {
+		t.Errorf("the listener on %s accepted %d connections through the proxy; want none", loop2.Addr(), n)
+	}
+}
+
+// TestRefusedPortNeverResolves: a request to a port no destination may be
+// reached on is refused before its host name is looked up, with a resolver
+// and a dialer that fail the test if called.
+func TestRefusedPortNeverResolves(t *testing.T) {
+	resolve := func(_ context.Context, host string) ([]netip.Addr, error) {
+		t.Errorf("the proxy looked %s up; a refused port must be refused first", host)
+		return nil, errors.New("lookup forbidden by the test")
+	}
+	pol := egress.Policy{AllowEndpoints: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:8480")}}
+	proxy := startProxy(t, Config{Egress: pol, Resolve: resolve, Dial: failingDial(t), OwnAddrs: func() ([]netip.Addr, error) { return nil, nil }})
+	for _, c := range []struct{ method, target string }{
+		{http.MethodConnect, "nats.internal.test:4222"},
+		{http.MethodConnect, "crawl.example.test:22"},
+		{http.MethodConnect, "crawl.example.test:80"},
+		{http.MethodConnect, "crawl.example.test:8481"},
+		{http.MethodGet, "http://crawl.example.test:8080/"},
+		{http.MethodGet, "http://crawl.example.test:8481/"},
+	} {
+		resp, body, took := rawRequest(t, proxy, c.method, c.target)
+		t.Run(c.method+" "+c.target, func(t *testing.T) { wantDenied(t, resp, body, took, egress.RulePort) })
+	}
+}

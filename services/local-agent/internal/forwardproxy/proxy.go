@@ -117,8 +117,13 @@ func New(cfg Config) *Proxy {
 	}
 	p.forward = &httputil.ReverseProxy{
 		// The incoming absolute URI is already the destination; Rewrite (as
-		// opposed to Director) also drops any X-Forwarded-* the client sent.
-		Rewrite:       func(*httputil.ProxyRequest) {},
+		// opposed to Director) drops the X-Forwarded-* the client sent, and
+		// the rest of the headers naming the client go too.
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			for _, h := range egress.ClientHeaders {
+				pr.Out.Header.Del(h)
+			}
+		},
 		Transport:     transport,
 		FlushInterval: -1, // stream: flush after every write
 		BufferPool:    &bufferPool{},

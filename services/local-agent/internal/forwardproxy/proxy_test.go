@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
@@ -264,5 +265,43 @@ func TestReadAuthFile(t *testing.T) {
 		if _, err := ReadAuthFile(write(tc.name, tc.content, tc.mode)); !errors.Is(err, ErrBadAuthFile) {
 			t.Errorf("%s: err %v, want ErrBadAuthFile", tc.name, err)
 		}
+	}
+}
+
+// TestClientHeadersNotForwarded: the headers that name the client or the
+// proxies before this one (Forwarded, Via, X-Forwarded-*) never reach the
+// origin, whoever set them.
+func TestClientHeadersNotForwarded(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(origin.Close)
+	proxy := startProxy(t, Config{Egress: allow(t, origin.URL)})
+	req, err := http.NewRequest(http.MethodGet, origin.URL+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Forwarded", "for=10.9.8.7;by=crawler")
+	req.Header.Set("Via", "1.1 crawler-internal")
+	req.Header.Set("X-Forwarded-For", "10.9.8.7")
+	req.Header.Set("X-Forwarded-Host", "crawler.internal")
+	req.Header.Set("X-Forwarded-Proto", "https")
+	req.Header.Set("X-Kept", "yes")
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}, Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got := <-seen
+	for _, h := range egress.ClientHeaders {
+		if v := got.Values(h); len(v) > 0 {
+			t.Errorf("the origin saw %s: %q", h, v)
+		}
+	}
+	if got.Get("X-Kept") != "yes" {
+		t.Errorf("the origin saw %v; other headers must pass", got)
 	}
 }

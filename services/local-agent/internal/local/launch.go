@@ -159,8 +159,7 @@ func (c squidConf) render() string {
 	line("cache deny all")
 	line("cache_mem 8 MB")
 	line("visible_hostname proxyfleet-%s", c.Name)
-	line("via off")
-	line("forwarded_for delete")
+	b.WriteString(egress.SquidHideClient())
 	line("shutdown_lifetime 1 seconds")
 	if c.User != "" {
 		line("cache_effective_user %s", c.User)
@@ -169,7 +168,7 @@ func (c squidConf) render() string {
 		line("tcp_outgoing_address %s", c.SourceAddr)
 	}
 	// The egress denies come first: they hold for authenticated clients too.
-	b.WriteString(c.Egress.SquidRules(""))
+	b.WriteString(c.Egress.SquidRules(egress.SquidOwn{}))
 	if c.Htpasswd != "" {
 		line("auth_param basic program %s %s", c.Helper, c.Htpasswd)
 		line("auth_param basic children 2 startup=1 idle=1")

@@ -45,6 +45,9 @@ func TestSquidConfig(t *testing.T) {
 		"http_access allow authenticated\nhttp_access deny all\n",
 		"cache_effective_user proxy\n",
 		"pid_filename /s/px-a/squid.pid\n",
+		"via off\nforwarded_for delete\n",
+		"request_header_access Forwarded deny all\n",
+		"request_header_access Via deny all\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("squid.conf lacks %q:\n%s", want, got)

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -263,5 +265,92 @@ func TestSquidEgress(t *testing.T) {
 	}
 	if n := own.accepted.Load(); n != 0 {
 		t.Errorf("the listener on the host's own %s saw %d connections, want none", hostAddr, n)
+	}
+}
+
+// TestSquidHostItselfWhateverTheAllowance runs real Squid with a pool that
+// allows every range (0.0.0.0/0 and ::/0, as recorded before validation
+// refused them): CONNECT 0.0.0.0:P (delivered by the kernel to a loopback
+// listener), a GET to 127.0.0.2 and the IPv6 forms carrying loopback are
+// refused at once naming the rule while the listeners see no connection;
+// and the client's Forwarded, Via and X-Forwarded-* never reach the origin.
+func TestSquidHostItselfWhateverTheAllowance(t *testing.T) {
+	d := squidDriver(t, Config{})
+	listen := func(addr string) *countingListener {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return serveCounting(t, ln)
+	}
+	loop, loop2 := listen("127.0.0.1:0"), listen("127.0.0.2:0")
+	_, p1, _ := net.SplitHostPort(loop.Addr().String())
+	_, p2, _ := net.SplitHostPort(loop2.Addr().String())
+	n1, _ := strconv.Atoi(p1)
+	n2, _ := strconv.Atoi(p2)
+	seen := make(chan http.Header, 1)
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case seen <- r.Header.Clone():
+		default:
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(echo.Close)
+	pol, err := egress.Compile([]string{"0.0.0.0/0", "::/0"}, []int{n1, n2}, []netip.AddrPort{endpoint(t, echo)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec("demo-host-itself")
+	sp.Egress = pol
+	inst, err := d.Create(ctxT(t), sp)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if err := squidtest.Parse(d.cfg.Squid, filepath.Join(d.states.instanceDir(sp.Name), fileSquid)); err != nil {
+		t.Fatal(err)
+	}
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "0.0.0.0:"+p1, egress.RuleUnspecified)
+	wantSquidDenied(t, inst.Address, http.MethodGet, "http://0.0.0.0:"+p1+"/", egress.RuleUnspecified)
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "127.0.0.1:"+p1, egress.RuleLoopback)
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "[::ffff:127.0.0.1]:"+p1, egress.RuleLoopback)
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "[64:ff9b::7f00:1]:"+p1, egress.RuleLoopback)
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "[::7f00:1]:"+p1, egress.RuleLoopback)
+	wantSquidDenied(t, inst.Address, http.MethodGet, "http://127.0.0.2:"+p2+"/", egress.RuleLoopback)
+	wantSquidDenied(t, inst.Address, http.MethodConnect, "127.0.0.2:"+p2, egress.RuleLoopback)
+	if n := loop.accepted.Load(); n != 0 {
+		t.Errorf("the listener on %s saw %d connections through squid, want none", loop.Addr(), n)
+	}
+	if n := loop2.accepted.Load(); n != 0 {
+		t.Errorf("the listener on %s saw %d connections through squid, want none", loop2.Addr(), n)
+	}
+
+	req, err := http.NewRequest(http.MethodGet, echo.URL+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Forwarded", "for=10.9.8.7;by=crawler")
+	req.Header.Set("Via", "1.1 crawler-internal")
+	req.Header.Set("X-Forwarded-For", "10.9.8.7")
+	req.Header.Set("X-Forwarded-Host", "crawler.internal")
+	req.Header.Set("X-Forwarded-Proto", "https")
+	req.Header.Set("X-Kept", "yes")
+	client := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: inst.Address})}, Timeout: 20 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET the echo endpoint through squid: %d, want 200", resp.StatusCode)
+	}
+	got := <-seen
+	for _, h := range egress.ClientHeaders {
+		if v := got.Values(h); len(v) > 0 {
+			t.Errorf("the origin saw %s: %q", h, v)
+		}
+	}
+	if got.Get("X-Kept") != "yes" {
+		t.Errorf("the origin saw %v; other headers must pass", got)
 	}
 }

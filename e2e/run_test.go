@@ -37,6 +37,15 @@ type runScript struct {
 // picks, and env added to the environment.
 func startRunScript(t *testing.T, env ...string) *runScript {
 	t.Helper()
+	runDir := t.TempDir()
+	return startRunScriptIn(t, runDir, runEnv(t, runDir, env...))
+}
+
+// runEnv is the environment of a make run with the built services and the
+// nats CLI of ./bin, state in runDir, servers on ports the kernel picks,
+// and env added.
+func runEnv(t *testing.T, runDir string, env ...string) []string {
+	t.Helper()
 	needBinaries(t)
 	natsCLI, err := filepath.Abs(filepath.Join("..", "bin", "nats"))
 	if err != nil {
@@ -52,20 +61,34 @@ func startRunScript(t *testing.T, env ...string) *runScript {
 	if err := os.Symlink(natsCLI, filepath.Join(bin, "nats")); err != nil {
 		t.Fatal(err)
 	}
-	r := &runScript{t: t, runDir: t.TempDir(), done: make(chan struct{})}
-	r.env = append(os.Environ(),
+	out := append(os.Environ(),
 		"PROXYFLEET_BIN="+bin,
-		"PROXYFLEET_RUN_DIR="+r.runDir,
+		"PROXYFLEET_RUN_DIR="+runDir,
 		"PROXYFLEET_NATS_ADDR=127.0.0.1:0",
 		"PROXYFLEET_ECHO_ADDR=127.0.0.1:0",
 		"PROXYFLEET_GATEWAY_ADDR=127.0.0.1:0",
-		// Proxy ports from the kernel (the test gives the agent a capacity).
+		// Proxy ports from the kernel, and so a capacity (a test's own
+		// AGENT_FLAGS replace these).
 		"PROXYFLEET_PORTS=0",
+		"AGENT_FLAGS=--capacity 5",
 		// The nats CLI drops a selected context it cannot find: keep it
 		// away from the user's configuration.
 		"XDG_CONFIG_HOME="+t.TempDir(),
 	)
-	r.env = append(r.env, env...)
+	// Nothing of the run outlives the test, even when stopping it failed.
+	t.Cleanup(func() {
+		for pid := range runServices(runDir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return append(out, env...)
+}
+
+// startRunScriptIn starts scripts/run.sh with its state in runDir and the
+// environment env (from [runEnv]).
+func startRunScriptIn(t *testing.T, runDir string, env []string) *runScript {
+	t.Helper()
+	r := &runScript{t: t, runDir: runDir, env: env, done: make(chan struct{})}
 	r.cmd = exec.Command(filepath.Join("..", "scripts", "run.sh"))
 	r.cmd.Env = r.env
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -10,6 +10,11 @@
 #                                      both modes refuse then)
 #   scripts/clean.sh stop  [run-dir]   stop them (TERM, then KILL) and
 #                                      remove their state
+#   scripts/clean.sh services [run-dir]  print "<service> <pid>", one a line,
+#                                      for each service of make run still
+#                                      running with its state in run-dir
+#                                      (scripts/run.sh stops the leftovers of
+#                                      a run that crashed with it)
 #
 # run-dir defaults to $PROXYFLEET_RUN_DIR or .run, as in scripts/run.sh.
 set -euo pipefail
@@ -19,17 +24,18 @@ mode=${1:-check}
 RUN=${2:-${PROXYFLEET_RUN_DIR:-.run}}
 STATE="$RUN/local-agent/proxies"
 case "$mode" in
-check | stop) ;;
+check | stop | services) ;;
 *)
-	echo "usage: $0 check|stop [run-dir]" >&2
+	echo "usage: $0 check|stop|services [run-dir]" >&2
 	exit 2
 	;;
 esac
 
-# The services of make run (started with --data-dir <run-dir>/<service>)
-# must be stopped first: their state is what clean removes.
-if run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
-	services=()
+# services_of_run prints "<service> <pid>" for each process started with
+# --data-dir <run-dir>/<service>: make run's services, whoever started them.
+services_of_run() {
+	local run_abs d args i dir parent
+	run_abs=$(cd "$RUN" 2>/dev/null && pwd -P) || return 0
 	for d in /proc/[0-9]*; do
 		mapfile -d '' -t args < <({ cat "$d/cmdline"; } 2>/dev/null) || continue
 		for ((i = 0; i < ${#args[@]}; i++)); do
@@ -43,18 +49,27 @@ if run_abs=$(cd "$RUN" 2>/dev/null && pwd -P); then
 			*) dir="$(readlink "$d/cwd" 2>/dev/null)/$dir" ;;
 			esac
 			parent=$(cd "$(dirname "$dir")" 2>/dev/null && pwd -P) || continue
-			if [ "$parent" = "$run_abs" ]; then services+=("$(basename "${args[0]}") (pid ${d#/proc/})"); fi
+			if [ "$parent" = "$run_abs" ]; then echo "$(basename "${args[0]}") ${d#/proc/}"; fi
 		done
 	done
-	if [ ${#services[@]} -gt 0 ]; then
-		{
-			if [ "$mode" = check ]; then what=clean; else what="stop proxies"; fi
-			echo "refusing to $what: services of make run still run with their state in $RUN:"
-			printf '  %s\n' "${services[@]}"
-			echo "Stop make run first (Ctrl-C in its terminal), then try again."
-		} >&2
-		exit 1
-	fi
+}
+
+if [ "$mode" = services ]; then
+	services_of_run
+	exit 0
+fi
+
+# The services of make run must be stopped first: their state is what
+# clean removes.
+mapfile -t services < <(services_of_run)
+if [ ${#services[@]} -gt 0 ]; then
+	{
+		if [ "$mode" = check ]; then what=clean; else what="stop proxies"; fi
+		echo "refusing to $what: services of make run still run with their state in $RUN:"
+		for s in "${services[@]}"; do echo "  ${s% *} (pid ${s##* })"; done
+		echo "Stop make run first (Ctrl-C in its terminal), then try again."
+	} >&2
+	exit 1
 fi
 
 [ -d "$STATE" ] || exit 0

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Starts the whole system on one machine: the planner (hosting the embedded
 # NATS server), the health service, a local-agent and the crawler gateway,
-# each as its own process, with state under ./.run. Ctrl-C stops them in
-# order (gateway, agent, health, planner); proxy processes keep running and
-# are found again by the next `make run` (see docs/local.md).
+# each as its own process, with state under ./.run. Ctrl-C, SIGTERM and
+# SIGHUP stop them in order (gateway, agent, health, planner); they stop by
+# themselves if the script dies; a run finds the services an earlier one
+# left and stops them. Proxy processes keep running and are found again by
+# the next `make run` (see docs/local.md).
 #
-#   scripts/run.sh                  run until Ctrl-C, SIGINT or SIGTERM (make run)
+#   scripts/run.sh                  run until Ctrl-C, SIGINT, SIGTERM or SIGHUP (make run)
 #   scripts/run.sh rebuild-views    have the running make run rebuild health's
 #                                   views: stop health, run health
 #                                   --rebuild-views, start health again
@@ -88,14 +90,30 @@ rebuild-views)
 	;;
 esac
 
+# Every process this script starts gets SIGTERM from the kernel when the
+# script dies, however it dies (kill -9 included): setpriv --pdeathsig sets
+# the parent-death signal (prctl PR_SET_PDEATHSIG), which exec keeps. A
+# watchdog process could itself be killed or stopped; the kernel's signal
+# cannot be missed.
+if ! command -v setpriv >/dev/null; then
+	echo "setpriv is missing (Debian package util-linux): make run needs it so its services stop with it" >&2
+	exit 1
+fi
+
 # On a terminal, Ctrl-C sends SIGINT to the whole foreground process group:
 # to make as well as to this script, and make then dies of it (exit 130)
 # whatever the script does. With job control on, bash runs the rest of the
 # script as a job in a process group of its own that it gives the terminal
-# to, so Ctrl-C reaches that job alone and make gets its exit status.
-if [ -t 0 ] && [ -z "${PROXYFLEET_RUN_JOB:-}" ]; then
+# to, so Ctrl-C reaches that job alone and make gets its exit status. Bash
+# gives the terminal through its standard error: when that is a file or a
+# pipe, the job would stay in the background, deaf to Ctrl-C, while make
+# and this script die of it; the script then runs as it is, in make's
+# process group, and stops everything on the SIGINT it shares with make.
+# The job dies with this script (the parent-death signal), so closing the
+# terminal, which kills this script and make, stops it too.
+if [ -t 0 ] && [ -t 2 ] && [ -z "${PROXYFLEET_RUN_JOB:-}" ]; then
 	set -m
-	PROXYFLEET_RUN_JOB=1 "$0" "$@" && exit 0 || exit $?
+	PROXYFLEET_RUN_JOB=1 setpriv --pdeathsig TERM "$0" "$@" && exit 0 || exit $?
 fi
 
 NATS_ADDR=${PROXYFLEET_NATS_ADDR:-127.0.0.1:4222}
@@ -125,6 +143,8 @@ if pid=$(running_script); then
 	echo "make run already runs with its state in $RUN (pid $pid); stop it first or set PROXYFLEET_RUN_DIR" >&2
 	exit 1
 fi
+# The script of a run that crashed (stop_leftovers names it).
+previous_script=$(cat "$PIDFILE" 2>/dev/null || true)
 echo $$ >"$PIDFILE"
 rm -f "$REBUILD_RESULT"
 
@@ -142,6 +162,51 @@ exited() {
 	case "${stat%% *}" in Z | X) return 0 ;; esac
 	return 1
 }
+
+# A run whose script is gone may have left services behind: ones started
+# before the parent-death signal, or ones that could not act on it (stopped,
+# hung). They hold the NATS port and the state directory, so they are
+# stopped (SIGTERM and SIGCONT, SIGKILL after 30 s) rather than adopted: a
+# process that is not this script's child cannot be waited for, and its
+# logs and ports would not be this run's. Proxies are not services: the new
+# agent finds them in its state directory and manages them again.
+stop_leftovers() {
+	local name p said="" list=()
+	declare -A found=() # service -> its pids
+	while read -r name p; do
+		found[$name]+="$p "
+	done < <(./scripts/clean.sh services "$RUN")
+	[ ${#found[@]} -gt 0 ] || return 0
+	# In the order of a clean stop, then anything else started there.
+	for name in gateway local-agent health planner; do
+		[ -z "${found[$name]:-}" ] || list+=("$name")
+	done
+	for name in "${!found[@]}"; do
+		case " ${list[*]} " in *" $name "*) ;; *) list+=("$name") ;; esac
+	done
+	for name in "${list[@]}"; do
+		for p in ${found[$name]}; do said+="${said:+, }$name (pid $p)"; done
+	done
+	echo "found leftovers of an earlier make run with its state in $RUN${previous_script:+ (its script, pid $previous_script, is gone)}: stopping $said"
+	for name in "${list[@]}"; do
+		for p in ${found[$name]}; do
+			kill -TERM "$p" 2>/dev/null || true
+			# A stopped process keeps SIGTERM pending until it continues.
+			kill -CONT "$p" 2>/dev/null || true
+			for _ in $(seq 1 300); do
+				exited "$p" && break
+				sleep 0.1
+			done
+			if ! exited "$p"; then
+				echo "$name (pid $p) did not stop within 30s of SIGTERM; killing it" >&2
+				kill -KILL "$p" 2>/dev/null || true
+				while ! exited "$p"; do sleep 0.1; done
+			fi
+		done
+	done
+	echo "stopped them; starting afresh (their proxies keep running for the new local-agent)"
+}
+stop_leftovers
 
 # reap PID waits for the child PID and sets status to its exit status. A
 # trapped signal interrupts wait; the wait goes on while PID exists.
@@ -184,7 +249,7 @@ stop_all() {
 	local i
 	[ -z "$stopped" ] || return 0
 	stopped=1
-	trap '' INT TERM USR1
+	trap '' INT TERM HUP USR1
 	for ((i = ${#order[@]} - 1; i >= 0; i--)); do
 		stop_service "${order[$i]}"
 	done
@@ -196,13 +261,19 @@ stop_all() {
 	echo "stopped gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
 }
 
+# on_signal stops everything, whatever became of the output: Ctrl-C kills
+# a tee reading it, and closing the terminal makes writes to it fail. A
+# failed write must not end the script (set -e) or kill it (SIGPIPE)
+# before the services are stopped.
 on_signal() {
+	set +e
+	trap '' PIPE
 	if [ -t 1 ]; then echo; fi # end the line of the terminal's ^C
 	trap - EXIT
 	if stop_all; then exit 0; fi
 	exit 1
 }
-trap on_signal INT TERM
+trap on_signal INT TERM HUP
 trap 'stop_all >/dev/null || true' EXIT
 rebuild_requested=""
 trap 'rebuild_requested=1' USR1
@@ -233,7 +304,7 @@ start() {
 	local name=$1
 	shift
 	log_from[$name]=$(stat -c %s "$RUN/logs/$name.log" 2>/dev/null || echo 0)
-	setsid "$BIN/$name" "$@" </dev/null >>"$RUN/logs/$name.log" 2>&1 &
+	setpriv --pdeathsig TERM setsid "$BIN/$name" "$@" </dev/null >>"$RUN/logs/$name.log" 2>&1 &
 	pid[$name]=$!
 }
 

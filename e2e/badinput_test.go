@@ -18,7 +18,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"wrong type", "fleet.api.pool.apply", `{"name":"x","provider":"local","size":"three"}`, "size"},
 		{"bad name", "fleet.api.pool.apply", `{"name":"Bad_Name","provider":"local","size":1}`, "name"},
 		{"negative size", "fleet.api.pool.apply", `{"name":"x","provider":"local","size":-1}`, "size"},
-		{"unknown provider", "fleet.api.pool.apply", `{"name":"x","provider":"nowhere","size":1}`, "provider"},
+		{"malformed provider", "fleet.api.pool.apply", `{"name":"x","provider":"No Where","size":1}`, "provider"},
 		{"unknown pool get", "fleet.api.pool.get", `{"name":"nope"}`, "name"},
 		{"unknown pool delete", "fleet.api.pool.delete", `{"name":"nope"}`, "name"},
 	}

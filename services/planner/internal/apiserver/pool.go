@@ -68,10 +68,13 @@ func presence(spec *events.PoolSpec, present map[string]bool) []events.FieldErro
 	return v.Fields
 }
 
-// validateSpec checks the spec's fields, then that its provider entry and
-// targets are known to the fleet. found lists the problems the request's
-// keys showed (see [presence]); they are reported first, and stand for
-// what the spec's own check says of the same fields.
+// validateSpec checks the spec's fields, then that its targets are known
+// to the fleet when its provider entry is. A pool of an entry no agent has
+// announced yet is accepted, as desired state is: its Placed condition
+// says that no agent of the entry ever announced itself, and it fills once
+// one does (a malformed entry name is still refused). found lists the
+// problems the request's keys showed (see [presence]); they are reported
+// first, and stand for what the spec's own check says of the same fields.
 func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found ...events.FieldError) *api.APIError {
 	fields := append([]events.FieldError(nil), found...)
 	named := map[string]bool{}
@@ -93,14 +96,9 @@ func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found 
 		bad[f.Field] = true
 	}
 	if !bad["provider"] {
-		targets, known, entries := s.b.Targets(ctx, spec.Provider, spec.Targets)
-		if !known {
-			reason := "unknown provider entry; no agent announced it"
-			if len(entries) > 0 {
-				reason += " (known: " + strings.Join(entries, ", ") + ")"
-			}
-			fields = append(fields, events.FieldError{Field: "provider", Reason: reason, Value: spec.Provider})
-		} else {
+		// A target of a known entry that no agent announced is most
+		// likely a typo: it is refused, naming the known ones.
+		if targets, known := s.b.Targets(ctx, spec.Provider, spec.Targets); known {
 			for i, t := range spec.Targets {
 				f := fmt.Sprintf("targets[%d]", i)
 				if !bad[f] && !targets[t] {

@@ -61,11 +61,11 @@ type State interface {
 	// folded from the log: a [api.CodeNotFound] refusal when the log holds
 	// none.
 	Proxy(ctx context.Context, id string) (events.ProxyView, *api.APIError)
-	// Targets returns the targets known for entry, whether the entry is
-	// known at all, and every known entry. It reads the agents' heartbeats
-	// afresh when entry or one of want is not known yet, so an agent that
-	// announced itself an instant ago counts.
-	Targets(ctx context.Context, entry string, want []string) (targets map[string]bool, known bool, entries []string)
+	// Targets returns the targets known for entry and whether the entry is
+	// known at all. It reads the agents' heartbeats afresh when entry or
+	// one of want is not known yet, so an agent that announced itself an
+	// instant ago counts.
+	Targets(ctx context.Context, entry string, want []string) (targets map[string]bool, known bool)
 	// Inventory asks the agent of entry/target for the instances it
 	// marked; nats.ErrNoResponders when no agent serves it.
 	Inventory(ctx context.Context, entry, target string) ([]agent.Instance, error)

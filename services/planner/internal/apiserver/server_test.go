@@ -36,11 +36,11 @@ func (f *fakeBackend) Proxy(_ context.Context, id string) (events.ProxyView, *ap
 	return events.ProxyView{ID: id, Pool: "demo", State: events.ProxyReady}, nil
 }
 
-func (f *fakeBackend) Targets(_ context.Context, entry string, _ []string) (map[string]bool, bool, []string) {
+func (f *fakeBackend) Targets(_ context.Context, entry string, _ []string) (map[string]bool, bool) {
 	if entry != "local" {
-		return map[string]bool{}, false, []string{"local"}
+		return map[string]bool{}, false
 	}
-	return map[string]bool{"t1": true, "t2": true}, true, []string{"local"}
+	return map[string]bool{"t1": true, "t2": true}, true
 }
 
 func (f *fakeBackend) Inventory(_ context.Context, entry, target string) ([]agent.Instance, error) {
@@ -86,7 +86,8 @@ func TestEndpointsHandTheWriterOnlyWhatTheyChecked(t *testing.T) {
 	}{
 		{"apply", "pool.apply", `{"name":"demo","provider":"local","targets":["t2"],"size":2}`, "", "", "apply demo size 2 port 3128"},
 		{"apply without size", "pool.apply", `{"name":"demo","provider":"local"}`, "422", "size", ""},
-		{"apply to an unknown entry", "pool.apply", `{"name":"demo","provider":"kvm","size":1}`, "422", "provider", ""},
+		{"apply to an entry no agent announced yet", "pool.apply", `{"name":"demo","provider":"kvm","targets":["h1"],"size":1}`, "", "", "apply demo size 1 port 3128"},
+		{"apply to a malformed entry", "pool.apply", `{"name":"demo","provider":"KVM","size":1}`, "422", "provider", ""},
 		{"apply to an unknown target", "pool.apply", `{"name":"demo","provider":"local","targets":["t9"],"size":1}`, "422", "targets[0]", ""},
 		{"apply with an unknown field", "pool.apply", `{"name":"demo","provider":"local","size":1,"sise":2}`, "400", "sise", ""},
 		{"delete pool", "pool.delete", `{"name":"demo"}`, "", "", "delete pool demo"},

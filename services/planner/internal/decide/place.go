@@ -111,9 +111,10 @@ func Why(pl *Placement, pool *Pool) Miss {
 			considered = pl.Known
 		}
 		msg := fmt.Sprintf("no live agent of entry %s", entry)
-		if len(considered) > 0 {
+		if len(pl.Known) > 0 && len(considered) > 0 {
 			msg += "; targets considered, none alive: " + JoinNames(considered)
 		} else {
+			// A pool applied before its entry's first agent.
 			msg += "; no agent of this entry ever announced itself"
 		}
 		return Miss{Reason: events.ReasonNoLiveTarget, Message: msg}

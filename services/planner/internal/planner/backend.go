@@ -149,7 +149,7 @@ func (p *Planner) recallProxy(ctx context.Context, id string) (Proxy, *api.APIEr
 
 // Targets implements [apiserver.State]: the targets of entry come from
 // events and from every agent that heartbeated since start.
-func (b backend) Targets(ctx context.Context, entry string, want []string) (map[string]bool, bool, []string) {
+func (b backend) Targets(ctx context.Context, entry string, want []string) (map[string]bool, bool) {
 	b.mu.Lock()
 	targets, known := b.knownTargetsLocked(entry)
 	b.mu.Unlock()
@@ -162,8 +162,7 @@ func (b backend) Targets(ctx context.Context, entry string, want []string) (map[
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	targets, known = b.knownTargetsLocked(entry)
-	return targets, known, b.knownEntriesLocked()
+	return b.knownTargetsLocked(entry)
 }
 
 // Inventory implements [apiserver.State].

@@ -25,8 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -612,18 +610,6 @@ func (p *Planner) knownTargetsLocked(entry string) (map[string]bool, bool) {
 		}
 	}
 	return out, known
-}
-
-// knownEntriesLocked lists every known entry. Callers hold p.mu.
-func (p *Planner) knownEntriesLocked() []string {
-	set := map[string]bool{}
-	for e := range p.st.targets {
-		set[e] = true
-	}
-	for e := range p.agents.seen {
-		set[e] = true
-	}
-	return slices.Sorted(maps.Keys(set))
 }
 
 // lead competes for the leader lease and, holding it, opens a leader term

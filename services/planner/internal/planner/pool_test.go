@@ -27,8 +27,9 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	h.agent(agent.Info{Entry: "other", Target: "o1"})
 	h.leader()
 	h.waitFor("agents seen", func() bool {
-		r := h.request(poolApply, `{"name":"probe","provider":"other","size":-1}`, nil)
-		return r.Error != nil && !hasField(r.Error, "provider")
+		r1 := h.request(poolApply, `{"name":"probe","provider":"other","targets":["o1"],"size":-1}`, nil)
+		r2 := h.request(poolApply, `{"name":"probe","provider":"local","targets":["t1"],"size":-1}`, nil)
+		return r1.Error != nil && !hasField(r1.Error, "targets[0]") && r2.Error != nil && !hasField(r2.Error, "targets[0]")
 	})
 
 	cases := []struct {
@@ -51,7 +52,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"negative size", poolApply, `{"name":"bad","provider":"local","size":-1,"userData":"SECRET-UD"}`, "422", "size", "zero or more"},
 		{"too large", poolApply, `{"name":"bad","provider":"local","size":100001}`, "422", "size", "at most 100000"},
 		{"every field at once", poolApply, `{"name":"-x","provider":"local","size":-2,"port":70000}`, "422", "port", "size"},
-		{"unknown provider", poolApply, `{"name":"bad","provider":"gce-nowhere","size":1,"userData":"SECRET-UD"}`, "422", "provider", "known: local, other"},
+		{"malformed provider", poolApply, `{"name":"bad","provider":"GCE Nowhere","size":1,"userData":"SECRET-UD"}`, "422", "provider", "lowercase"},
 		{"unknown target", poolApply, `{"name":"bad","provider":"local","targets":["t1","t9"],"size":1}`, "422", "targets[1]", "not a target"},
 		{"bad target name", poolApply, `{"name":"bad","provider":"local","targets":["T 1"],"size":1}`, "422", "targets[0]", "lowercase"},
 		{"auth without password", poolApply, `{"name":"bad","provider":"local","size":1,"auth":{"username":"u"}}`, "422", "auth.password", "required"},
@@ -321,7 +322,7 @@ func TestValidateReadsFreshHeartbeats(t *testing.T) {
 	p.agents.kv = kv
 	spec := events.PoolSpec{Name: "fresh", Provider: "local", Size: 1, Targets: []string{"t2"}}
 	spec.Normalize()
-	if _, known, _ := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); known {
+	if _, known := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); known {
 		t.Fatal("a provider with no heartbeat at all was accepted")
 	}
 	for _, target := range []string{"t1", "t2"} {
@@ -331,7 +332,7 @@ func TestValidateReadsFreshHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if targets, known, _ := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); !known || !targets["t2"] {
+	if targets, known := (backend{p}).Targets(ctx, spec.Provider, spec.Targets); !known || !targets["t2"] {
 		t.Fatalf("fresh heartbeats were not read: known %v, targets %v", known, targets)
 	}
 }
@@ -679,5 +680,33 @@ func TestAutoscaleSurvivesReapplyAndRestart(t *testing.T) {
 	h.scaleRounds(r, 3)
 	if n := len(h.scaledEvents("web")); n != 1 {
 		t.Fatalf("scaled events after autoscale was turned off: got %d, want 1", n)
+	}
+}
+
+// TestPoolOfAnUnannouncedEntryWaitsForIt: a pool of an entry no agent has
+// announced yet is accepted, as desired state is, with Placed False saying
+// so; once an agent of the entry announces itself, the pool fills on it.
+func TestPoolOfAnUnannouncedEntryWaitsForIt(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r := h.leader()
+	var pv api.PoolView
+	h.ok(poolApply, `{"name":"later","provider":"kvm-later","targets":["h1"],"size":2}`, &pv)
+	if pv.Revision != 1 {
+		t.Fatalf("apply: %+v, want revision 1", pv)
+	}
+	h.waitFor("Placed False naming the unannounced entry", func() bool {
+		c, ok := events.FindCondition(r.poolView("later").Conditions, events.ConditionPlaced)
+		return ok && c.Status == events.ConditionFalse && strings.Contains(c.Message, "no agent of this entry ever announced itself")
+	})
+	if n := len(h.commandsOf(events.VerbCreate)); n != 0 {
+		t.Fatalf("creates before any agent of the entry: %d, want none", n)
+	}
+	h.agent(agent.Info{Entry: "kvm-later", Target: "h1"})
+	ids, req := h.requested(2)
+	for _, id := range ids {
+		if req[id].Entry != "kvm-later" || req[id].Target != "h1" {
+			t.Errorf("proxy %s placed on %s/%s, want kvm-later/h1", id, req[id].Entry, req[id].Target)
+		}
 	}
 }

@@ -95,9 +95,10 @@ func TestPoolThroughPlannerAndHealth(t *testing.T) {
 		"--probe-timeout", "500ms", "--check-interval", "1s", "--unhealthy-after", "1000")
 	e.runAgent(e.driver())
 
-	// The planner learns the target from the agent's heartbeat.
+	// The planner takes the pool whether or not it has seen the agent's
+	// heartbeat yet, and places it once it has.
 	planner := api.NewClient(e.conn.NC)
-	accepted(t, ctx, "pool.apply web", "no agent announced it", func(ctx context.Context) error {
+	accepted(t, ctx, "pool.apply web", "", func(ctx context.Context) error {
 		_, err := planner.PoolApply(ctx, events.PoolSpec{Name: "web", Provider: entry, Size: 3, Image: "debian-13", Profile: "small"})
 		return err
 	})

@@ -32,8 +32,11 @@ func EachUpdate(ctx context.Context, w jetstream.KeyWatcher, fn func(jetstream.K
 // StopWatch stops a KV watcher and drains its updates. The watcher's
 // delivery blocks on a full updates channel and would never see the stop
 // otherwise, leaving its goroutine behind; the channel closes once delivery
-// has ended.
+// has ended. A nil w (a watch that failed to start) is nothing to stop.
 func StopWatch(w jetstream.KeyWatcher) {
+	if w == nil {
+		return // no watch was started (it failed, or ctx ended first)
+	}
 	_ = w.Stop()
 	for range w.Updates() {
 	}

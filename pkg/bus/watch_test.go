@@ -100,3 +100,10 @@ func TestEachUpdate(t *testing.T) {
 		t.Errorf("EachUpdate of a stopped watcher = %v, want ErrWatchEnded", err)
 	}
 }
+
+// TestStopWatchOfNoWatch: a loop whose watch failed to start (the planner's
+// credential sync at shutdown, its context ended) stops it all the same.
+func TestStopWatchOfNoWatch(t *testing.T) {
+	var w jetstream.KeyWatcher
+	bus.StopWatch(w)
+}

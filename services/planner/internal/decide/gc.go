@@ -226,22 +226,36 @@ type OrphanDelete struct {
 }
 
 // DeleteOrphan decides how orphan o is deleted from the events of its
-// proxy's aggregate, in order. The append expects the aggregate's last
-// sequence, whoever wrote it; but an event from a writer not allowed to
-// append its type (an agent's abandoned), or an observation by an agent
-// other than the one holding the instance, decides nothing.
+// proxy's aggregate, in order (see [DeleteInstance]); a proxy ever abandoned is
+// skipped.
 func DeleteOrphan(o Orphan, evs []Fact) OrphanDelete {
-	var d OrphanDelete
+	d, abandoned := DeleteInstance(o.Entry, o.Target, evs)
+	if abandoned {
+		return OrphanDelete{Skip: true}
+	}
+	return d
+}
+
+// DeleteInstance decides how the instance on entry/target of a proxy is deleted
+// again, from the events of the proxy's aggregate, in order: the
+// collector's orphans and the operator's instance.delete. The append
+// expects the aggregate's last sequence, whoever wrote it; but an
+// unreadable event, an event from a writer not allowed to append its type
+// (an agent's abandoned), or an observation by an agent other than the
+// one holding the instance, decides nothing. abandoned reports whether
+// the proxy was ever abandoned: the collector then leaves its instance
+// alone, the operator's request deletes it all the same.
+func DeleteInstance(entry, target string, evs []Fact) (d OrphanDelete, abandoned bool) {
 	lastKind := ""
 	retirings := 0
 	for _, e := range evs {
 		d.LastSeq = e.Seq
-		if e.Unreadable || events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, e.By) != nil || events.CheckPlacement(e.By, o.Entry, o.Target) != nil {
+		if e.Unreadable || events.CheckEvent(e.Aggregate, e.ID, e.Kind, e.Source, e.By) != nil || events.CheckPlacement(e.By, entry, target) != nil {
 			continue
 		}
 		switch e.Kind {
 		case events.ProxyAbandoned:
-			return OrphanDelete{Skip: true}
+			abandoned = true
 		case events.ProxyRetiring:
 			retirings++
 		}
@@ -249,8 +263,8 @@ func DeleteOrphan(o Orphan, evs []Fact) OrphanDelete {
 	}
 	if lastKind == events.ProxyRetiring {
 		d.Attempt = retirings
-		return d
+		return d, abandoned
 	}
 	d.Retire, d.Attempt = true, retirings+1
-	return d
+	return d, abandoned
 }

@@ -162,6 +162,15 @@ func (rc *reconciler) collectGarbage(ctx context.Context, in inventory) {
 	}
 }
 
+// factsOf is what [decide.DeleteInstance] reads of a proxy's events.
+func factsOf(evs []bus.Event) []decide.Fact {
+	facts := make([]decide.Fact, len(evs))
+	for i, e := range evs {
+		facts[i] = decide.Fact{Seq: e.Seq, Aggregate: e.Aggregate, ID: e.ID, Kind: e.Kind, Source: e.Source, By: e.By, Unreadable: e.Unreadable != nil}
+	}
+	return facts
+}
+
 // deleteOrphan deletes one orphaned instance as [decide.DeleteOrphan]
 // says: it first appends retiring (reason gcReason) to the instance's
 // proxy aggregate, unless the proxy's last event is a retiring already,
@@ -176,11 +185,7 @@ func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o decide.Orph
 		}
 		return
 	}
-	facts := make([]decide.Fact, len(evs))
-	for i, e := range evs {
-		facts[i] = decide.Fact{Seq: e.Seq, Aggregate: e.Aggregate, ID: e.ID, Kind: e.Kind, Source: e.Source, By: e.By, Unreadable: e.Unreadable != nil}
-	}
-	od := decide.DeleteOrphan(o, facts)
+	od := decide.DeleteOrphan(o, factsOf(evs))
 	if od.Skip {
 		return
 	}

@@ -27,6 +27,17 @@ func errPoolConflict() *api.APIError {
 	return api.Conflict("the pool keeps changing concurrently; retry")
 }
 
+// poolCopy returns a copy of pool name as the projection holds it, and
+// whether it holds one.
+func (b backend) poolCopy(name string) (Pool, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if pl := b.st.pools[name]; pl != nil {
+		return *pl, true
+	}
+	return Pool{}, false
+}
+
 // ApplyPool implements [apiserver.Writer]: it writes the spec's secrets to
 // fleet-secrets and appends pool applied with the next revision. An
 // unchanged spec appends nothing (and repairs its secrets). The secrets go
@@ -48,14 +59,8 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 		}
 	}()
 	for range maxConflictRetries {
-		b.mu.Lock()
-		var cur Pool
-		cp := b.st.pools[spec.Name]
-		if cp != nil {
-			cur = *cp
-		}
-		b.mu.Unlock()
-		if cp != nil && !cur.Deleted && cur.Revision > 0 && sec.Matches(b.secrets.digestKey, cur.SecretsDigest) {
+		cur, ok := b.poolCopy(spec.Name)
+		if ok && !cur.Deleted && cur.Revision > 0 && sec.Matches(b.secrets.digestKey, cur.SecretsDigest) {
 			curJSON, _ := json.Marshal(cur.Spec)
 			if bytes.Equal(curJSON, pubJSON) {
 				if aerr := b.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
@@ -128,14 +133,8 @@ func (b backend) restoreSecrets(pool string, prev jetstream.KeyValueEntry, put u
 func (b backend) DeletePool(ctx context.Context, name string) (api.PoolView, *api.APIError) {
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("pool", name))
 	for range maxConflictRetries {
-		b.mu.Lock()
-		var cur Pool
-		cp := b.st.pools[name]
-		if cp != nil {
-			cur = *cp
-		}
-		b.mu.Unlock()
-		if cp == nil || cur.Revision == 0 {
+		cur, ok := b.poolCopy(name)
+		if !ok || cur.Revision == 0 {
 			return api.PoolView{}, api.NotFound("name", "unknown pool", name)
 		}
 		if cur.Deleted {

@@ -190,7 +190,7 @@ func (b backend) DeleteInstance(ctx context.Context, entry, target string, inst 
 	var aerr *api.APIError
 	var sent *commandInFlight
 	if lerr := b.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
-		if attempt, aerr = b.retireInstance(ctx, f, id); aerr != nil {
+		if attempt, aerr = b.retireInstance(ctx, f, entry, target, id); aerr != nil {
 			return
 		}
 		cmd := events.DeleteCommand{
@@ -213,39 +213,29 @@ func (b backend) DeleteInstance(ctx context.Context, entry, target string, inst 
 
 // retireInstance makes the proxy's last event retiring (appending it,
 // expecting the aggregate's last sequence, unless it already is) and
-// returns the delete attempt: the number of retiring events, so a repeated
-// request re-sends the same command and a request after a failed delete
-// sends a new one. This is the garbage collector's path for orphans (see
-// [reconciler.deleteOrphan]), open here to abandoned proxies too.
-func (b backend) retireInstance(ctx context.Context, f *flight, id string) (int, *api.APIError) {
+// returns the delete attempt, as [decide.DeleteInstance] says: the number of
+// retiring events, so a repeated request re-sends the same command and a
+// request after a failed delete sends a new one. It is the garbage
+// collector's rule for orphans (see [reconciler.deleteOrphan]), open here
+// to abandoned proxies too.
+func (b backend) retireInstance(ctx context.Context, f *flight, entry, target, id string) (int, *api.APIError) {
 	for range maxConflictRetries {
 		evs, err := b.store.Load(ctx, events.AggregateProxy, id)
 		if err != nil {
 			b.log.WarnContext(ctx, "instance.delete: read the proxy's events", "proxy", id, "err", err)
 			return 0, api.Internal("could not read the proxy's events; retry")
 		}
-		var lastSeq uint64
-		lastKind, pool := "", ""
-		retirings := 0
-		for _, e := range evs {
-			lastSeq = e.Seq
-			if e.Unreadable != nil {
-				continue // never acted on; its sequence is expected all the same
-			}
-			if e.Kind == events.ProxyRetiring {
-				retirings++
-			}
-			lastKind = e.Kind
+		rd, _ := decide.DeleteInstance(entry, target, factsOf(evs))
+		if !rd.Retire {
+			return rd.Attempt, nil
 		}
-		if lastKind == events.ProxyRetiring {
-			return retirings, nil
-		}
+		pool := ""
 		if x, aerr := b.lookupProxy(ctx, id); aerr == nil {
 			pool = x.Pool
 		}
 		d := events.ProxyRetiringData{Reason: instanceDeleteReason}
-		u := f.decide(ctx, nil, pool, events.AggregateProxy, id, &bus.Expect{Seq: lastSeq},
-			[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(id, events.ProxyRetiring, lastSeq, d), Data: d}},
+		u := f.decide(ctx, nil, pool, events.AggregateProxy, id, &bus.Expect{Seq: rd.LastSeq},
+			[]bus.Decision{{Type: events.ProxyRetiring, MsgID: decisionID(id, events.ProxyRetiring, rd.LastSeq, d), Data: d}},
 			[]any{"proxy", id, "decision", events.ProxyRetiring, "reason", instanceDeleteReason}, nil)
 		f.wait()
 		if errors.Is(u.err, bus.ErrConflict) {
@@ -255,7 +245,7 @@ func (b backend) retireInstance(ctx context.Context, f *flight, id string) (int,
 			b.log.ErrorContext(ctx, "instance.delete: append retiring", "proxy", id, "err", u.err)
 			return 0, api.Internal("could not record the deletion; retry")
 		}
-		return retirings + 1, nil
+		return rd.Attempt, nil
 	}
 	return 0, errProxyConflict()
 }

@@ -519,23 +519,30 @@ func (cf *clusterFleet) invariants(label string, sizes map[string]int) {
 	if !ok {
 		cf.t.Fatalf("%s: after %s: %s; live instances %v, the pools' proxies %v", label, deadline, pending, got, want)
 	}
-	lost := 0
+	// The stream's subjects are read from whichever node answers: one that
+	// has just resumed may answer before it has the agents' latest
+	// observations, so a proxy's observation is waited for a while before
+	// its command counts as lost.
 	var lostIDs []string
-	for id, types := range cf.proxyEvents() {
-		if !types[events.ProxyRequested] {
-			continue
-		}
-		executed := false
-		for typ := range types {
-			if strings.HasPrefix(typ, "agent:") {
-				executed = true
+	testwait.For(testwait.Context(cf.t, 30*time.Second), func() bool {
+		lostIDs = nil
+		for id, types := range cf.proxyEvents() {
+			if !types[events.ProxyRequested] {
+				continue
+			}
+			executed := false
+			for typ := range types {
+				if strings.HasPrefix(typ, "agent:") {
+					executed = true
+				}
+			}
+			if !executed {
+				lostIDs = append(lostIDs, id)
 			}
 		}
-		if !executed {
-			lost++
-			lostIDs = append(lostIDs, id)
-		}
-	}
+		return len(lostIDs) == 0
+	})
+	lost := len(lostIDs)
 	sort.Strings(lostIDs)
 	cf.t.Logf("cluster: %s: commands lost: %d", label, lost)
 	if lost != 0 {

@@ -145,6 +145,9 @@ type Conn struct {
 
 	replicas int
 	noCreate bool
+	// idKey keys the Msg-Ids of the events this connection appends
+	// (eventids.go); nil without authentication.
+	idKey []byte
 }
 
 // MayCreate reports whether this connection creates and updates the
@@ -211,8 +214,9 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		return nil, errors.New("a client certificate needs both its certificate and its key file (--nats-cert and --nats-key)")
 	}
 	url := cfg.URL
+	var secrets [][]byte
 	if cfg.Context != "" {
-		ctxURL, ctxOpts, err := contextOptions(cfg.Context)
+		ctxURL, ctxOpts, ctxSecrets, err := contextOptions(cfg.Context)
 		if err != nil {
 			return nil, err
 		}
@@ -220,6 +224,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 			url = ctxURL
 		}
 		opts = append(opts, ctxOpts...)
+		secrets = ctxSecrets
 	}
 	if url == "" {
 		if cfg.Embed == nil {
@@ -231,6 +236,14 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}
 		c.Server = srv
 		url = srv.ClientURL()
+		if cfg.ServerConfig != "" {
+			// A server that authenticates: its own client's nkey is
+			// new at every start, so its Msg-Id key is kept on disk.
+			if c.idKey, err = embeddedIDKey(cfg.DataDir); err != nil {
+				c.shutdownServer()
+				return nil, err
+			}
+		}
 		if co, ok := srv.(ClientOptioner); ok {
 			opts = append(opts, co.ClientOptions()...)
 		}
@@ -243,6 +256,7 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 		}
 		if cfg.CredsFile != "" {
 			opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+			secrets = fileSecret(secrets, cfg.CredsFile)
 		}
 		if cfg.NKeyFile != "" {
 			o, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
@@ -250,17 +264,21 @@ func Connect(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 				return nil, fmt.Errorf("nkey seed file %s: %w", cfg.NKeyFile, err)
 			}
 			opts = append(opts, o)
+			secrets = fileSecret(secrets, cfg.NKeyFile)
 		}
 		if cfg.CAFile != "" {
 			opts = append(opts, nats.RootCAs(cfg.CAFile))
 		}
 		if cfg.CertFile != "" {
 			opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+			secrets = fileSecret(secrets, cfg.KeyFile)
 		}
 		c.noCreate = cfg.NoCreate
 		if cfg.User != "" {
 			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+			secrets = append(secrets, []byte(cfg.User+"\x00"+cfg.Password))
 		}
+		c.idKey = idKeyOf(secrets)
 		if c.replicas == 0 {
 			c.replicas = 3
 		}

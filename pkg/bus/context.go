@@ -57,18 +57,18 @@ func contextPath(name string) (string, error) {
 
 // contextOptions reads the nats CLI context name and returns its server URL
 // and connection options.
-func contextOptions(name string) (string, []nats.Option, error) {
+func contextOptions(name string) (string, []nats.Option, [][]byte, error) {
 	path, err := contextPath(name)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", nil, fmt.Errorf("nats context %q: %w (create it with `nats context save`)", name, err)
+		return "", nil, nil, fmt.Errorf("nats context %q: %w (create it with `nats context save`)", name, err)
 	}
 	var c natsContext
 	if err := json.Unmarshal(b, &c); err != nil {
-		return "", nil, fmt.Errorf("nats context %q (%s) is not valid JSON: %w", name, path, err)
+		return "", nil, nil, fmt.Errorf("nats context %q (%s) is not valid JSON: %w", name, path, err)
 	}
 	var unsupported []string
 	for field, set := range map[string]bool{
@@ -80,29 +80,35 @@ func contextOptions(name string) (string, []nats.Option, error) {
 		}
 	}
 	if len(unsupported) > 0 {
-		return "", nil, fmt.Errorf("nats context %q (%s) sets %s, which proxyfleet services do not support; use url, user/password, token, creds, nkey and TLS files",
+		return "", nil, nil, fmt.Errorf("nats context %q (%s) sets %s, which proxyfleet services do not support; use url, user/password, token, creds, nkey and TLS files",
 			name, path, strings.Join(unsupported, ", "))
 	}
 	if c.URL == "" {
-		return "", nil, errors.New("nats context " + name + " (" + path + ") has no url")
+		return "", nil, nil, errors.New("nats context " + name + " (" + path + ") has no url")
 	}
 	var opts []nats.Option
+	var secrets [][]byte
 	switch {
 	case c.Creds != "":
 		opts = append(opts, nats.UserCredentials(c.Creds))
+		secrets = fileSecret(secrets, c.Creds)
 	case c.NKey != "":
 		o, err := nats.NkeyOptionFromSeed(c.NKey)
 		if err != nil {
-			return "", nil, fmt.Errorf("nats context %q: nkey %s: %w", name, c.NKey, err)
+			return "", nil, nil, fmt.Errorf("nats context %q: nkey %s: %w", name, c.NKey, err)
 		}
 		opts = append(opts, o)
+		secrets = fileSecret(secrets, c.NKey)
 	case c.Token != "":
 		opts = append(opts, nats.Token(c.Token))
+		secrets = append(secrets, []byte(c.Token))
 	case c.User != "":
 		opts = append(opts, nats.UserInfo(c.User, c.Password))
+		secrets = append(secrets, []byte(c.User+"\x00"+c.Password))
 	}
 	if c.Cert != "" || c.Key != "" {
 		opts = append(opts, nats.ClientCert(c.Cert, c.Key))
+		secrets = fileSecret(secrets, c.Key)
 	}
 	if c.CA != "" {
 		opts = append(opts, nats.RootCAs(c.CA))
@@ -110,5 +116,5 @@ func contextOptions(name string) (string, []nats.Option, error) {
 	if c.InboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
 	}
-	return c.URL, opts, nil
+	return c.URL, opts, secrets, nil
 }

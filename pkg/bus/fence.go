@@ -114,7 +114,7 @@ func (s *EventStore) ClaimTerm(ctx context.Context, leader string, lease uint64)
 	}
 	msg := nats.NewMsg(events.PlannerTermSubject())
 	msg.Data = body
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID), jetstream.WithExpectLastSequencePerSubject(after))
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgIDFor(s.idKey, msg.Subject, msgID)), jetstream.WithExpectLastSequencePerSubject(after))
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrWrongLastSequence {
 		return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, ErrConflict)
@@ -242,7 +242,7 @@ func (s *EventStore) StartFenced(ctx context.Context, term Term, ds ...Decision)
 		} else {
 			telemetry.Inject(ctx, msg.Header)
 		}
-		msg.Header.Set(jetstream.MsgIDHeader, d.MsgID)
+		msg.Header.Set(jetstream.MsgIDHeader, msgIDFor(s.idKey, msg.Subject, d.MsgID))
 		msg.Header.Set(hdrBatchID, batch)
 		msg.Header.Set(hdrBatchSeq, strconv.Itoa(i+2))
 		if d.Expect != nil {

@@ -48,6 +48,8 @@ type EventStore struct {
 	source string
 	now    func() time.Time
 	log    *slog.Logger
+	// idKey keys the Msg-Ids of this store's appends (eventids.go).
+	idKey []byte
 }
 
 // NewEventStore returns a store writing events with the CloudEvents source
@@ -56,7 +58,7 @@ func NewEventStore(c *Conn, source string, log *slog.Logger) *EventStore {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &EventStore{js: c.JS, source: source, now: time.Now, log: log}
+	return &EventStore{js: c.JS, source: source, now: time.Now, log: log, idKey: c.idKey}
 }
 
 // Expect is an optimistic-concurrency condition: the last sequence of the
@@ -85,7 +87,7 @@ func (s *EventStore) Append(ctx context.Context, aggregate, id, typ, msgID strin
 	msg := nats.NewMsg(subject)
 	msg.Data = body
 	telemetry.Inject(ctx, msg.Header)
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(msgID)}
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(msgIDFor(s.idKey, subject, msgID))}
 	if expect != nil {
 		opts = append(opts, jetstream.WithExpectLastSequenceForSubject(expect.Seq, events.AggregateFilter(aggregate, id)))
 	}
@@ -238,15 +240,20 @@ const readResetAttempts = 2
 
 // read delivers the events on filter from sequence from through one
 // ordered consumer. Its end (or, following, the caught-up point) is the last
-// sequence on filter when the read began: that message is never removed
-// (the stream denies delete and purge; only fence messages expire, and each
-// is followed by the decision it fences), so the read reaches it however
-// long the server takes, and never stops at a pause that merely looks like
-// the end.
+// sequence on filter when the read began. The stream denies delete and
+// purge, so that message is removed only if it carried a TTL: the
+// planner's fences (each followed by the decisions it fences, so never an
+// end), or an event some writer gave a TTL, which no reader acts on. So
+// the read reaches its end however long the server takes, never stops at
+// a pause that merely looks like the end, and does not wait for an end
+// that expired (see nextBefore).
 func (s *EventStore) read(ctx context.Context, filter string, from uint64, follow bool, fn func(Event) error, caughtUp func()) error {
 	end, err := s.lastSeq(ctx, filter)
 	if err != nil {
 		return err
+	}
+	if readEndHook != nil {
+		readEndHook()
 	}
 	from = max(from, 1)
 	if end < from {
@@ -276,8 +283,23 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 		return err
 	}
 	defer s.closeReader(ctx, cons, it)
+	next := from // the sequence the read waits for
+	var wait endWait
+	defer wait.stop()
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		msg, err := s.nextBefore(ctx, it, filter, next, &end, &wait)
+		if errors.Is(err, errEndGone) {
+			// The end expired before it was read (an event that carried a
+			// TTL, which nobody acts on): what was delivered is the end.
+			if !follow {
+				return nil
+			}
+			if caughtUp != nil {
+				caughtUp()
+				caughtUp = nil
+			}
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -289,6 +311,7 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 			return fmt.Errorf("read %s: %w", filter, err)
 		}
 		seq := md.Sequence.Stream
+		next = seq + 1
 		ev, derr := decodeRaw(msg.Subject(), seq, msg.Headers(), msg.Data())
 		if ev.Unreadable != nil {
 			s.noteUnreadable(ctx, seq, msg.Subject(), ev.Unreadable)
@@ -307,6 +330,72 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 				caughtUp = nil
 			}
 		}
+	}
+}
+
+// readEndHook, when set (by tests only), runs once a read knows its end.
+var readEndHook func()
+
+// endRecheck is how long a read waits for its next message, before its end
+// is reached, until it asks whether that end still exists.
+var endRecheck = 5 * time.Second
+
+// errEndGone says a read's end message was removed before it was read.
+var errEndGone = errors.New("the end of the read expired")
+
+// endWait is a read's wait for its end: a deadline renewed every
+// endRecheck, so a wait costs one timer per period, not one per message.
+type endWait struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	got    bool // a message arrived in this period
+}
+
+func (w *endWait) stop() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// nextBefore returns the read's next message. Until the read reached its
+// end (next <= *end), a period of endRecheck without a message asks for
+// the last sequence on filter again: a server that is merely slow still
+// holds the end, and the wait goes on; an end removed meanwhile (only a
+// message with a TTL can be) returns errEndGone, and *end becomes what is
+// left.
+func (s *EventStore) nextBefore(ctx context.Context, it jetstream.MessagesContext, filter string, next uint64, end *uint64, w *endWait) (jetstream.Msg, error) {
+	for {
+		if next > *end {
+			w.stop()
+			return it.Next(jetstream.NextContext(ctx))
+		}
+		if w.ctx == nil || w.ctx.Err() != nil {
+			w.stop()
+			w.ctx, w.cancel = context.WithTimeout(ctx, endRecheck)
+			w.got = false
+		}
+		msg, err := it.Next(jetstream.NextContext(w.ctx))
+		if err == nil {
+			w.got = true
+			return msg, nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		if w.got {
+			continue // messages still flow: a new period
+		}
+		last, err := s.lastSeq(ctx, filter)
+		if err != nil {
+			return nil, err
+		}
+		if last < next {
+			*end = next - 1
+			return nil, errEndGone
+		}
+		// Still there (the server is slow), or the end is gone but
+		// messages before it are still to come.
+		*end = min(*end, last)
 	}
 }
 
@@ -364,12 +453,30 @@ func (s *EventStore) closeReader(ctx context.Context, cons jetstream.Consumer, i
 	}
 }
 
+// Expiring returns an error when the message on subject with headers h
+// carries a per-message TTL and is not a planner fence. The stream allows
+// such TTLs for the fences alone, but the server lets any writer set one:
+// an event that may expire is not history, and acting on it would make a
+// later rebuild differ from today's views, so every reader of the log
+// treats it as unreadable.
+func Expiring(subject string, h nats.Header) error {
+	ttl := h.Get(jetstream.MsgTTLHeader)
+	if ttl == "" || subject == events.PlannerFenceSubject() {
+		return nil
+	}
+	return fmt.Errorf("it carries a %s header (%s): only the planner's fences may expire", jetstream.MsgTTLHeader, ttl)
+}
+
 func decodeRaw(subject string, seq uint64, h nats.Header, data []byte) (Event, error) {
 	agg, id, typ, by, ok := events.ParseEventSubject(subject)
 	if !ok {
 		return Event{}, fmt.Errorf("event subject %q has the wrong shape", subject)
 	}
 	ev := Event{Seq: seq, Aggregate: agg, ID: id, Kind: typ, By: by, Header: h}
+	if err := Expiring(subject, h); err != nil {
+		ev.Unreadable = fmt.Errorf("event %d on %s: %w", seq, subject, err)
+		return ev, nil
+	}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
 		ev.Unreadable = fmt.Errorf("event %d on %s: %w", seq, subject, err)

@@ -51,6 +51,10 @@ func (p *Projector) prepare(seq uint64, subject string, data []byte, h nats.Head
 		// Leader terms and decision fences: no view shows them.
 		return ev
 	}
+	if err := bus.Expiring(subject, h); err != nil {
+		p.log.Error("event that may expire; skipped", "seq", seq, "subject", subject, "err", err)
+		return ev
+	}
 	env, err := events.DecodeEnvelope(data)
 	if err != nil {
 		p.log.Error("undecodable event; skipped", "seq", seq, "subject", subject, "err", err)
@@ -421,7 +425,7 @@ func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq ui
 		if err != nil {
 			return false, err
 		}
-		if raw.Sequence > seq && readableEnd(raw.Subject, raw.Data) {
+		if raw.Sequence > seq && readableEnd(raw.Subject, raw.Header, raw.Data) {
 			return true, nil
 		}
 	}
@@ -431,9 +435,9 @@ func (p *Projector) endedLater(ctx context.Context, aggregate, id string, seq ui
 // readableEnd reports whether an event that would end an aggregate is one
 // the fold would apply: its envelope and data decode and its writer may
 // write it. An unreadable or forged deletion ends nothing.
-func readableEnd(subject string, data []byte) bool {
+func readableEnd(subject string, h nats.Header, data []byte) bool {
 	agg, id, kind, by, ok := events.ParseEventSubject(subject)
-	if !ok {
+	if !ok || bus.Expiring(subject, h) != nil {
 		return false
 	}
 	env, err := events.DecodeEnvelope(data)

@@ -9,11 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/testgate"
 )
@@ -229,6 +232,10 @@ func TestRunScript(t *testing.T) {
 		t.Errorf("%s | grep: %q, %v; want one ready event", events, out, err)
 	}
 
+	// The server lets in only make run's users, whose credentials only
+	// the owner can read.
+	checkRunCredentials(t, r)
+
 	// The pass-through flags reached the agent.
 	if b, _ := os.ReadFile(filepath.Join(r.runDir, "logs", "local-agent.log")); !bytes.Contains(b, []byte(`"msg":"agent started","service":"local-agent","entry":"local","target":"t1"`)) {
 		t.Errorf("local-agent.log has no start as target t1: AGENT_FLAGS did not reach it")
@@ -282,6 +289,74 @@ func TestRunScript(t *testing.T) {
 	}
 	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) {
 		t.Errorf("stopped at %v (gateway, agent, health, planner); want that order", stops)
+	}
+}
+
+// checkRunCredentials checks that make run's NATS server refuses a client
+// without credentials (before, any local user or process was a full NATS
+// user and could read fleet-secrets) and with a wrong password, that the
+// nats CLI of nats.env gets in, and that the credentials are the owner's
+// alone: <run-dir>/nats mode 0700, its files 0600.
+func checkRunCredentials(t *testing.T, r *runScript) {
+	t.Helper()
+	env, err := os.ReadFile(filepath.Join(r.runDir, "nats.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var url string
+	for _, line := range strings.Split(string(env), "\n") {
+		if v, ok := strings.CutPrefix(line, "export NATS_URL="); ok {
+			url = v
+		}
+	}
+	if url == "" {
+		t.Fatalf("nats.env names no NATS_URL:\n%s", env)
+	}
+	for name, opts := range map[string][]nats.Option{
+		"no credentials": nil,
+		"wrong password": {nats.UserInfo("operator", "guess")},
+		"no password":    {nats.UserInfo("health", "")},
+	} {
+		nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(0))...)
+		if err == nil {
+			_, kerr := nc.JetStream()
+			nc.Close()
+			t.Errorf("make run's NATS server let in a client with %s (%v)", name, kerr)
+		} else if !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+			t.Errorf("a client with %s: %v, want an authorization violation", name, err)
+		}
+	}
+	out, err := r.shell(". " + filepath.Join(r.runDir, "nats.env") + " && nats kv ls")
+	if err != nil || !strings.Contains(out, "fleet-secrets") {
+		t.Errorf("the nats CLI of nats.env lists buckets: %q, %v", out, err)
+	}
+	dir := filepath.Join(r.runDir, "nats")
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s has mode %v, want 0700", dir, fi.Mode().Perm())
+	}
+	files, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name())
+		i, err := f.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", f.Name(), i.Mode().Perm())
+		}
+	}
+	for _, want := range []string{"server.conf", "operator.json", "health.json", "local-agent.json", "gateway.json"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s holds %v, no %s", dir, names, want)
+		}
 	}
 }
 

@@ -39,8 +39,10 @@
 # Prometheus's file_sd (make observe).
 #
 # make run owns its NATS server: the services ignore the shell's NATS_URL,
-# NATS_CONTEXT and NATS_CREDS. <run-dir>/nats.env points the nats CLI of
-# another shell at the server (`. .run/nats.env`).
+# NATS_CONTEXT and NATS_CREDS. The server requires credentials: make run
+# writes a user and password per service and one for the nats CLI into
+# <run-dir>/nats (mode 0700). <run-dir>/nats.env points the nats CLI of
+# another shell at the server with them (`. .run/nats.env`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -338,9 +340,51 @@ write_metrics_targets() {
 	mv -f "$RUN/metrics-targets.json.tmp" "$RUN/metrics-targets.json"
 }
 
+# The embedded NATS server lets in only the users make run made: one per
+# service it starts and "operator" for the nats CLI, each with a random
+# password kept in $RUN/nats (a directory only its owner may enter, files
+# mode 0600) across runs, so another local user or process gets nothing
+# from the port. The planner embeds the server and needs no password.
+NATS_DIR=$RUN/nats
+nats_users=(health local-agent gateway operator)
+(
+	umask 077
+	mkdir -p "$NATS_DIR"
+	chmod 700 "$NATS_DIR"
+	for u in "${nats_users[@]}"; do
+		if [ ! -s "$NATS_DIR/$u.password" ]; then
+			od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$NATS_DIR/$u.password.tmp"
+			mv -f "$NATS_DIR/$u.password.tmp" "$NATS_DIR/$u.password"
+		fi
+	done
+	{
+		echo "# make run's NATS users (scripts/run.sh), one per service and operator for the nats CLI"
+		echo "authorization {"
+		echo "  users: ["
+		for u in "${nats_users[@]}"; do
+			printf '    { user: "%s", password: "%s" }\n' "$u" "$(cat "$NATS_DIR/$u.password")"
+		done
+		echo "  ]"
+		echo "}"
+	} >"$NATS_DIR/server.conf.tmp"
+	mv -f "$NATS_DIR/server.conf.tmp" "$NATS_DIR/server.conf"
+)
+rm -f "$RUN/nats-context.json" # a context without credentials, of earlier runs
+
+# nats_context USER writes the nats context (URL and credentials) USER
+# connects with, $RUN/nats/USER.json, once the server's URL is known.
+nats_context() {
+	(
+		umask 077
+		printf '{"description":"make run, as %s","url":"%s","user":"%s","password":"%s"}\n' \
+			"$1" "$url" "$1" "$(cat "$NATS_DIR/$1.password")" >"$NATS_DIR/$1.json.tmp"
+		mv -f "$NATS_DIR/$1.json.tmp" "$NATS_DIR/$1.json"
+	)
+}
+
 # natsq runs the pinned nats CLI against make run's server only.
 natsq() {
-	NATS_CONTEXT="$abs_run/nats-context.json" "$BIN/nats" --server "$url" "$@"
+	NATS_CONTEXT="$abs_run/nats/operator.json" "$BIN/nats" "$@"
 }
 
 if [ "${NATS_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${NATS_ADDR%:*}/${NATS_ADDR##*:}") 2>/dev/null; then
@@ -357,7 +401,7 @@ read -r -a planner_metrics <<<"$(metrics_args "${planner_flags[@]}")"
 read -r -a health_metrics <<<"$(metrics_args "${health_flags[@]}")"
 read -r -a agent_metrics <<<"$(metrics_args "${agent_flags[@]}")"
 read -r -a gateway_metrics <<<"$(metrics_args "${gateway_flags[@]}")"
-start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" "${planner_metrics[@]}" "${planner_flags[@]}"
+start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" --nats-server-config "$NATS_DIR/server.conf" "${planner_metrics[@]}" "${planner_flags[@]}"
 # The embedded server writes its client URL (with the port the kernel
 # chose for port 0) to <data-dir>/<program>_<pid>.ports once it listens.
 ports_file="$RUN/planner/planner_${pid[planner]}.ports"
@@ -371,9 +415,9 @@ if [ -z "$url" ]; then
 	echo "the planner's NATS server did not start listening within 60s; see $RUN/logs/planner.log" >&2
 	exit 1
 fi
-printf '{"url":"%s"}\n' "$url" >"$RUN/nats-context.json"
-# Started with --nats-url, health and the agent never embed a server.
-health_args=(--nats-url "$url" --data-dir "$RUN/health" "${health_flags[@]}")
+for u in "${nats_users[@]}"; do nats_context "$u"; done
+# Started with a context (its URL), health never embeds a server.
+health_args=(--nats-context "$NATS_DIR/health.json" --data-dir "$RUN/health" "${health_flags[@]}")
 
 echo_log_from=$(stat -c %s "$RUN/logs/health.log" 2>/dev/null || echo 0)
 start health "${health_args[@]}" "${health_metrics[@]}" --echo-addr "$ECHO_ADDR"
@@ -405,7 +449,7 @@ if [ -n "$ECHO_ADDR" ]; then
 	echo_url="http://$echo_addr/"
 	egress_args=(--egress-allow "$echo_addr")
 fi
-start local-agent --nats-url "$url" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_metrics[@]}" "${agent_flags[@]}"
+start local-agent --nats-context "$NATS_DIR/local-agent.json" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_metrics[@]}" "${agent_flags[@]}"
 
 # The banner's commands need an agent: the planner refuses a pool whose
 # provider no agent has announced.
@@ -418,7 +462,7 @@ done
 
 # The gateway, started last: it routes to the proxies health finds ready.
 gateway_log_from=$(stat -c %s "$RUN/logs/gateway.log" 2>/dev/null || echo 0)
-start gateway --nats-url "$url" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_metrics[@]}" "${gateway_flags[@]}"
+start gateway --nats-context "$NATS_DIR/gateway.json" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_metrics[@]}" "${gateway_flags[@]}"
 gateway_addr=""
 for _ in $(seq 1 600); do
 	gateway_addr=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
@@ -450,7 +494,7 @@ cat >"$RUN/nats.env" <<EOT
 # Points the pinned nats CLI at make run's NATS server: . $RUN/nats.env
 export PATH="$abs_bin:\$PATH"
 export NATS_URL=$url
-export NATS_CONTEXT=$abs_run/nats-context.json
+export NATS_CONTEXT=$abs_run/nats/operator.json
 unset ${NATS_VARS#NATS_URL NATS_CONTEXT }
 EOT
 
@@ -459,7 +503,7 @@ cmd() {
 	if [ -n "${2:-}" ]; then printf '  %-48s # %s\n' "$1" "$2"; else printf '  %s\n' "$1"; fi
 }
 echo
-echo "proxyfleet is running: embedded NATS at $url, echo endpoint at $echo_url,"
+echo "proxyfleet is running: embedded NATS at $url (credentials in $RUN/nats), echo endpoint at $echo_url,"
 echo "crawler gateway at http://$gateway_addr (it accepts any password on loopback; docs/gateway.md)"
 if [ -n "$metrics_urls" ]; then
 	echo "metrics: $metrics_urls"
@@ -469,7 +513,7 @@ if [ -n "${OTEL_EXPORTER_OTLP_ENDPOINT:-}${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-}
 fi
 echo "In another terminal, in this directory, point the pinned nats CLI at it:"
 echo
-cmd ". $RUN/nats.env" "PATH with ./bin; NATS_URL and NATS_CONTEXT of this server"
+cmd ". $RUN/nats.env" "PATH with ./bin; this server's URL and credentials"
 echo
 cmd "nats micro ls" "planner, health's agents: the fleet's services"
 cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3}'"

@@ -8,6 +8,7 @@ package agent
 import (
 	"context"
 	"net/netip"
+	"time"
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
@@ -136,6 +137,22 @@ type Verdict struct {
 	Check  string `json:"check"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail,omitempty"`
+}
+
+// TargetCheck is the value of a target's key "<entry>.<target>" in the
+// fleet-targets bucket: the health service's last poll of the target
+// agent's checks. Health writes it; the planner reads it to keep new
+// proxies off a target whose checks fail.
+type TargetCheck struct {
+	Entry    string    `json:"entry"`
+	Target   string    `json:"target"`
+	Verdicts []Verdict `json:"verdicts"`
+	// OK is true when the agent answered and every verdict passed.
+	OK bool `json:"ok"`
+	// At is when health polled the agent.
+	At time.Time `json:"at"`
+	// Error is why the agent's answer is missing, when it is.
+	Error string `json:"error,omitempty"`
 }
 
 // Info is what an agent announces about itself.

@@ -20,6 +20,10 @@ const (
 	// ConditionProgressing is True while a scale, roll, rotation or
 	// replacement is under way.
 	ConditionProgressing = "Progressing"
+	// ConditionCleanup is False while deletes of the pool's retired
+	// proxies keep failing. A pool carries it once such a delete got
+	// stuck, True again when none is.
+	ConditionCleanup = "Cleanup"
 )
 
 // Condition statuses.
@@ -34,6 +38,9 @@ const (
 	// Ready
 	ReasonEnoughReady    = "EnoughReady"
 	ReasonNotEnoughReady = "NotEnoughReady"
+	// ReasonHealthUnavailable: no health replica is alive, so nobody
+	// probes the proxies; the status is Unknown.
+	ReasonHealthUnavailable = "HealthUnavailable"
 
 	// Placed
 	ReasonPlaced                = "Placed"
@@ -43,7 +50,11 @@ const (
 	ReasonCapacityExhausted     = "CapacityExhausted"
 	ReasonQuota                 = "Quota"
 	ReasonTargetsFailing        = "TargetsFailing"
-	ReasonSecretsUnavailable    = "SecretsUnavailable"
+	// ReasonTargetsUnhealthy: every eligible target with room fails the
+	// checks health polls (fleet-targets); the message names them and
+	// their failing checks.
+	ReasonTargetsUnhealthy   = "TargetsUnhealthy"
+	ReasonSecretsUnavailable = "SecretsUnavailable"
 
 	// Progressing
 	ReasonSettled   = "Settled"
@@ -51,6 +62,12 @@ const (
 	ReasonRolling   = "Rolling"
 	ReasonRotating  = "Rotating"
 	ReasonReplacing = "Replacing"
+
+	// Cleanup
+	ReasonCleanedUp = "CleanedUp"
+	// ReasonDeleteStuck: the delete of a retired proxy was re-issued
+	// several times and the proxy is still not deleted.
+	ReasonDeleteStuck = "DeleteStuck"
 )
 
 // PoolConditionData is one condition's new value.
@@ -65,9 +82,9 @@ type PoolConditionData struct {
 func (d *PoolConditionData) Validate() error {
 	var v ValidationError
 	switch d.Type {
-	case ConditionReady, ConditionPlaced, ConditionProgressing:
+	case ConditionReady, ConditionPlaced, ConditionProgressing, ConditionCleanup:
 	default:
-		v.Add("type", "must be Ready, Placed or Progressing", d.Type)
+		v.Add("type", "must be Ready, Placed, Progressing or Cleanup", d.Type)
 	}
 	switch d.Status {
 	case ConditionTrue, ConditionFalse, ConditionUnknown:
@@ -91,7 +108,7 @@ type Condition struct {
 }
 
 // SetCondition folds one condition event, appended at time at, into list
-// and returns the new list, ordered Ready, Placed, Progressing. Since moves
+// and returns the new list, ordered Ready, Placed, Progressing, Cleanup. Since moves
 // only when the status changes. Both the planner and the health projection
 // fold conditions with it, so their answers agree.
 func SetCondition(list []Condition, d PoolConditionData, at time.Time) []Condition {
@@ -111,7 +128,7 @@ func SetCondition(list []Condition, d PoolConditionData, at time.Time) []Conditi
 	if !found {
 		out = append(out, Condition{Type: d.Type, Status: d.Status, Reason: d.Reason, Message: d.Message, Since: at})
 	}
-	order := map[string]int{ConditionReady: 0, ConditionPlaced: 1, ConditionProgressing: 2}
+	order := map[string]int{ConditionReady: 0, ConditionPlaced: 1, ConditionProgressing: 2, ConditionCleanup: 3}
 	for i := 1; i < len(out); i++ {
 		for j := i; j > 0 && order[out[j].Type] < order[out[j-1].Type]; j-- {
 			out[j], out[j-1] = out[j-1], out[j]

@@ -39,3 +39,24 @@ func TestSetCondition(t *testing.T) {
 		t.Error("invalid condition data accepted")
 	}
 }
+
+// TestCleanupCondition: a Cleanup condition validates and folds after the
+// other three, whatever the order of its events.
+func TestCleanupCondition(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	stuck := events.PoolConditionData{Type: events.ConditionCleanup, Status: events.ConditionFalse, Reason: events.ReasonDeleteStuck, Message: "px-a"}
+	if err := stuck.Validate(); err != nil {
+		t.Fatalf("Cleanup condition refused: %v", err)
+	}
+	var list []events.Condition
+	list = events.SetCondition(list, stuck, t0)
+	list = events.SetCondition(list, events.PoolConditionData{Type: events.ConditionProgressing, Status: events.ConditionFalse, Reason: events.ReasonSettled}, t0)
+	list = events.SetCondition(list, events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionUnknown, Reason: events.ReasonHealthUnavailable}, t0)
+	var got []string
+	for _, c := range list {
+		got = append(got, c.Type)
+	}
+	if want := []string{events.ConditionReady, events.ConditionProgressing, events.ConditionCleanup}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("order: got %v, want %v", got, want)
+	}
+}

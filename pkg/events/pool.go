@@ -55,6 +55,11 @@ type PoolSpec struct {
 	// replaced (default [DefaultUnhealthyAfter], at least
 	// [MinUnhealthyAfter]).
 	UnhealthyAfter Duration `json:"unhealthyAfter,omitempty"`
+	// DistinctEgress, when true, means no two members of the pool may
+	// share an egress address (the address health's echo endpoint sees
+	// through a proxy): of two ready members that share one, the planner
+	// keeps the older and replaces the newer, one at a time.
+	DistinctEgress bool `json:"distinctEgress,omitempty"`
 	// Egress widens the pool's egress policy beyond the default (see
 	// package egress): more destination ranges, more ports.
 	Egress *Egress `json:"egress,omitempty"`

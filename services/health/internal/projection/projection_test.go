@@ -598,3 +598,26 @@ func sameJSON(a, b any) bool {
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb)
 }
+
+// TestPoolViewShowsStuckDeletes: the planner's Cleanup condition (deletes
+// that keep failing) shows in fleet-pools, after the other conditions.
+func TestPoolViewShowsStuckDeletes(t *testing.T) {
+	e := start(t)
+	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Port: 3128}
+	e.append("demo", events.PoolApplied, events.PoolAppliedData{Spec: spec.Public(), Revision: 1})
+	stuck := events.PoolConditionData{Type: events.ConditionCleanup, Status: events.ConditionFalse, Reason: events.ReasonDeleteStuck,
+		Message: "deletes keep failing, their instances may still run: px-a on local/t1 (retiring since 2026-01-01T00:00:00Z)"}
+	c1 := e.append("demo", events.PoolCondition, stuck)
+	c2 := e.append("demo", events.PoolCondition, events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady})
+	var got projection.Pool
+	e.eventually("conditions", func() bool { return e.get(bus.BucketPools, "demo", &got) && got.Seq == c2 })
+	want := []events.Condition{
+		{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady, Since: e.eventTime(c2)},
+		{Type: events.ConditionCleanup, Status: events.ConditionFalse, Reason: events.ReasonDeleteStuck, Message: stuck.Message, Since: e.eventTime(c1)},
+	}
+	if !sameJSON(got.Conditions, want) {
+		j1, _ := json.Marshal(got.Conditions)
+		j2, _ := json.Marshal(want)
+		t.Fatalf("conditions:\n got  %s\n want %s", j1, j2)
+	}
+}

@@ -44,16 +44,9 @@ func (c *Config) defaults() {
 	}
 }
 
-// Record is the fleet-targets value of one target.
-type Record struct {
-	Entry    string          `json:"entry"`
-	Target   string          `json:"target"`
-	Verdicts []agent.Verdict `json:"verdicts"`
-	// OK is true when the agent answered and every verdict passed.
-	OK    bool      `json:"ok"`
-	At    time.Time `json:"at"`
-	Error string    `json:"error,omitempty"`
-}
+// Record is the fleet-targets value of one target; its wire shape is
+// shared with the planner, which reads it.
+type Record = agent.TargetCheck
 
 // Checker polls the agents. Create it with [New].
 type Checker struct {

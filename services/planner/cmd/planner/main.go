@@ -113,10 +113,14 @@ func run() int {
 		"a create issued this many times without the proxy reaching provisioning fails it (class stuck); it is replaced on another target")
 	fs.DurationVar(&cfg.QuotaAvoid, "avoid-target", 5*time.Minute,
 		"a target that answered quota, or on which a create got stuck, takes no new proxy for this long")
+	fs.IntVar(&cfg.StuckDeletes, "stuck-deletes", 3,
+		"a retired proxy whose delete was re-issued this many times (every 3 minutes) without being deleted turns its pool's Cleanup condition False (DeleteStuck) and counts in proxyfleet_planner_deletes_stuck")
+	fs.DurationVar(&cfg.CheckMaxAge, "check-max-age", 90*time.Second,
+		"a target whose latest check in fleet-targets failed less than this long ago takes no new proxy (an older record, or none, does not block: health may be down)")
 	fs.DurationVar(&cfg.ProvisionTimeout, "provision-timeout", 15*time.Minute,
 		"a proxy provisioning this long without an address is recorded as failed (timeout) and replaced")
 	fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 15*time.Minute,
-		"a proxy running this long (it has an address) without one probe through it passing is recorded as failed (timeout) and replaced")
+		"a proxy running this long (it has an address) without one probe through it passing is recorded as failed (timeout) and replaced; suspended while no health replica is alive, and counted afresh from its return")
 	fs.DurationVar(&cfg.AutoscaleInterval, "autoscale-interval", 2*time.Second,
 		"period of the leader's autoscaling rounds, which size the pools with autoscale by the gateways' demand")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", time.Minute,

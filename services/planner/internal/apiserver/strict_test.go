@@ -76,6 +76,7 @@ func TestDecodeStrictNamesEveryRefusalByPath(t *testing.T) {
 		{"object for integer", spec, `{"size":{}}`, `size: must be an integer, got object`},
 		{"nested wrong type", spec, `{"auth":{"username":7}}`, `auth.username: must be a string, got number`},
 		{"string for object", spec, `{"auth":"u:p"}`, `auth: must be an object, got string`},
+		{"string for bool", spec, `{"distinctEgress":"yes"}`, `distinctEgress: must be true or false, got string`},
 		{"string for array", spec, `{"targets":"t1"}`, `targets: must be an array, got string`},
 		{"element wrong type", spec, `{"targets":["t1",2]}`, `targets[1]: must be a string, got number`},
 		{"bad duration", spec, `{"maxAge":"soon"}`, `maxAge: must be a duration string such as "72h": "soon"`},

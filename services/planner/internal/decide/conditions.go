@@ -9,14 +9,19 @@ import (
 
 // Conditions are the pool's conditions after a pass that wanted want
 // proxies and found f (with the writer's miss, if it refused a create):
-// Ready, Placed and Progressing, in that order. See docs/operator-guide.md,
-// "Pool conditions".
+// Ready, Placed and Progressing, in that order, then Cleanup once a
+// delete of the pool's got stuck (and from then on). See
+// docs/operator-guide.md, "Pool conditions".
 func Conditions(pool *Pool, want int, f *Found, ageNow time.Time) []events.PoolConditionData {
 	ready := events.PoolConditionData{Type: events.ConditionReady, Status: events.ConditionTrue, Reason: events.ReasonEnoughReady,
 		Message: fmt.Sprintf("%d of %d proxies ready", want, want)}
 	if f.Ready < want {
 		ready.Status, ready.Reason = events.ConditionFalse, events.ReasonNotEnoughReady
 		ready.Message = fmt.Sprintf("fewer than %d proxies ready", want)
+	}
+	if !f.HealthDownSince.IsZero() {
+		// Nobody probes: ready and unhealthy are as old as the outage.
+		ready = healthUnavailable(f.HealthDownSince)
 	}
 
 	placed := events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced,
@@ -63,7 +68,35 @@ func Conditions(pool *Pool, want int, f *Found, ageNow time.Time) []events.PoolC
 	case want == 0 && f.Active > 0, want > 0 && (len(f.Counted) != want || pending > 0):
 		set(events.ReasonScaling, fmt.Sprintf("scaling to %d proxies", want))
 	}
-	return []events.PoolConditionData{ready, placed, progressing}
+	out := []events.PoolConditionData{ready, placed, progressing}
+	if c, ok := cleanup(pool, f); ok {
+		out = append(out, c)
+	}
+	return out
+}
+
+// cleanup is the pool's Cleanup condition: False while deletes of its
+// retired proxies are stuck, naming them, their targets, since when they
+// retire and the last failure recorded; True once none is, for a pool
+// that had it False. Pools whose deletes never got stuck do not carry it.
+func cleanup(pool *Pool, f *Found) (events.PoolConditionData, bool) {
+	if len(f.StuckDeletes) == 0 {
+		if _, had := events.FindCondition(pool.Conditions, events.ConditionCleanup); !had {
+			return events.PoolConditionData{}, false
+		}
+		return events.PoolConditionData{Type: events.ConditionCleanup, Status: events.ConditionTrue, Reason: events.ReasonCleanedUp,
+			Message: "no delete of a retired proxy is stuck"}, true
+	}
+	parts := make([]string, 0, len(f.StuckDeletes))
+	for _, x := range f.StuckDeletes {
+		s := fmt.Sprintf("%s on %s/%s (retiring since %s", x.ID, x.Entry, x.Target, x.RetiringSince.UTC().Format(time.RFC3339))
+		if x.DeleteFailure != "" {
+			s += "; last failure: " + Truncate(x.DeleteFailure, 160)
+		}
+		parts = append(parts, s+")")
+	}
+	return events.PoolConditionData{Type: events.ConditionCleanup, Status: events.ConditionFalse, Reason: events.ReasonDeleteStuck,
+		Message: "deletes keep failing, their instances may still run: " + JoinNames(parts)}, true
 }
 
 // Changed returns the conditions of cs whose status, reason or message

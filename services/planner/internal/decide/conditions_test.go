@@ -63,6 +63,10 @@ func TestConditions(t *testing.T) {
 			found: Found{Condemned: []Proxy{ready("a"), ready("b"), ready("c"), ready("d"), ready("e"), ready("f"), ready("g")}},
 			ready: "False NotEnoughReady: fewer than 7 proxies ready", placed: "True Placed: every proxy the pool needs has a target",
 			progressing: "True Replacing: replacing a, b, c, d, e and 2 more"},
+		{name: "health down: readiness unknown", pool: pool(1), want: 1,
+			found:  Found{Active: 1, Ready: 1, Counted: []Proxy{ready("a")}, HealthDownSince: t0.Add(-time.Minute)},
+			ready:  "Unknown HealthUnavailable: no health replica is alive since 2026-03-01T11:59:00Z; readiness unknown (no proxy is failed for want of a probe until health is back)",
+			placed: "True Placed: every proxy the pool needs has a target", progressing: "False Settled: the pool matches its spec"},
 		{name: "rotating", pool: aging, want: 1,
 			found: Found{Active: 1, Ready: 1, Counted: []Proxy{ready("a")}},
 			ready: "True EnoughReady: 1 of 1 proxies ready", placed: "True Placed: every proxy the pool needs has a target",
@@ -111,6 +115,7 @@ func TestTimer(t *testing.T) {
 		pool        Pool
 		members     []Proxy
 		retry       bool
+		health      Health
 		due, ageDue time.Time
 	}{
 		{name: "nothing pending", pool: pool(1), members: []Proxy{px("a", "t1", events.ProxyReady)}},
@@ -121,6 +126,11 @@ func TestTimer(t *testing.T) {
 			due: t0.Add(14 * time.Minute)},
 		{name: "ready timeout", pool: pool(1), members: []Proxy{px("a", "t1", events.ProxyRunning, updated(5*time.Minute))},
 			due: t0.Add(10 * time.Minute)},
+		{name: "no ready timeout while health is down", pool: pool(1), health: Health{Down: true, Since: t0.Add(-time.Hour)},
+			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(5*time.Minute))}},
+		{name: "ready timeout counts from health's return", pool: pool(1), health: Health{Back: t0.Add(-time.Minute)},
+			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(5*time.Minute))},
+			due:     t0.Add(14 * time.Minute)},
 		{name: "retire timeout, the earliest of several", pool: pool(1), members: []Proxy{
 			px("a", "t1", events.ProxyRetiring, updated(time.Minute)), px("b", "t1", events.ProxyRetiring, updated(2*time.Minute))},
 			due: t0.Add(time.Minute)},
@@ -137,7 +147,7 @@ func TestTimer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Timer(testConfig, &tc.pool, tc.members, tc.retry, t0)
+			got := Timer(testConfig, &tc.pool, tc.members, tc.health, tc.retry, t0)
 			want := When{Retry: tc.retry, Due: tc.due, AgeDue: tc.ageDue}
 			if got != want {
 				t.Errorf("got %+v, want %+v", got, want)
@@ -188,5 +198,34 @@ func TestRetireOrder(t *testing.T) {
 	}
 	if in[0].ID != "ready-new" {
 		t.Error("RetireOrder reordered its input")
+	}
+}
+
+// TestCleanupCondition: stuck deletes turn a pool's Cleanup condition
+// False, naming each proxy, its target, since when it retires and its last
+// failure; a pool whose deletes never got stuck does not carry it; one
+// that did gets it True again when none is.
+func TestCleanupCondition(t *testing.T) {
+	stuck := px("a", "t1", events.ProxyRetiring, func(x *Proxy) {
+		x.DeleteAttempt, x.RetiringSince, x.DeleteFailure = 4, t0.Add(-10*time.Minute), "permanent: volume busy"
+	})
+	p := pool(1)
+	cs := Conditions(&p, 1, &Found{StuckDeletes: []Proxy{stuck, px("b", "t2", events.ProxyRetiring, func(x *Proxy) { x.RetiringSince = t0 })}}, t0)
+	if len(cs) != 4 {
+		t.Fatalf("got %d conditions, want 4", len(cs))
+	}
+	want := events.PoolConditionData{Type: events.ConditionCleanup, Status: events.ConditionFalse, Reason: events.ReasonDeleteStuck,
+		Message: "deletes keep failing, their instances may still run: a on local/t1 (retiring since 2026-03-01T11:50:00Z; last failure: permanent: volume busy), " +
+			"b on local/t2 (retiring since 2026-03-01T12:00:00Z)"}
+	if cs[3] != want {
+		t.Errorf("Cleanup:\n got  %+v\n want %+v", cs[3], want)
+	}
+	if cs := Conditions(&p, 1, &Found{}, t0); len(cs) != 3 {
+		t.Errorf("a pool whose deletes never got stuck: got %d conditions, want 3", len(cs))
+	}
+	p.Conditions = events.SetCondition(nil, want, t0)
+	cs = Conditions(&p, 1, &Found{}, t0)
+	if len(cs) != 4 || cs[3].Status != events.ConditionTrue || cs[3].Reason != events.ReasonCleanedUp {
+		t.Errorf("stuck no more: got %+v, want Cleanup True CleanedUp", cs)
 	}
 }

@@ -18,7 +18,7 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 var testConfig = Config{
 	CreateTimeout: 3 * time.Minute, ProvisionTimeout: 15 * time.Minute, ReadyTimeout: 15 * time.Minute,
-	RetireTimeout: 3 * time.Minute, QuotaAvoid: 5 * time.Minute, MaxCreateAttempts: 5,
+	RetireTimeout: 3 * time.Minute, QuotaAvoid: 5 * time.Minute, MaxCreateAttempts: 5, StuckDeletes: 3,
 }
 
 // px is a proxy of pool p on local/<target> in state, created an hour
@@ -50,9 +50,19 @@ func replacedBy(id, why string) func(*Proxy) {
 func failed(class, reason string) func(*Proxy) {
 	return func(x *Proxy) { x.FailureClass, x.Reason = class, reason }
 }
-func reason(r string) func(*Proxy)  { return func(x *Proxy) { x.Reason = r } }
-func skipCleanup() func(*Proxy)     { return func(x *Proxy) { x.SkipCleanup = true } }
-func tg(name string) Target         { return Target{Entry: "local", Target: name} }
+func reason(r string) func(*Proxy) { return func(x *Proxy) { x.Reason = r } }
+func skipCleanup() func(*Proxy)    { return func(x *Proxy) { x.SkipCleanup = true } }
+func tg(name string) Target        { return Target{Entry: "local", Target: name} }
+
+// testCheckMaxAge is the placement's CheckMaxAge in the tests.
+const testCheckMaxAge = 90 * time.Second
+
+// checked gives t a check verdict taken ago before t0, failing with
+// failing when it is not empty.
+func checked(t Target, ago time.Duration, failing ...string) Target {
+	t.Check = &Check{OK: len(failing) == 0, At: t0.Add(-ago), Failing: failing}
+	return t
+}
 func capped(t Target, n int) Target { t.Capacity = n; return t }
 func offers(t Target, images, profiles []string) Target {
 	t.Images, t.Profiles = images, profiles
@@ -111,6 +121,8 @@ type reconcileCase struct {
 	want           []string
 	miss           string // the Placed reason of a miss, "" for none
 	missText       string // a part of the miss's message
+	health         Health
+	stuck          []string // ids of the stuck deletes found
 }
 
 func (tc reconcileCase) run(t *testing.T) Plan {
@@ -144,8 +156,9 @@ func (tc reconcileCase) run(t *testing.T) Plan {
 		}
 	}
 	load, poolLoad := keyed(tc.load), keyed(tc.poolLoad)
-	in := &Input{Now: t0, AgeNow: t0, Config: testConfig, Pool: tc.pool, Members: tc.members, Replacements: repl,
-		Placement: &Placement{Now: t0, Targets: targets, Load: Load{All: load, Pool: poolLoad}, Avoid: avoid, Known: tc.known, QuotaAvoid: testConfig.QuotaAvoid}}
+	in := &Input{Now: t0, AgeNow: t0, Config: testConfig, Pool: tc.pool, Members: tc.members, Replacements: repl, Health: tc.health,
+		Placement: &Placement{Now: t0, Targets: targets, Load: Load{All: load, Pool: poolLoad}, Avoid: avoid, Known: tc.known, QuotaAvoid: testConfig.QuotaAvoid,
+			CheckMaxAge: testCheckMaxAge}}
 	plan := Reconcile(in)
 	var got []string
 	for _, d := range plan.Decisions {
@@ -161,6 +174,13 @@ func (tc reconcileCase) run(t *testing.T) Plan {
 		t.Errorf("miss: got %s (%s), want %q", m.Reason, m.Message, tc.miss)
 	case m != nil && !strings.Contains(m.Message, tc.missText):
 		t.Errorf("miss message: got %q, want it to contain %q", m.Message, tc.missText)
+	}
+	var stuck []string
+	for _, x := range plan.Found.StuckDeletes {
+		stuck = append(stuck, x.ID)
+	}
+	if !slices.Equal(stuck, tc.stuck) {
+		t.Errorf("stuck deletes: got %v, want %v", stuck, tc.stuck)
 	}
 	if !maps2Equal(in.Placement.Load.All, keyed(tc.load)) {
 		t.Errorf("Reconcile changed its input's load: %v", in.Placement.Load.All)
@@ -240,6 +260,49 @@ func TestReconcile(t *testing.T) {
 			avoid: map[string]Avoidance{"t1": {Class: events.ClassStuck, At: t0}, "t2": {Class: events.ClassStuck, At: t0}},
 			miss:  events.ReasonTargetsFailing, missText: "t1 (stuck at"},
 
+		// distinctEgress.
+		{name: "distinctEgress: the newer of two members sharing an egress is replaced", pool: distinct(2),
+			members: []Proxy{px("a", "t1", events.ProxyReady, created(2*time.Hour), egressIP("192.0.2.1")), px("b", "t2", events.ProxyReady, egressIP("192.0.2.1"))},
+			want:    []string{`create on t1 replacing b "shared-egress: egress 192.0.2.1 is a's too"`}},
+		{name: "distinctEgress: distinct egresses, nothing", pool: distinct(2),
+			members: []Proxy{px("a", "t1", events.ProxyReady, egressIP("192.0.2.1")), px("b", "t2", events.ProxyReady, egressIP("192.0.2.2"))}},
+		{name: "without distinctEgress a shared egress is fine", pool: pool(2),
+			members: []Proxy{px("a", "t1", events.ProxyReady, egressIP("192.0.2.1")), px("b", "t2", events.ProxyReady, egressIP("192.0.2.1"))}},
+		{name: "distinctEgress: one replacement at a time", pool: distinct(3),
+			members: []Proxy{px("a", "t1", events.ProxyReady, created(3*time.Hour), egressIP("192.0.2.1")),
+				px("b", "t2", events.ProxyReady, created(2*time.Hour), egressIP("192.0.2.1"), replacedBy("d", "shared-egress: egress 192.0.2.1 is a's too")),
+				px("c", "t1", events.ProxyReady, egressIP("192.0.2.1")), px("d", "t2", events.ProxyRequested)}},
+		{name: "distinctEgress: the shared one is retired once its replacement is ready", pool: distinct(2),
+			members: []Proxy{px("a", "t1", events.ProxyReady, created(3*time.Hour), egressIP("192.0.2.1")),
+				px("b", "t2", events.ProxyReady, egressIP("192.0.2.1"), replacedBy("c", "shared-egress: egress 192.0.2.1 is a's too")),
+				px("c", "t2", events.ProxyReady, egressIP("192.0.2.3"))},
+			want: []string{`retire b "shared-egress: egress 192.0.2.1 is a's too" by=c`}},
+
+		// Stuck deletes (TestCleanupCondition has the condition).
+		{name: "a delete re-issued StuckDeletes times is stuck, and re-issued again", pool: pool(0),
+			members: []Proxy{px("a", "t1", events.ProxyRetiring, updated(3*time.Minute), func(x *Proxy) { x.DeleteAttempt = 4 })},
+			want:    []string{`redelete a`}, stuck: []string{"a"}},
+		{name: "a delete re-issued fewer times is not stuck", pool: pool(0),
+			members: []Proxy{px("a", "t1", events.ProxyRetiring, updated(time.Minute), func(x *Proxy) { x.DeleteAttempt = 3 })}},
+		{name: "an abandoned-to-be retirement is never stuck", pool: pool(0),
+			members: []Proxy{px("a", "t1", events.ProxyRetiring, skipCleanup(), func(x *Proxy) { x.DeleteAttempt = 9 })},
+			want:    []string{`abandon a`}},
+
+		// Target checks (health's fleet-targets).
+		{name: "a target whose check fails takes no proxy", pool: pool(2),
+			targets: []Target{checked(tg("t1"), 10*time.Second, "pool: not running"), checked(tg("t2"), 10*time.Second)},
+			want:    []string{"create on t2", "create on t2"}},
+		{name: "a failed check older than CheckMaxAge does not block", pool: pool(1),
+			targets: []Target{checked(tg("t1"), testCheckMaxAge, "pool: not running")},
+			want:    []string{"create on t1"}},
+		{name: "every target failing its checks: TargetsUnhealthy naming them and their checks", pool: pool(1),
+			targets: []Target{checked(tg("t1"), time.Second, "pool: not running", "disk: 1% free"), checked(tg("t2"), time.Second, "check request: timeout")},
+			miss:    events.ReasonTargetsUnhealthy, missText: "fails its checks: t1 (pool: not running, disk: 1% free), t2 (check request: timeout)"},
+		{name: "failing checks and avoidance: the avoided say why, the failing are named", pool: pool(1),
+			targets: []Target{checked(tg("t1"), time.Second, "pool: not running"), tg("t2")},
+			avoid:   map[string]Avoidance{"t2": {Class: events.ClassQuota, At: t0}},
+			miss:    events.ReasonQuota, missText: "; the others fail their checks: t1 (pool: not running)"},
+
 		// Failed and retiring members.
 		{name: "a failed member is retired and replaced by the fill", pool: pool(1),
 			members: []Proxy{px("a", "t1", events.ProxyFailed, failed(events.ClassTerminated, "exited"))},
@@ -279,6 +342,20 @@ func TestReconcile(t *testing.T) {
 			want:    []string{`fail a "not ready after 15m0s running (no probe through it passed)" class=timeout`}},
 		{name: "running within ReadyTimeout waits", pool: pool(1),
 			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(14*time.Minute))}},
+		{name: "running past ReadyTimeout while health is down waits", pool: pool(1),
+			health:  Health{Down: true, Since: t0.Add(-20 * time.Minute)},
+			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(time.Hour))}},
+		{name: "running past ReadyTimeout, health back for less: a fresh deadline", pool: pool(1),
+			health:  Health{Back: t0.Add(-14 * time.Minute)},
+			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(time.Hour))}},
+		{name: "running past ReadyTimeout since health came back fails", pool: pool(1),
+			health:  Health{Back: t0.Add(-15 * time.Minute)},
+			members: []Proxy{px("a", "t1", events.ProxyRunning, updated(time.Hour))},
+			want:    []string{`fail a "not ready after 15m0s running (no probe through it passed)" class=timeout`}},
+		{name: "health down: provisioning still times out (an agent's matter)", pool: pool(1),
+			health:  Health{Down: true, Since: t0.Add(-20 * time.Minute)},
+			members: []Proxy{px("a", "t1", events.ProxyProvisioning, updated(15*time.Minute))},
+			want:    []string{`fail a "no address after 15m0s of provisioning" class=timeout`}},
 
 		// Scale-down and deletion.
 		{name: "deleted pool retires every active member", pool: pool(2, func(p *Pool) { p.Deleted = true }),
@@ -370,4 +447,11 @@ func TestReconcile(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t) })
 	}
+}
+
+func egressIP(ip string) func(*Proxy) { return func(x *Proxy) { x.EgressIP = ip } }
+
+// distinct is pool(size) with distinctEgress.
+func distinct(size int) Pool {
+	return pool(size, func(p *Pool) { p.Spec.DistinctEgress = true })
 }

@@ -16,14 +16,20 @@
 //
 //   - failed members are retired (the fill replaces them);
 //   - retiring members: with skipCleanup they are abandoned, otherwise
-//     their delete is re-issued after RetireTimeout;
+//     their delete is re-issued after RetireTimeout, and after
+//     StuckDeletes re-issues they are reported stuck ([IsDeleteStuck],
+//     the pool's Cleanup condition);
 //   - timeouts: a create re-issued after CreateTimeout (or the proxy
 //     failed, when its agent is gone or the create was issued
 //     MaxCreateAttempts times), provisioning and running (never ready)
-//     members failed with class timeout;
+//     members failed with class timeout (running ones not while health
+//     is down, and counting from its return: [ReadyDeadline]);
 //   - heal: sick and replaced members are condemned and retired once
-//     their replacement is ready ([Condemned]);
+//     their replacement is ready ([Condemned]); in a pool with
+//     distinctEgress, so is the newer of two members sharing an egress
+//     address, one at a time;
 //   - scale-down in [RetireOrder], or the fill: one new proxy per missing
-//     one, each placed by [Place], replacing the sick first;
+//     one, each placed by [Place] (never on a target whose recent check
+//     failed: [Placement.Failing]), replacing the sick first;
 //   - rotation: one outdated or aged member replaced, surge first.
 package decide

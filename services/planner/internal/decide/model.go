@@ -25,6 +25,9 @@ type Config struct {
 	// MaxCreateAttempts: a create issued this many times without reaching
 	// provisioning fails the proxy (stuck).
 	MaxCreateAttempts int
+	// StuckDeletes: a retiring proxy whose delete was re-issued this many
+	// times without it being deleted is stuck ([IsDeleteStuck]); 0: never.
+	StuckDeletes int
 }
 
 // Pool is the view of one pool the rules read.
@@ -85,6 +88,19 @@ type Proxy struct {
 	// DeleteAttempt counts the retiring decisions: the next delete
 	// command's attempt.
 	DeleteAttempt int `json:"-"`
+	// RetiringSince is when the proxy's first retiring decision was
+	// recorded; zero unless it is retiring.
+	RetiringSince time.Time `json:"-"`
+	// DeleteFailure is the last failure recorded while it was retiring
+	// (its agent's failed observation of the delete, or a dead letter):
+	// "<class>: <reason>"; "" when none.
+	DeleteFailure string `json:"-"`
+}
+
+// IsDeleteStuck reports whether retiring proxy x had its delete re-issued
+// cfg.StuckDeletes times and is still not deleted.
+func IsDeleteStuck(cfg Config, x Proxy) bool {
+	return cfg.StuckDeletes > 0 && x.State == events.ProxyRetiring && !x.SkipCleanup && x.DeleteAttempt-1 >= cfg.StuckDeletes
 }
 
 // IsActive reports whether a proxy in state s counts toward its pool's
@@ -107,6 +123,20 @@ type Target struct {
 	Capacity int
 	// XKey is the curve key it announced to seal secrets to; "" when none.
 	XKey string
+	// Check is the target's latest check verdict (health's record in
+	// fleet-targets), nil when there is none.
+	Check *Check
+}
+
+// Check is health's latest poll of a target agent's checks.
+type Check struct {
+	// OK is true when the agent answered and every check passed.
+	OK bool
+	// At is when health polled the agent.
+	At time.Time
+	// Failing names each failing check, with its detail ("pool: not
+	// running"), or why the agent gave no answer.
+	Failing []string
 }
 
 // Key is the target's "<entry>.<target>".

@@ -22,11 +22,24 @@ type Placement struct {
 	Known []string
 	// QuotaAvoid is [Config.QuotaAvoid].
 	QuotaAvoid time.Duration
+	// CheckMaxAge is how old a target's failed check may be and still
+	// keep new proxies off it; 0: checks never do (see [Placement.Failing]).
+	CheckMaxAge time.Duration
+}
+
+// Failing reports whether target a's latest check failed recently enough
+// to keep new proxies off it. A check older than CheckMaxAge, or none at
+// all, does not: health may be down or may not have polled the target
+// yet, and placement must not stop with it.
+func (pl *Placement) Failing(a Target) bool {
+	c := a.Check
+	return c != nil && !c.OK && pl.Now.Sub(c.At) < pl.CheckMaxAge
 }
 
 // Place picks the target for one new proxy of pool: a live target of the
 // pool's entry (and of its spec's targets when set) offering its image and
-// profile, with capacity left and no recent quota failure or stuck create;
+// profile, with capacity left, no recently failed check and no recent
+// quota failure or stuck create;
 // fewest proxies of this pool first, then fewest overall, then by name.
 func Place(pl *Placement, pool *Pool) (Target, bool) {
 	var best Target
@@ -63,7 +76,7 @@ func (pl *Placement) Offers(pool *Pool, a Target) bool {
 	if av, ok := pl.Avoid[k]; ok && pl.Now.Sub(av.At) < pl.QuotaAvoid {
 		return false
 	}
-	return true
+	return !pl.Failing(a)
 }
 
 // Eligible reports whether target a belongs to the pool's entry and, when
@@ -151,9 +164,22 @@ func Why(pl *Placement, pool *Pool) Miss {
 		return Miss{Reason: events.ReasonCapacityExhausted,
 			Message: "every live target that offers the pool's image and profile is full: " + JoinNames(full)}
 	}
+	var checked []Target
+	var unhealthy []string
+	for _, a := range roomy {
+		if pl.Failing(a) {
+			unhealthy = append(unhealthy, fmt.Sprintf("%s (%s)", a.Target, JoinNames(a.Check.Failing)))
+			continue
+		}
+		checked = append(checked, a)
+	}
+	if len(checked) == 0 {
+		return Miss{Reason: events.ReasonTargetsUnhealthy,
+			Message: "every live target with room for the pool fails its checks: " + JoinNames(unhealthy)}
+	}
 	reason := events.ReasonTargetsFailing
 	var avoided []string
-	for _, a := range roomy {
+	for _, a := range checked {
 		av := pl.Avoid[a.Key()]
 		if av.Class == events.ClassQuota {
 			reason = events.ReasonQuota
@@ -162,7 +188,11 @@ func Why(pl *Placement, pool *Pool) Miss {
 			av.At.UTC().Format(time.RFC3339), av.At.Add(pl.QuotaAvoid).UTC().Format(time.RFC3339)))
 	}
 	sort.Strings(avoided)
-	return Miss{Reason: reason, Message: "every remaining target failed recently: " + JoinNames(avoided)}
+	msg := "every remaining target failed recently: " + JoinNames(avoided)
+	if len(unhealthy) > 0 {
+		msg += "; the others fail their checks: " + JoinNames(unhealthy)
+	}
+	return Miss{Reason: reason, Message: msg}
 }
 
 // offering returns the targets whose list (of) holds want.

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -87,6 +88,9 @@ type Input struct {
 	// Placement is the live targets and their load before this pool's
 	// decisions; Reconcile does not change it.
 	Placement *Placement
+	// Health is whether the health service is alive: while it is not,
+	// no running member times out for want of a probe.
+	Health Health
 }
 
 // Found is what a pass over a pool found, for its conditions and timer.
@@ -101,6 +105,12 @@ type Found struct {
 	// none was missed; Missing is how many could not be placed.
 	Miss    *Miss
 	Missing int
+	// HealthDownSince is [Health.Since] while health is down, zero
+	// otherwise: the pool's readiness is unknown.
+	HealthDownSince time.Time
+	// StuckDeletes are the retiring members whose delete keeps failing
+	// ([IsDeleteStuck]).
+	StuckDeletes []Proxy
 }
 
 // Plan is what [Reconcile] decided for one pool.
@@ -132,6 +142,9 @@ const (
 func Reconcile(in *Input) Plan {
 	c := &pass{in: in, pl: in.Placement.clone()}
 	c.found = &c.plan.Found
+	if in.Health.Down {
+		c.found.HealthDownSince = in.Health.Since
+	}
 	pool := &in.Pool
 	cfg := in.Config
 	var active []Proxy
@@ -151,6 +164,9 @@ func Reconcile(in *Input) Plan {
 			} else if age >= cfg.RetireTimeout {
 				c.add(Decision{Kind: Redelete, Proxy: x, Reason: x.Reason})
 			}
+			if IsDeleteStuck(cfg, x) {
+				c.found.StuckDeletes = append(c.found.StuckDeletes, x)
+			}
 		case events.ProxyRequested:
 			active = append(active, x)
 			if age >= cfg.CreateTimeout {
@@ -163,7 +179,7 @@ func Reconcile(in *Input) Plan {
 			}
 		case events.ProxyRunning:
 			active = append(active, x)
-			if age >= cfg.ReadyTimeout {
+			if due, ok := ReadyDeadline(cfg, in.Health, x); ok && !in.Now.Before(due) {
 				c.timedOut(x, fmt.Sprintf("%s%s running (no probe through it passed)", NotReadyPrefix, cfg.ReadyTimeout))
 			}
 		default:
@@ -215,12 +231,24 @@ func Reconcile(in *Input) Plan {
 		}
 	}
 	sort.Slice(sick, func(i, j int) bool { return sick[i].UnhealthySince.Before(sick[j].UnhealthySince) })
+	whys := make([]string, len(sick))
+	for i, x := range sick {
+		whys[i] = UnhealthyReason(x)
+	}
+	// Then a member sharing its egress address with an older one, in a
+	// pool with distinctEgress: condemned, it stops counting, and the
+	// fill replaces it (surge first, like a sick one).
+	if x, why, ok := sharedEgress(pool, c.found.Counted, c.found.Condemned, in.Replacements); ok {
+		c.found.Counted = slices.DeleteFunc(c.found.Counted, func(y Proxy) bool { return y.ID == x.ID })
+		c.found.Condemned = append(c.found.Condemned, x)
+		sick, whys = append(sick, x), append(whys, why)
+	}
 	for n := len(c.found.Counted); n < c.want; n++ {
 		var replaces Proxy
 		why := ""
 		if len(sick) > 0 {
-			replaces, why = sick[0], UnhealthyReason(sick[0])
-			sick = sick[1:]
+			replaces, why = sick[0], whys[0]
+			sick, whys = sick[1:], whys[1:]
 		}
 		if !c.create(replaces, why, c.want-n) {
 			return c.plan

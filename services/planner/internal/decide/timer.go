@@ -19,12 +19,13 @@ type When struct {
 
 // Timer says when a round must look at pool again although no event
 // touches it: at once when retry; at the first create, provision, ready
-// or retire timeout of its members; when an unhealthy member turns sick
+// or retire timeout of its members (no ready timeout while health is
+// down, see [ReadyDeadline]); when an unhealthy member turns sick
 // (unhealthyAfter) or is retired regardless (twice that), and when a
 // member reaches maxAge (plus its jitter). What waits on an event (a
 // replacement getting ready, a rotation's turn) is looked at when the
 // event arrives.
-func Timer(cfg Config, pool *Pool, members []Proxy, retry bool, ageNow time.Time) When {
+func Timer(cfg Config, pool *Pool, members []Proxy, h Health, retry bool, ageNow time.Time) When {
 	t := When{Retry: retry}
 	earliest := func(at *time.Time, when time.Time) {
 		if at.IsZero() || when.Before(*at) {
@@ -46,7 +47,9 @@ func Timer(cfg Config, pool *Pool, members []Proxy, retry bool, ageNow time.Time
 		case events.ProxyProvisioning:
 			earliest(&t.Due, x.UpdatedAt.Add(cfg.ProvisionTimeout))
 		case events.ProxyRunning:
-			earliest(&t.Due, x.UpdatedAt.Add(cfg.ReadyTimeout))
+			if due, ok := ReadyDeadline(cfg, h, x); ok {
+				earliest(&t.Due, due)
+			}
 		case events.ProxyRetiring:
 			if !x.SkipCleanup {
 				earliest(&t.Due, x.UpdatedAt.Add(cfg.RetireTimeout))

@@ -46,6 +46,11 @@ type harness struct {
 	agents jetstream.KeyValue
 	secret jetstream.KeyValue
 
+	// health is fleet-health, where a fake health replica keeps its key
+	// alive unless the test took health down (healthDown).
+	health   jetstream.KeyValue
+	noHealth atomic.Bool
+
 	mu  sync.Mutex
 	hbs map[string]agent.Info
 	// keys are the fake agents' curve keys, by heartbeat key: their
@@ -66,6 +71,10 @@ func newHarness(t *testing.T) *harness {
 	if h.secret, err = c.JS.KeyValue(ctx, bus.BucketSecrets); err != nil {
 		t.Fatal(err)
 	}
+	if h.health, err = c.JS.KeyValue(ctx, bus.BucketHealth); err != nil {
+		t.Fatal(err)
+	}
+	h.putHealth(ctx)
 	// Refresh the fake heartbeats so they outlive the bucket TTL.
 	hctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -73,10 +82,17 @@ func newHarness(t *testing.T) *harness {
 		defer close(done)
 		tk := time.NewTicker(2 * time.Second)
 		defer tk.Stop()
+		// The fake health replica renews its key well within the TTL.
+		hk := time.NewTicker(bus.HealthMemberTTL / 4)
+		defer hk.Stop()
 		for {
 			select {
 			case <-hctx.Done():
 				return
+			case <-hk.C:
+				if !h.noHealth.Load() {
+					h.putHealth(hctx)
+				}
 			case <-tk.C:
 				// Under the lock, so a target the test removes is not
 				// announced again behind its back.
@@ -90,6 +106,34 @@ func newHarness(t *testing.T) *harness {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return h
+}
+
+// fakeHealthReplica is the fleet-health key of the harness's fake health
+// replica.
+const fakeHealthReplica = "test-health"
+
+// putHealth renews the fake health replica's membership.
+func (h *harness) putHealth(ctx context.Context) {
+	_, _ = h.health.Put(ctx, fakeHealthReplica, []byte(`{"replica":"`+fakeHealthReplica+`"}`))
+}
+
+// healthDown stops the fake health replica: its key is left to expire
+// (with expire) or deleted, as a replica that leaves cleanly does.
+func (h *harness) healthDown(expire bool) {
+	h.t.Helper()
+	h.noHealth.Store(true)
+	if expire {
+		return
+	}
+	if err := h.health.Delete(context.Background(), fakeHealthReplica); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// healthUp starts the fake health replica again.
+func (h *harness) healthUp() {
+	h.noHealth.Store(false)
+	h.putHealth(context.Background())
 }
 
 // agent announces a live target the way pkg/agent's runtime does.

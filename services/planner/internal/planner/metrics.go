@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // The planner's metrics, as docs/observability.md ("Planner") lists them.
@@ -40,6 +41,7 @@ type metrics struct {
 	ready        metric.Int64ObservableGauge
 	proxies      metric.Int64ObservableGauge
 	leader       metric.Int64ObservableGauge
+	deletesStuck metric.Int64ObservableGauge
 	heartbeatAge metric.Float64ObservableGauge
 }
 
@@ -67,7 +69,7 @@ func newMetrics(meter metric.Meter) (*metrics, error) {
 		}
 	}
 	counter(&m.replacements, "proxyfleet.planner.replacements", "{replacement}",
-		"Replacements requested, by pool and reason class (unhealthy, failed, never-ready, banned, rotated, rolled, recycled, …): a proxy requested to replace another, or a failed proxy retired for the fill to replace")
+		"Replacements requested, by pool and reason class (unhealthy, failed, never-ready, banned, rotated, rolled, recycled, shared-egress, …): a proxy requested to replace another, or a failed proxy retired for the fill to replace")
 	counter(&m.decisions, "proxyfleet.planner.decisions", "{decision}",
 		"Decision events the planner appended, by type (requested, retiring, abandoned, failed, scaled, condition, applied, deleted)")
 	counter(&m.commands, "proxyfleet.planner.commands", "{command}",
@@ -79,6 +81,8 @@ func newMetrics(meter metric.Meter) (*metrics, error) {
 	gauge(&m.ready, "proxyfleet.pool.ready_proxies", "{proxy}", "Proxies of the pool in state ready")
 	gauge(&m.proxies, "proxyfleet.pool.proxies", "{proxy}", "Live proxies of the pool by lifecycle state")
 	gauge(&m.leader, "proxyfleet.planner.leader", "", "1 while this replica leads and reconciles, else 0")
+	gauge(&m.deletesStuck, "proxyfleet.planner.deletes_stuck", "{proxy}",
+		"Retiring proxies of the pool whose delete was re-issued --stuck-deletes times and still did not end in deleted")
 	if err == nil {
 		m.heartbeatAge, err = meter.Float64ObservableGauge("proxyfleet.agent.heartbeat.age", metric.WithUnit("s"),
 			metric.WithDescription("Time since each announced agent's last heartbeat, by entry and target"))
@@ -105,6 +109,7 @@ func (p *Planner) registerGauges() (metric.Registration, error) {
 		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		rules := decide.Config{StuckDeletes: p.cfg.StuckDeletes}
 		for _, pl := range p.st.pools {
 			if pl.Revision == 0 || pl.Deleted && len(pl.members) == 0 {
 				continue
@@ -121,6 +126,16 @@ func (p *Planner) registerGauges() (metric.Registration, error) {
 					o.ObserveInt64(m.proxies, int64(n), metric.WithAttributes(pool, attribute.String("state", state)))
 				}
 			}
+			stuck := 0
+			if pl.counts[events.ProxyRetiring] > 0 {
+				for _, x := range pl.members {
+					if decide.IsDeleteStuck(rules, x.Proxy) {
+						stuck++
+					}
+				}
+			}
+			// 0 included, so an alert has a series to compare with.
+			o.ObserveInt64(m.deletesStuck, int64(stuck), metric.WithAttributes(pool))
 		}
 		now := p.now()
 		for _, a := range p.agents.last {
@@ -128,7 +143,7 @@ func (p *Planner) registerGauges() (metric.Registration, error) {
 				metric.WithAttributes(attribute.String("entry", a.Entry), attribute.String("target", a.Target)))
 		}
 		return nil
-	}, m.desired, m.ready, m.proxies, m.leader, m.heartbeatAge)
+	}, m.desired, m.ready, m.proxies, m.leader, m.deletesStuck, m.heartbeatAge)
 }
 
 // replaced counts one replacement of a proxy of pool for reason.
@@ -145,7 +160,7 @@ func (m *metrics) decided(ctx context.Context, typ string, n int) {
 // counts as "other", so the label's values stay few.
 var reasonClasses = map[string]bool{
 	"unhealthy": true, "failed": true, "never-ready": true, "banned": true, "rotated": true,
-	"rolled": true, "recycled": true, "replaced": true, "deleted": true,
+	"rolled": true, "recycled": true, "replaced": true, "deleted": true, "shared-egress": true,
 }
 
 // reasonClass is the class of a retiring or replacement reason: its first

@@ -73,10 +73,22 @@ type Config struct {
 	// RetireTimeout is how long a proxy may stay retiring before its delete
 	// is re-issued with the next attempt (default 3m).
 	RetireTimeout time.Duration
+	// StuckDeletes is how many times the delete of a retiring proxy is
+	// re-issued before the proxy counts as stuck: its pool's Cleanup
+	// condition turns False naming it, and the deletes_stuck gauge counts
+	// it (default 3: about 9 minutes with the default RetireTimeout). The
+	// delete is still re-issued every RetireTimeout.
+	StuckDeletes int
 	// QuotaAvoid is how long a target that answered quota, or on which a
 	// create got stuck (see MaxCreateAttempts), is not used for placement
 	// (default 5m).
 	QuotaAvoid time.Duration
+	// CheckMaxAge is how old a target's failed check record in
+	// fleet-targets may be and still keep new proxies off the target
+	// (default 90s: three of health's default check intervals of 30s).
+	// An older record, or none, does not: health may be down or may not
+	// have polled the target yet, and placement must not stop with it.
+	CheckMaxAge time.Duration
 	// MaxCreateAttempts is how many times a create is issued for one proxy
 	// that never reaches provisioning before the proxy fails with class
 	// stuck and is replaced on another target (default 5).
@@ -125,6 +137,7 @@ func (c *Config) defaults() {
 	def(&c.ReadyTimeout, 15*time.Minute)
 	def(&c.RetireTimeout, 3*time.Minute)
 	def(&c.QuotaAvoid, 5*time.Minute)
+	def(&c.CheckMaxAge, 90*time.Second)
 	def(&c.LeaseTTL, bus.LeaseTTL)
 	def(&c.GCInterval, time.Minute)
 	def(&c.GCGrace, 10*time.Minute)
@@ -141,6 +154,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxCreateAttempts <= 0 {
 		c.MaxCreateAttempts = 5
+	}
+	if c.StuckDeletes <= 0 {
+		c.StuckDeletes = 3
 	}
 }
 
@@ -172,7 +188,7 @@ type Planner struct {
 	clocks
 	counters
 
-	// mu guards st, agents and progressed.
+	// mu guards st, agents, health, checks and progressed.
 	mu sync.Mutex
 	st *state
 	// progressed is closed and replaced whenever st advances.
@@ -181,6 +197,11 @@ type Planner struct {
 	caughtUp atomic.Bool
 	// agents is what the agents announced in fleet-agents.
 	agents agentBook
+	// health is what the health replicas' keys in fleet-health say.
+	health healthBook
+	// checks holds each target's latest check verdict from fleet-targets,
+	// by "<entry>.<target>".
+	checks map[string]*decide.Check
 	// demand is the leader's copy of fleet-demand (demand.go).
 	demand *demandBook
 
@@ -286,6 +307,8 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		clocks:     clocks{now: time.Now, ageNow: time.Now, scaleNow: time.Now},
 		st:         newState(log, cfg.KeepFinished),
 		agents:     agentBook{last: map[string]agentSeen{}, seen: map[string]map[string]bool{}},
+		health:     healthBook{last: map[string]time.Time{}},
+		checks:     map[string]*decide.Check{},
 		demand:     &demandBook{js: conn.JS, log: log},
 		progressed: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
@@ -317,6 +340,14 @@ func (p *Planner) Run(ctx context.Context) error {
 		return fmt.Errorf("bucket %s: %w", bus.BucketAgents, err)
 	}
 	p.agents.kv = agentsKV
+	healthKV, err := p.conn.JS.KeyValue(ctx, bus.BucketHealth)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketHealth, err)
+	}
+	targetsKV, err := p.conn.JS.KeyValue(ctx, bus.BucketTargets)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bus.BucketTargets, err)
+	}
 	leaseKV, err := p.conn.JS.KeyValue(ctx, bus.BucketPlanner)
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bus.BucketPlanner, err)
@@ -346,6 +377,11 @@ func (p *Planner) Run(ctx context.Context) error {
 	var once sync.Once
 	wg.Go(func() { p.follow(ctx, func() { once.Do(func() { close(caught) }) }) })
 	wg.Go(func() { p.watchAgents(ctx, agentsKV) })
+	p.mu.Lock()
+	p.health.started = p.now()
+	p.mu.Unlock()
+	wg.Go(func() { p.watchHealth(ctx, healthKV) })
+	wg.Go(func() { p.watchTargets(ctx, targetsKV) })
 
 	select {
 	case <-caught:

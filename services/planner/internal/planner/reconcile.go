@@ -42,9 +42,10 @@ type poolSnap struct {
 
 // round is what one reconcile pass decides from.
 type round struct {
-	now        time.Time
-	quotaAvoid time.Duration
-	pools      []poolSnap
+	now         time.Time
+	quotaAvoid  time.Duration
+	checkMaxAge time.Duration
+	pools       []poolSnap
 	// byID holds the proxies the pools' members are, those their
 	// ReplacedBy names and those the outbox names, whole.
 	byID map[string]Proxy
@@ -58,7 +59,9 @@ type round struct {
 	onTarget map[string]int
 	// poolOnTarget counts active proxies per pool and target.
 	poolOnTarget map[string]map[string]int
-	secrets      map[string]events.PoolSecrets
+	// health is whether a health replica is alive.
+	health  decide.Health
+	secrets map[string]events.PoolSecrets
 }
 
 func targetKey(entry, target string) string { return decide.TargetKey(entry, target) }
@@ -79,7 +82,7 @@ func (r *round) placement(pool, entry string) *decide.Placement {
 	if r.poolOnTarget[pool] == nil {
 		r.poolOnTarget[pool] = map[string]int{}
 	}
-	return &decide.Placement{Now: r.now, Targets: r.targets, Avoid: r.avoid, Known: r.known[entry], QuotaAvoid: r.quotaAvoid,
+	return &decide.Placement{Now: r.now, Targets: r.targets, Avoid: r.avoid, Known: r.known[entry], QuotaAvoid: r.quotaAvoid, CheckMaxAge: r.checkMaxAge,
 		Load: decide.Load{All: r.onTarget, Pool: r.poolOnTarget[pool]}}
 }
 
@@ -125,6 +128,7 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 	r := &round{
 		now:          rc.now(),
 		quotaAvoid:   rc.cfg.QuotaAvoid,
+		checkMaxAge:  rc.cfg.CheckMaxAge,
 		known:        map[string][]string{},
 		byID:         map[string]Proxy{},
 		avoid:        make(map[string]decide.Avoidance, len(rc.st.avoid)),
@@ -132,8 +136,11 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 		poolOnTarget: map[string]map[string]int{},
 		secrets:      map[string]events.PoolSecrets{},
 	}
+	r.health = rc.healthLocked(r.now)
 	for _, a := range rc.liveAgentsLocked(r.now) {
-		r.targets = append(r.targets, a.target())
+		t := a.target()
+		t.Check = rc.checks[t.Key()]
+		r.targets = append(r.targets, t)
 	}
 	sort.Slice(r.targets, func(i, j int) bool { return r.targets[i].Key() < r.targets[j].Key() })
 	for k, a := range rc.st.avoid {
@@ -291,8 +298,13 @@ func (rc *reconciler) reconcile(ctx context.Context) {
 	start := time.Now()
 	now, ageNow := rc.now(), rc.ageNow()
 	var names map[string]bool
-	if rc.lastSweep.IsZero() || now.Sub(rc.lastSweep) >= sweepInterval {
-		rc.lastSweep = now
+	rc.mu.Lock()
+	healthDown := rc.healthLocked(now).Down
+	rc.mu.Unlock()
+	if rc.lastSweep.IsZero() || now.Sub(rc.lastSweep) >= sweepInterval || healthDown != rc.healthDown {
+		// Health going or coming back changes every pool's readiness
+		// and ready timeouts: every pool is looked at.
+		rc.lastSweep, rc.healthDown = now, healthDown
 	} else {
 		names = map[string]bool{}
 		for pool, t := range rc.timers {
@@ -350,7 +362,7 @@ func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, 
 	pctx := rc.poolCtx(ctx, pool)
 	in := &decide.Input{
 		Now: r.now, AgeNow: rc.ageNow(), Config: rc.rules, Pool: pool.Pool, Members: ps.members,
-		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.Provider),
+		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.Provider), Health: r.health,
 	}
 	plan := decide.Reconcile(in)
 	found := plan.Found
@@ -363,7 +375,7 @@ func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, 
 	if !pool.Deleted && ctx.Err() == nil {
 		rc.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, rc.ageNow())))
 	}
-	return decide.Timer(rc.rules, &pool.Pool, ps.members, found.Miss != nil, rc.ageNow())
+	return decide.Timer(rc.rules, &pool.Pool, ps.members, r.health, found.Miss != nil, rc.ageNow())
 }
 
 // applyPlan hands one pool's decisions to the writer, in order. A create

@@ -30,6 +30,9 @@ type reconciler struct {
 	// lastSweep is when a round last looked at every pool.
 	timers    map[string]decide.When
 	lastSweep time.Time
+	// healthDown is whether health was down at the last round: a change
+	// makes the round look at every pool.
+	healthDown bool
 	// orphanSince and missingSince are the garbage collector's "seen
 	// since" times: a new leader starts the grace again.
 	orphanSince  map[orphanKey]time.Time
@@ -48,7 +51,7 @@ func newReconciler(p *Planner, l *leadership) *reconciler {
 	return &reconciler{
 		Planner: p, l: l,
 		rules: decide.Config{CreateTimeout: cfg.CreateTimeout, ProvisionTimeout: cfg.ProvisionTimeout, ReadyTimeout: cfg.ReadyTimeout,
-			RetireTimeout: cfg.RetireTimeout, QuotaAvoid: cfg.QuotaAvoid, MaxCreateAttempts: cfg.MaxCreateAttempts},
+			RetireTimeout: cfg.RetireTimeout, QuotaAvoid: cfg.QuotaAvoid, MaxCreateAttempts: cfg.MaxCreateAttempts, StuckDeletes: cfg.StuckDeletes},
 		outbox:       map[string]pending{},
 		noTarget:     map[string]time.Time{},
 		timers:       map[string]decide.When{},

@@ -50,7 +50,7 @@ const snapshotObject = "planner"
 // a snapshot of any other version is not loaded (the log is replayed).
 const (
 	snapshotFormat  = "proxyfleet.planner.snapshot"
-	snapshotVersion = 2
+	snapshotVersion = 3
 )
 
 // Object metadata keys: a reader checks them before it downloads the body.
@@ -104,6 +104,8 @@ type snapProxy struct {
 	View          events.ProxyView          `json:"view"`
 	LastSeq       uint64                    `json:"lastSeq"`
 	DeleteAttempt int                       `json:"deleteAttempt,omitempty"`
+	RetiringSince time.Time                 `json:"retiringSince,omitzero"`
+	DeleteFailure string                    `json:"deleteFailure,omitempty"`
 	Traceparent   string                    `json:"traceparent,omitempty"`
 	Requested     events.ProxyRequestedData `json:"requested"`
 }
@@ -156,7 +158,7 @@ func (s *state) image() *image {
 	}
 	for _, x := range s.proxies {
 		img.proxies = append(img.proxies, snapProxy{View: x.ProxyView, LastSeq: x.LastSeq, DeleteAttempt: x.DeleteAttempt,
-			Traceparent: x.traceparent, Requested: x.requested})
+			RetiringSince: x.RetiringSince, DeleteFailure: x.DeleteFailure, Traceparent: x.traceparent, Requested: x.requested})
 	}
 	for entry, ts := range s.targets {
 		list := make([]string, 0, len(ts))
@@ -257,7 +259,8 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 		if pl == nil {
 			return nil, fmt.Errorf("proxy record %d: pool %q has no record", i, sx.View.Pool)
 		}
-		x := &Proxy{Proxy: decide.Proxy{ProxyView: sx.View, LastSeq: sx.LastSeq, DeleteAttempt: sx.DeleteAttempt},
+		x := &Proxy{Proxy: decide.Proxy{ProxyView: sx.View, LastSeq: sx.LastSeq, DeleteAttempt: sx.DeleteAttempt,
+			RetiringSince: sx.RetiringSince, DeleteFailure: sx.DeleteFailure},
 			traceparent: sx.Traceparent, requested: sx.Requested}
 		s.proxies[id] = x
 		if !events.IsTerminal(x.State) {

@@ -438,11 +438,19 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		return s.skip(ev, err)
 	}
 	if x != nil && ev.Kind == events.ProxyFailed {
-		// A quota failure or a stuck create is a fact about the target,
-		// whatever the proxy's state.
 		var d events.ProxyFailedData
-		if ev.DecodeData(&d) == nil && (d.Class == events.ClassQuota || d.Class == events.ClassStuck) {
-			s.avoid[x.Entry+"."+x.Target] = decide.Avoidance{Class: d.Class, At: ev.Time}
+		if ev.DecodeData(&d) == nil {
+			// A quota failure or a stuck create is a fact about the
+			// target, whatever the proxy's state.
+			if d.Class == events.ClassQuota || d.Class == events.ClassStuck {
+				s.avoid[x.Entry+"."+x.Target] = decide.Avoidance{Class: d.Class, At: ev.Time}
+			}
+			if x.State == events.ProxyRetiring {
+				// The agent's failed delete, or a dead letter: the
+				// lifecycle ignores it (a retiring proxy does not fail),
+				// but it says why the proxy is still retiring.
+				x.DeleteFailure = d.Class + ": " + d.Reason
+			}
 		}
 	}
 	// The lifecycle is events.Transition, shared with health's projection.
@@ -493,7 +501,11 @@ func (s *state) applyProxy(ev bus.Event) bool {
 		return false
 	case events.ProxyRetiring:
 		x.DeleteAttempt++
+		if from != events.ProxyRetiring {
+			x.RetiringSince = ev.Time.UTC()
+		}
 		return true
+
 	case events.ProxyFailed, events.ProxyDeleted, events.ProxyAbandoned:
 		return true
 	}

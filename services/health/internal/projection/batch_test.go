@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -32,7 +33,9 @@ func TestBatchesGiveTheViewsOfOneEventAtATime(t *testing.T) {
 		raws[i] = projection.Raw{Seq: uint64(i + 1), Subject: m.subject, Data: m.data}
 	}
 
-	ref := open(t)
+	// About 9,000 events applied one at a time, each by a new projector
+	// with its own KV reads and writes, then the same log six more ways.
+	ref := openFor(t, 5*time.Minute)
 	if last := publishLog(t, ref.ctx, ref.conn, msgs); last != uint64(len(msgs)) {
 		t.Fatalf("log ends at %d; want %d", last, len(msgs))
 	}
@@ -44,7 +47,7 @@ func TestBatchesGiveTheViewsOfOneEventAtATime(t *testing.T) {
 	want := ref.dump()
 	checkVariety(t, want)
 
-	e := open(t)
+	e := openFor(t, 5*time.Minute)
 	if last := publishLog(t, e.ctx, e.conn, msgs); last != uint64(len(msgs)) {
 		t.Fatalf("log ends at %d; want %d", last, len(msgs))
 	}

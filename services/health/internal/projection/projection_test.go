@@ -43,7 +43,15 @@ func start(t *testing.T) *env {
 // open starts NATS for one test, without a projector.
 func open(t *testing.T) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return openFor(t, 60*time.Second)
+}
+
+// openFor is [open] for a test whose calls together may take up to
+// within: one that does thousands of KV round trips, which a machine
+// shared with other work (race detector on) makes slow.
+func openFor(t *testing.T, within time.Duration) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, conn: bustest.Start(t), stop: func() {}}
 	t.Cleanup(func() { e.stop() })

@@ -95,15 +95,22 @@ func (p *Planner) watchHealth(ctx context.Context, kv jetstream.KeyValue) {
 }
 
 func (p *Planner) onHealthMember(e jetstream.KeyValueEntry) {
+	// Times are the planner's own, when it learned of the change, not the
+	// server's stamp: a clock of this host that runs a few seconds ahead
+	// of the server's would otherwise see every renewal as expired (the
+	// TTL is 3 s). A key the watch delivers is in the bucket, so alive
+	// for at most one TTL more. (The wall clock, as the server's stamp
+	// was: tests move the planner's clocks, not the replicas' renewals.)
+	now := time.Now()
 	p.mu.Lock()
 	wasDown := !p.health.downSince.IsZero()
 	if e.Operation() == jetstream.KeyValuePut {
-		p.health.last[e.Key()] = e.Created()
+		p.health.last[e.Key()] = now
 	} else {
 		// A replica that leaves cleanly deletes its key.
 		delete(p.health.last, e.Key())
-		if e.Created().After(p.health.gone) {
-			p.health.gone = e.Created()
+		if now.After(p.health.gone) {
+			p.health.gone = now
 		}
 	}
 	p.mu.Unlock()

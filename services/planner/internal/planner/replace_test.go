@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/planner/internal/decide"
 )
 
@@ -1174,6 +1176,107 @@ func TestShapeOf(t *testing.T) {
 		tc.change(&s)
 		if got := shapeOf(s, tc.digest) == want; got != tc.same {
 			t.Errorf("%s change: same shape %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}
+
+// TestStuckDeleteShowsAConditionAndAGauge: a retiring proxy whose delete
+// keeps failing (re-issued StuckDeletes times, its agent recording the
+// failure) turns its pool's Cleanup condition False with reason
+// DeleteStuck, naming the proxy, its target, since when it retires and
+// the agent's last failure; the gauge proxyfleet_planner_deletes_stuck
+// counts it. Once the proxy is deleted the condition turns True and the
+// gauge 0.
+func TestStuckDeleteShowsAConditionAndAGauge(t *testing.T) {
+	ctx := context.Background()
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Service: "planner-test", MetricsAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Close(context.Background()) })
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r := h.startPlannerMeasured(Config{ID: "stuck", RetireTimeout: 300 * time.Millisecond, StuckDeletes: 2}, nil, tel.Meter)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	ids, _ := h.requested(1)
+	id := ids[0]
+	h.scrapeUntil(tel.MetricsAddr, "the gauge at 0", func(m scraped) bool {
+		return m.is(`proxyfleet_planner_deletes_stuck{pool="demo"}`, 0)
+	})
+
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":0}`, nil)
+	h.waitFor("its delete", func() bool { return len(h.commandsOf(events.VerbDelete)) >= 1 })
+	// The agent fails the delete (its backend refuses), every time.
+	h.observe(id, events.ProxyFailed, 1, events.ProxyFailedData{Class: events.ClassPermanent, Reason: "volume busy"})
+	c := h.waitCondition("demo", events.ConditionCleanup, events.ConditionFalse, events.ReasonDeleteStuck, 15*time.Second)
+	for _, want := range []string{id + " on local/t1", "retiring since ", "last failure: permanent: volume busy"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("Cleanup message %q does not say %q", c.Message, want)
+		}
+	}
+	reissued := false
+	for _, cmd := range h.commandsOf(events.VerbDelete) {
+		reissued = reissued || cmd.Delete.ProxyID == id && cmd.Delete.Attempt >= 3
+	}
+	if !reissued {
+		t.Errorf("Cleanup turned False before the delete was re-issued StuckDeletes (2) times")
+	}
+	h.scrapeUntil(tel.MetricsAddr, "the gauge at 1", func(m scraped) bool {
+		return m.is(`proxyfleet_planner_deletes_stuck{pool="demo"}`, 1)
+	})
+
+	h.observe(id, events.ProxyDeleted, 1, events.ProxyDeletedData{})
+	h.waitCondition("demo", events.ConditionCleanup, events.ConditionTrue, events.ReasonCleanedUp, 15*time.Second)
+	h.scrapeUntil(tel.MetricsAddr, "the gauge back at 0", func(m scraped) bool {
+		return m.is(`proxyfleet_planner_deletes_stuck{pool="demo"}`, 0)
+	})
+}
+
+// TestDistinctEgressReplacesTheNewer: in a pool with distinctEgress, two
+// members that health found egressing from one address (their ready
+// events) are one too many: the newer is replaced, the replacement's
+// requested event saying why (shared-egress), and retired once the
+// replacement is ready.
+func TestDistinctEgressReplacesTheNewer(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.leader()
+	h.ok(poolApply, `{"name":"apart","provider":"local","size":2,"distinctEgress":true}`, nil)
+	ids, _ := h.requested(2)
+	for _, id := range ids {
+		h.observe(id, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1})
+		h.observe(id, events.ProxyRunning, 1, events.ProxyRunningData{Address: "127.0.0.1:4000", Attempt: 1})
+		h.observe(id, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4000", EgressIP: "192.0.2.7"})
+	}
+	all, req := h.requested(3)
+	repl := all[2]
+	d := req[repl]
+	if d.Replaces != ids[0] && d.Replaces != ids[1] || !strings.HasPrefix(d.ReplaceReason, decide.SharedEgressPrefix+": egress 192.0.2.7") {
+		t.Fatalf("replacement: got replaces %q for %q, want one of %v for a shared egress", d.Replaces, d.ReplaceReason, ids)
+	}
+	kept := ids[0]
+	if d.Replaces == ids[0] {
+		kept = ids[1]
+	}
+	if !strings.Contains(d.ReplaceReason, kept) {
+		t.Errorf("reason %q does not name the member kept (%s)", d.ReplaceReason, kept)
+	}
+	h.observe(repl, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(repl), Attempt: 1})
+	h.observe(repl, events.ProxyRunning, 1, events.ProxyRunningData{Address: "127.0.0.1:4001", Attempt: 1})
+	h.observe(repl, events.ProxyReady, 1, events.ProxyReadyData{Address: "127.0.0.1:4001", EgressIP: "192.0.2.8"})
+	h.waitFor("the shared one retired", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRetiring) {
+			var r events.ProxyRetiringData
+			if e.ID == d.Replaces && e.DecodeData(&r) == nil && strings.HasPrefix(r.Reason, decide.SharedEgressPrefix) {
+				return true
+			}
+		}
+		return false
+	})
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyRetiring) {
+		if e.ID == kept {
+			t.Fatalf("the older member %s was retired", kept)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/page"
 	"proxyfleet/services/planner/internal/decide"
@@ -665,6 +666,47 @@ func checkLoad(t *testing.T, st *state) {
 	for _, pl := range st.pools {
 		if fmt.Sprint(per[pl.Name]) != fmt.Sprint(pl.onTarget) {
 			t.Fatalf("pool %s load per target: kept %v, counted %v", pl.Name, pl.onTarget, per[pl.Name])
+		}
+	}
+}
+
+// TestPlannerStopsCleanlyAtAnyPointOfStartUp: a planner stopped at any
+// moment of its start-up (loading a snapshot, replaying, starting its
+// watches, taking the lease), by its context ending or by the NATS
+// server shutting down under it and then its context ending, returns from
+// Run instead of panicking (a watch that failed to start once made it
+// stop a nil watcher) or hanging.
+func TestPlannerStopsCleanlyAtAnyPointOfStartUp(t *testing.T) {
+	for _, mode := range []string{"context", "server"} {
+		for _, after := range []time.Duration{0, time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond,
+			20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, 600 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s after %s", mode, after), func(t *testing.T) {
+				h := newHarness(t)
+				h.agent(agent.Info{Entry: "local", Target: "t1", Type: "local", Capacity: 10})
+				p, err := New(bustest.Dial(t, h.c), Config{ID: "p1", ReconcileInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second}, testLogger(), nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				done := make(chan error, 1)
+				go func() { done <- p.Run(ctx) }()
+				time.Sleep(after) // the point of start-up to stop at
+				if mode == "server" {
+					h.c.Server.Shutdown()
+					time.Sleep(50 * time.Millisecond) // let the planner meet the dead server
+				}
+				cancel()
+				select {
+				case err := <-done:
+					// An error (the server gone) is a clean exit too.
+					if err != nil {
+						t.Logf("Run returned %v", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("Run did not return within 30s of its context ending")
+				}
+			})
 		}
 	}
 }

@@ -3,6 +3,7 @@ package planner
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -19,8 +20,10 @@ import (
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // condition returns the pool's condition of type typ as pool.get answers.
@@ -586,4 +589,165 @@ func TestTraceFromRequestReachesCommands(t *testing.T) {
 	if got := trace.SpanContextFromContext(telemetry.Extract(context.Background(), requested[0].Header)).TraceID(); got != want {
 		t.Errorf("requested event trace id: got %s, want %s", got, want)
 	}
+}
+
+// failedEvents counts the failed events of proxy id.
+func (h *harness) failedEvents(id string) int {
+	n := 0
+	for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyFailed) {
+		if e.ID == id {
+			n++
+		}
+	}
+	return n
+}
+
+// healthUnavailableEvents counts the condition events of pool saying
+// health is unavailable.
+func (h *harness) healthUnavailableEvents(pool string) int {
+	n := 0
+	for _, e := range h.eventsOf(events.AggregatePool, events.PoolCondition) {
+		var d events.PoolConditionData
+		if e.ID == pool && e.DecodeData(&d) == nil && d.Reason == events.ReasonHealthUnavailable {
+			n++
+		}
+	}
+	return n
+}
+
+// TestHealthUnavailableSuspendsReadyTimeout: while no health replica is
+// alive, every pool's Ready condition is Unknown with reason
+// HealthUnavailable, and a proxy running past the ready timeout is not
+// failed (nobody could probe it); once health is back the condition
+// returns and the proxy gets a fresh ready timeout from then, rather than
+// failing at once. A planner that starts while health is alive never
+// reports it unavailable.
+func TestHealthUnavailableSuspendsReadyTimeout(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	const readyTimeout = 1500 * time.Millisecond
+	r := h.startPlannerWith(Config{ID: "blind", ReadyTimeout: readyTimeout}, nil)
+	h.waitFor("leader", r.IsLeader)
+	h.ok(poolApply, `{"name":"blind","provider":"local","size":1}`, nil)
+	ids, _ := h.requested(1)
+	id := ids[0]
+	h.waitCondition("blind", events.ConditionReady, events.ConditionFalse, events.ReasonNotEnoughReady, 5*time.Second)
+	h.settle(r, 3)
+	if n := h.healthUnavailableEvents("blind"); n != 0 {
+		t.Fatalf("health unavailable reported %d times while a health replica was alive", n)
+	}
+
+	h.healthDown(false)
+	c := h.waitCondition("blind", events.ConditionReady, events.ConditionUnknown, events.ReasonHealthUnavailable, 10*time.Second)
+	if !strings.Contains(c.Message, "no health replica is alive since ") || !strings.Contains(c.Message, "readiness unknown") {
+		t.Errorf("Ready message: got %q, want it to say since when no health replica is alive and that readiness is unknown", c.Message)
+	}
+	h.observe(id, events.ProxyProvisioning, 1, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), Attempt: 1})
+	h.observe(id, events.ProxyRunning, 1, events.ProxyRunningData{Address: "127.0.0.1:4000", Attempt: 1})
+	// Twice the ready timeout without health: nothing fails.
+	time.Sleep(2 * readyTimeout)
+	h.settle(r, 3)
+	if n := h.failedEvents(id); n != 0 {
+		t.Fatalf("a running proxy failed %d times while no health replica was alive to probe it", n)
+	}
+
+	h.healthUp()
+	back := time.Now()
+	h.waitCondition("blind", events.ConditionReady, events.ConditionFalse, events.ReasonNotEnoughReady, 10*time.Second)
+	var failed events.ProxyFailedData
+	h.waitFor("the proxy to fail once the fresh ready timeout ran out", func() bool {
+		for _, e := range h.eventsOf(events.AggregateProxy, events.ProxyFailed) {
+			if e.ID == id && e.DecodeData(&failed) == nil {
+				return true
+			}
+		}
+		return false
+	})
+	if since := time.Since(back); since < readyTimeout {
+		t.Errorf("the proxy failed %s after health came back, before the ready timeout of %s", since, readyTimeout)
+	}
+	if failed.Class != events.ClassTimeout || !strings.HasPrefix(failed.Reason, decide.NotReadyPrefix) {
+		t.Errorf("failed: got %+v, want class timeout, a not-ready reason", failed)
+	}
+}
+
+// TestHealthExpiredIsUnavailable: a health replica that dies leaves its
+// key to expire (no marker to watch); the planner still notices.
+func TestHealthExpiredIsUnavailable(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.leader()
+	h.ok(poolApply, `{"name":"dead","provider":"local","size":1}`, nil)
+	h.requested(1)
+	h.waitCondition("dead", events.ConditionReady, events.ConditionFalse, events.ReasonNotEnoughReady, 5*time.Second)
+	h.healthDown(true)
+	h.waitCondition("dead", events.ConditionReady, events.ConditionUnknown, events.ReasonHealthUnavailable, 15*time.Second)
+}
+
+// putCheck writes a target's check record into fleet-targets as health's
+// target checker does, taken at at.
+func (h *harness) putCheck(target string, at time.Time, failing ...agent.Verdict) {
+	h.t.Helper()
+	kv, err := h.c.JS.KeyValue(context.Background(), bus.BucketTargets)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	rec := agent.TargetCheck{Entry: "local", Target: target, OK: len(failing) == 0, At: at.UTC(),
+		Verdicts: append([]agent.Verdict{{Check: "version", OK: true}}, failing...)}
+	b, _ := json.Marshal(rec)
+	if _, err := kv.Put(context.Background(), agent.HeartbeatKey("local", target), b); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// TestPlacementSkipsTargetsFailingChecks: a target whose latest check in
+// fleet-targets fails takes no new proxy; when every target fails, the
+// pool's Placed condition says TargetsUnhealthy, naming the targets and
+// their failing checks; a target that passes again fills the pool, and a
+// failed record too old to trust (health down) blocks nothing.
+func TestPlacementSkipsTargetsFailingChecks(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.agent(agent.Info{Entry: "local", Target: "t2"})
+	notRunning := agent.Verdict{Check: "pool", OK: false, Detail: "not running"}
+	h.putCheck("t1", time.Now(), notRunning)
+	h.putCheck("t2", time.Now())
+	r := h.startPlannerWith(Config{ID: "checks", CheckMaxAge: time.Minute}, nil)
+	h.waitFor("leader", r.IsLeader)
+
+	h.ok(poolApply, `{"name":"spread","provider":"local","size":2}`, nil)
+	_, req := h.requested(2)
+	for id, d := range req {
+		if d.Target != "t2" {
+			t.Errorf("proxy %s placed on %s, whose check fails; want t2", id, d.Target)
+		}
+	}
+
+	h.putCheck("t2", time.Now(), agent.Verdict{Check: "disk", OK: false, Detail: "1% free"})
+	h.ok(poolApply, `{"name":"stuck","provider":"local","size":1}`, nil)
+	c := h.waitCondition("stuck", events.ConditionPlaced, events.ConditionFalse, events.ReasonTargetsUnhealthy, 10*time.Second)
+	for _, want := range []string{"t1 (pool: not running)", "t2 (disk: 1% free)"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("Placed message %q does not name %q", c.Message, want)
+		}
+	}
+	if n := len(h.eventsOf(events.AggregateProxy, events.ProxyRequested)); n != 2 {
+		t.Fatalf("requested: got %d, want the 2 of pool spread alone", n)
+	}
+
+	h.putCheck("t1", time.Now())
+	h.waitCondition("stuck", events.ConditionPlaced, events.ConditionTrue, events.ReasonPlaced, 10*time.Second)
+	_, req = h.requested(3)
+	for id, d := range req {
+		if d.Pool == "stuck" && d.Target != "t1" {
+			t.Errorf("proxy %s placed on %s, whose check fails; want t1", id, d.Target)
+		}
+	}
+
+	// Records older than CheckMaxAge: health stopped checking; they no
+	// longer keep proxies off.
+	h.putCheck("t1", time.Now().Add(-2*time.Minute), notRunning)
+	h.putCheck("t2", time.Now().Add(-2*time.Minute), notRunning)
+	h.ok(poolApply, `{"name":"stale","provider":"local","size":1}`, nil)
+	h.requested(4)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,13 @@ const convergeMessagesPerProxy = 5
 //
 // The benchmark's own watchers (an ordered consumer of the running events
 // and a watch of fleet-proxies) run in its process beside the server.
+//
+// With PROXYFLEET_BENCH_PROFILE_DIR=DIR every process writes a CPU profile
+// into DIR: planner.pprof, health.pprof and agent-t1.pprof…agent-t4.pprof
+// (--cpuprofile: from the end of each one's start-up until it is stopped,
+// right after the fill), and nats.pprof, the benchmark's own process (the
+// embedded server and the watchers) from the apply to the end of the fill.
+// A later round overwrites an earlier one's.
 func BenchmarkConvergeEndToEnd(b *testing.B) {
 	size := *convergeSize
 	bins := convergeBinaries(b)
@@ -206,7 +214,8 @@ func convergeOnce(b *testing.B, bins string, size int) convergeTimes {
 	b.Helper()
 	dir := b.TempDir()
 	c := bustest.StartIn(b, filepath.Join(dir, "nats"))
-	procs := &benchProcs{b: b, dir: dir, url: c.ClientURL()}
+	profiles := convergeProfiles(b)
+	procs := &benchProcs{b: b, dir: dir, url: c.ClientURL(), profiles: profiles}
 	defer procs.stopAll()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -248,6 +257,9 @@ func convergeOnce(b *testing.B, bins string, size int) convergeTimes {
 
 	running := watchRunning(b, ctx, c)
 	ready := watchReady(b, ctx, c)
+	if profiles != "" {
+		defer profileSelf(b, filepath.Join(profiles, "nats.pprof"))()
+	}
 	start := time.Now()
 	if _, err := client.PoolApply(ctx, events.PoolSpec{Name: "big", Provider: "local", Size: size}); err != nil {
 		b.Fatalf("pool.apply: %v", err)
@@ -364,6 +376,9 @@ func sendLatest(ch chan int, n int) {
 type benchProcs struct {
 	b        *testing.B
 	dir, url string
+	// profiles, when not empty, is where each process writes its CPU
+	// profile, <name>.pprof.
+	profiles string
 	exited   chan string
 	mu       sync.Mutex
 	procs    map[string]*benchProc
@@ -383,6 +398,9 @@ func (p *benchProcs) start(name, bin string, args ...string) {
 		p.procs, p.exited = map[string]*benchProc{}, make(chan string, 16)
 	}
 	args = append([]string{"--nats-url", p.url, "--data-dir", filepath.Join(p.dir, name)}, args...)
+	if p.profiles != "" {
+		args = append(args, "--cpuprofile", filepath.Join(p.profiles, name+".pprof"))
+	}
 	cmd := exec.Command(bin, args...)
 	logf, err := os.Create(filepath.Join(p.dir, name+".log"))
 	if err != nil {
@@ -442,7 +460,8 @@ func (p *benchProcs) fail(format string, args ...any) {
 	p.b.Fatalf(format+"%s", append(args, logs.String())...)
 }
 
-// stopAll ends every process with SIGTERM and waits for it; one that does not stop in a minute is killed.
+// stopAll ends every process with SIGTERM (each writes the end of its
+// profile) and waits for it; one that does not stop in a minute is killed.
 func (p *benchProcs) stopAll() {
 	p.mu.Lock()
 	procs := p.procs
@@ -460,6 +479,47 @@ func (p *benchProcs) stopAll() {
 			p.b.Errorf("%s did not stop within a minute of SIGTERM; killed", name)
 			_ = proc.cmd.Process.Kill()
 			<-proc.done
+		}
+	}
+}
+
+// convergeProfiles is PROXYFLEET_BENCH_PROFILE_DIR made absolute and
+// created, or "" when it is not set.
+func convergeProfiles(b *testing.B) string {
+	b.Helper()
+	dir := os.Getenv("PROXYFLEET_BENCH_PROFILE_DIR")
+	if dir == "" {
+		return ""
+	}
+	dir, err := filepath.Abs(dir)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		b.Fatalf("PROXYFLEET_BENCH_PROFILE_DIR: %v", err)
+	}
+	return dir
+}
+
+// profileSelf writes a CPU profile of the benchmark's process to path
+// until the returned stop is called. A profile already running (go test
+// -cpuprofile) is left alone and none is written.
+func profileSelf(b *testing.B, path string) (stop func()) {
+	b.Helper()
+	out, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		b.Logf("no profile of the benchmark's process: %v", err)
+		_ = out.Close()
+		_ = os.Remove(path)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := out.Close(); err != nil {
+			b.Errorf("profile %s: %v", path, err)
 		}
 	}
 }

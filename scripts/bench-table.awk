@@ -3,7 +3,11 @@
 # baseline sub-benchmark) or a fixed goal, and their ratio.
 #
 #   row             measured                                  limit
-#   converge        BenchmarkConverge/converge proxies/s      BenchmarkConverge/baseline proxies/s (publish ceiling ÷ messages per proxy)
+#   converge-planner  BenchmarkConverge/converge proxies/s    BenchmarkConverge/baseline proxies/s (publish ceiling ÷ messages per proxy)
+#                   (the planner alone, against stub agents that publish asynchronously; no health)
+#   e2e-running     BenchmarkConvergeEndToEnd/converge running-proxies/s  BenchmarkConvergeEndToEnd/baseline proxies/s (the same ceiling, same run)
+#   e2e-ready       BenchmarkConvergeEndToEnd/converge ready-proxies/s    the same
+#                   (planner, four real agent runtimes, health probing and projecting: each its own process)
 #   replay-planner  BenchmarkPlannerStart/replay events/s     BenchmarkPlannerStart/baseline events/s (bare ordered read)
 #   start-snapshot  BenchmarkPlannerStart/snapshot events/s   the same bare read
 #   rebuild-views   BenchmarkRebuildViews rebuild-events/s    its bare-events/s
@@ -27,7 +31,9 @@ function row(label, m, l, unit, lunit, better,    r) {
 END {
 	print ""
 	printf "  %-16s %27s %27s %7s\n", "figure", "measured", "limit", "ratio"
-	row("converge", v["BenchmarkConverge/converge" SUBSEP "proxies/s"], v["BenchmarkConverge/baseline" SUBSEP "proxies/s"], "proxies/s", "proxies/s", "(goal >= 0.25, >= 5000/s)")
+	row("converge-planner", v["BenchmarkConverge/converge" SUBSEP "proxies/s"], v["BenchmarkConverge/baseline" SUBSEP "proxies/s"], "proxies/s", "proxies/s", "(planner only, stub agents; goal >= 0.25, >= 5000/s)")
+	row("e2e-running", v["BenchmarkConvergeEndToEnd/converge" SUBSEP "running-proxies/s"], v["BenchmarkConvergeEndToEnd/baseline" SUBSEP "proxies/s"], "proxies/s", "proxies/s", "(whole system, apply to all running in the log; goal >= 0.25)")
+	row("e2e-ready", v["BenchmarkConvergeEndToEnd/converge" SUBSEP "ready-proxies/s"], v["BenchmarkConvergeEndToEnd/baseline" SUBSEP "proxies/s"], "proxies/s", "proxies/s", "(whole system, apply to all ready in fleet-proxies; goal >= 0.15)")
 	row("replay-planner", v["BenchmarkPlannerStart/replay" SUBSEP "events/s"], v["BenchmarkPlannerStart/baseline" SUBSEP "events/s"], "events/s", "events/s", "(higher is better)")
 	row("start-snapshot", v["BenchmarkPlannerStart/snapshot" SUBSEP "events/s"], v["BenchmarkPlannerStart/baseline" SUBSEP "events/s"], "events/s", "events/s", "(log events covered per second of start)")
 	row("rebuild-views", v["BenchmarkRebuildViews" SUBSEP "rebuild-events/s"], v["BenchmarkRebuildViews" SUBSEP "bare-events/s"], "events/s", "events/s", "(goal >= 0.25)")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,6 +51,10 @@ type EventStore struct {
 	log    *slog.Logger
 	// idKey keys the Msg-Ids of this store's appends (eventids.go).
 	idKey []byte
+	// stream is FLEET_EVENTS' handle, looked up once (a STREAM.INFO
+	// request) and kept: a lookup per read would double the round trips
+	// of every state lookup an agent makes per command. See [EventStore.withStream].
+	stream atomic.Pointer[jetstream.Stream]
 }
 
 // NewEventStore returns a store writing events with the CloudEvents source
@@ -165,17 +170,44 @@ func (s *EventStore) LastObservation(ctx context.Context, id, typ string, by eve
 	return s.lastOn(ctx, events.ObservationSubject(id, typ, by.Entry, by.Target))
 }
 
-func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error) {
+// withStream calls fn with FLEET_EVENTS' handle, looked up on first use
+// and kept. When fn fails with a kept handle, the handle may be stale
+// (the stream was deleted and created again, possibly with another
+// configuration, such as direct gets turned on or off): the handle is
+// looked up afresh and fn called once more. fn's own answers that say
+// nothing about the handle (message not found) are not retried; fn
+// reports them another way.
+func (s *EventStore) withStream(ctx context.Context, fn func(jetstream.Stream) error) error {
+	if kept := s.stream.Load(); kept != nil {
+		err := fn(*kept)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		s.stream.CompareAndSwap(kept, nil)
+	}
 	stream, err := s.js.Stream(ctx, EventsStream)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	raw, err := stream.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
+	s.stream.Store(&stream)
+	return fn(stream)
+}
+
+func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error) {
+	var raw *jetstream.RawStreamMsg
+	err := s.withStream(ctx, func(stream jetstream.Stream) error {
+		var err error
+		raw, err = stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			raw, err = nil, nil
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
+	}
+	if raw == nil {
+		return nil, nil
 	}
 	ev, err := decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
 	if err == nil && ev.Unreadable == nil {
@@ -265,15 +297,16 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 			caughtUp = nil
 		}
 	}
-	stream, err := s.js.Stream(ctx, EventsStream)
-	if err != nil {
+	var cons jetstream.Consumer
+	err = s.withStream(ctx, func(stream jetstream.Stream) error {
+		var err error
+		cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			FilterSubjects:   []string{filter},
+			DeliverPolicy:    jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:      from,
+			MaxResetAttempts: readResetAttempts,
+		})
 		return err
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:   []string{filter},
-		DeliverPolicy:    jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:      from,
-		MaxResetAttempts: readResetAttempts,
 	})
 	if err != nil {
 		return err

@@ -1,13 +1,19 @@
 package service_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/service"
@@ -141,5 +147,55 @@ func TestCommandServeSignalDuringStart(t *testing.T) {
 				t.Errorf("Serve = %d, want %d; output:\n%s", code, c.code, &out)
 			}
 		})
+	}
+}
+
+// TestCommandServeWritesACPUProfile: with --cpuprofile the service writes
+// a CPU profile that go tool pprof reads (gzipped protocol buffers), ended
+// and complete once Serve returned.
+func TestCommandServeWritesACPUProfile(t *testing.T) {
+	srv := bustest.Start(t)
+	profile := filepath.Join(t.TempDir(), "demo.pprof")
+	var out strings.Builder
+	cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+	if _, ok := cmd.Parse([]string{"--nats-url", srv.ClientURL(), "--data-dir", t.TempDir(), "--log-level", "error", "--cpuprofile", profile}); !ok {
+		t.Fatalf("Parse: %s", &out)
+	}
+	code := cmd.Serve(func(ctx context.Context, base *service.Base) error {
+		// Some work for the profiler to sample.
+		deadline := time.Now().Add(50 * time.Millisecond)
+		for n := 0; time.Now().Before(deadline); n++ {
+			_ = strconv.Itoa(n)
+		}
+		return nil
+	})
+	if code != 0 {
+		t.Fatalf("Serve = %d, want 0; output:\n%s", code, &out)
+	}
+	b, err := os.ReadFile(profile)
+	if err != nil {
+		t.Fatalf("the profile: %v", err)
+	}
+	// A gzip stream, as runtime/pprof writes it, that decompresses whole:
+	// a profile cut short by a stop that did not end it would not.
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("the profile (%d bytes) is not gzipped: %v", len(b), err)
+	}
+	if n, err := io.Copy(io.Discard, zr); err != nil || n == 0 {
+		t.Fatalf("the profile decompresses to %d bytes: %v", n, err)
+	}
+}
+
+// TestCommandHelpNamesCPUProfile: --cpuprofile is in every service's
+// --help.
+func TestCommandHelpNamesCPUProfile(t *testing.T) {
+	var out strings.Builder
+	cmd := service.NewCommand("demo-agent", "[flags]", "Serves demos.", &out)
+	if code, ok := cmd.Parse([]string{"--help"}); ok || code != 0 {
+		t.Fatalf("Parse(--help) = %d, %v; want 0, false", code, ok)
+	}
+	if !strings.Contains(out.String(), "-cpuprofile") {
+		t.Errorf("--help does not name --cpuprofile:\n%s", &out)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"proxyfleet/pkg/bus"
@@ -45,6 +46,9 @@ type Flags struct {
 	// file (--nats-server-config): authentication for a listener beyond
 	// loopback.
 	NATSServerConfig string
+	// CPUProfile is the file a CPU profile of the process is written to
+	// (--cpuprofile), from the end of [Start] until [Base.Close].
+	CPUProfile string
 }
 
 // Register adds the common flags to fs. Environment variables give the
@@ -86,6 +90,8 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"log level: debug, info, warn or error (env PROXYFLEET_LOG_LEVEL)")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "",
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
+	fs.StringVar(&f.CPUProfile, "cpuprofile", "",
+		"write a CPU profile of this process (runtime/pprof; read it with go tool pprof) to this file, from the end of start-up until the process stops; empty: none (docs/performance.md)")
 	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
 		"create or update the streams, buckets and this service's durable consumers at start; false binds the existing ones, created beforehand by `planner bootstrap` (deploy/nats)")
 }
@@ -124,6 +130,8 @@ type Base struct {
 	Log  *slog.Logger
 	Tel  *telemetry.Telemetry
 	Conn *bus.Conn
+	// profile is the --cpuprofile file being written, nil without one.
+	profile *os.File
 }
 
 // Start builds the logger, telemetry and NATS connection for service name,
@@ -185,11 +193,39 @@ func Start(ctx context.Context, name string, f Flags) (*Base, error) {
 	if conn.Server != nil {
 		log.Info("embedded NATS ready", "url", telemetry.RedactURL(conn.ClientURL()))
 	}
-	return &Base{Name: name, Log: log, Tel: tel, Conn: conn}, nil
+	base := &Base{Name: name, Log: log, Tel: tel, Conn: conn}
+	if f.CPUProfile != "" {
+		if base.profile, err = startCPUProfile(f.CPUProfile); err != nil {
+			base.Close()
+			return nil, err
+		}
+		log.Info("writing a CPU profile until the service stops", "file", f.CPUProfile)
+	}
+	return base, nil
 }
 
-// Close flushes telemetry and closes NATS (stopping an embedded server).
+func startCPUProfile(path string) (*os.File, error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		_ = out.Close()
+		return nil, fmt.Errorf("--cpuprofile %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// Close ends the CPU profile (--cpuprofile), flushes telemetry and closes
+// NATS (stopping an embedded server).
 func (b *Base) Close() {
+	if b.profile != nil {
+		pprof.StopCPUProfile()
+		if err := b.profile.Close(); err != nil {
+			b.Log.Error("--cpuprofile: the profile is incomplete", "file", b.profile.Name(), "err", err)
+		}
+		b.profile = nil
+	}
 	b.Conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +131,6 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 		quotaAvoid:   rc.cfg.QuotaAvoid,
 		checkMaxAge:  rc.cfg.CheckMaxAge,
 		known:        map[string][]string{},
-		byID:         map[string]Proxy{},
 		avoid:        make(map[string]decide.Avoidance, len(rc.st.avoid)),
 		onTarget:     make(map[string]int, len(rc.st.onTarget)),
 		poolOnTarget: map[string]map[string]int{},
@@ -168,6 +168,11 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 	if takeDirty {
 		clear(rc.st.dirty)
 	}
+	members := 0
+	for _, pl := range pools {
+		members += len(pl.members)
+	}
+	r.byID = make(map[string]Proxy, members+len(rc.outbox))
 	for _, pl := range pools {
 		ps := poolSnap{pool: *pl, members: make([]decide.Proxy, 0, len(pl.members))}
 		ps.pool.counts, ps.pool.members, ps.pool.onTarget = nil, nil, nil
@@ -179,7 +184,7 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 			known, _ := rc.knownTargetsLocked(pl.Spec.Provider)
 			r.known[pl.Spec.Provider] = slices.Sorted(maps.Keys(known))
 		}
-		sort.Slice(ps.members, func(i, j int) bool { return ps.members[i].ID < ps.members[j].ID })
+		slices.SortFunc(ps.members, func(a, b decide.Proxy) int { return strings.Compare(a.ID, b.ID) })
 		load := make(map[string]int, len(pl.onTarget))
 		for k, n := range pl.onTarget {
 			load[k] = n

@@ -1,7 +1,6 @@
 package planner
 
 import (
-	"context"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,6 +30,9 @@ type healthBook struct {
 	downSince time.Time
 	// back is when health last came back after being down.
 	back time.Time
+	// checks holds each target's latest check verdict from
+	// fleet-targets, by "<entry>.<target>" (targetchecks.go).
+	checks map[string]*decide.Check
 }
 
 // healthTTL is how long a health replica's key lives: the planner's
@@ -70,28 +72,6 @@ func (p *Planner) healthLocked(now time.Time) decide.Health {
 			"since", b.downSince)
 	}
 	return decide.Health{Down: !b.downSince.IsZero(), Since: b.downSince, Back: b.back}
-}
-
-// watchHealth keeps p.health current from the fleet-health bucket.
-func (p *Planner) watchHealth(ctx context.Context, kv jetstream.KeyValue) {
-	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
-		if err != nil {
-			p.log.Warn("watch fleet-health", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-				continue
-			}
-		}
-		_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
-			if e != nil {
-				p.onHealthMember(e)
-			}
-		})
-		bus.StopWatch(w)
-	}
 }
 
 func (p *Planner) onHealthMember(e jetstream.KeyValueEntry) {

@@ -187,28 +187,24 @@ type Planner struct {
 	m      *metrics
 	clocks
 	counters
+	signals
 
-	// mu guards st, agents, health, checks and progressed.
+	// mu guards st, agents, health and progressed.
 	mu sync.Mutex
 	st *state
-	// progressed is closed and replaced whenever st advances.
-	progressed chan struct{}
 	// caughtUp is set once the projection has read the whole log.
 	caughtUp atomic.Bool
 	// agents is what the agents announced in fleet-agents.
 	agents agentBook
-	// health is what the health replicas' keys in fleet-health say.
+	// health is what the health service says: whether a replica is
+	// alive (fleet-health) and each target's latest checks
+	// (fleet-targets).
 	health healthBook
-	// checks holds each target's latest check verdict from fleet-targets,
-	// by "<entry>.<target>".
-	checks map[string]*decide.Check
 	// demand is the leader's copy of fleet-demand (demand.go).
 	demand *demandBook
 
 	// lease is this replica's part in the election of the leader.
 	lease leaseState
-	// kick asks the reconciler for a round (see [Planner.poke]).
-	kick chan struct{}
 
 	// secrets are the pools' secrets: fleet-secrets, the digest key and
 	// their sealing to health and the gateway.
@@ -231,6 +227,15 @@ type clocks struct {
 	// measured with; tests move it ahead (scaleDownAfter is at least
 	// 10s).
 	scaleNow func() time.Time
+}
+
+// signals wake the planner's loops.
+type signals struct {
+	// progressed is closed and replaced whenever st advances (guarded by
+	// Planner.mu).
+	progressed chan struct{}
+	// kick asks the reconciler for a round (see [Planner.poke]).
+	kick chan struct{}
 }
 
 // counters count the loops' completed work, for tests and logs.
@@ -298,21 +303,19 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 	}
 	log = log.With("planner", cfg.ID)
 	p := &Planner{
-		m:          m,
-		conn:       conn,
-		store:      bus.NewEventStore(conn, Source, log),
-		cfg:        cfg,
-		log:        log,
-		tracer:     tracer,
-		clocks:     clocks{now: time.Now, ageNow: time.Now, scaleNow: time.Now},
-		st:         newState(log, cfg.KeepFinished),
-		agents:     agentBook{last: map[string]agentSeen{}, seen: map[string]map[string]bool{}},
-		health:     healthBook{last: map[string]time.Time{}},
-		checks:     map[string]*decide.Check{},
-		demand:     &demandBook{js: conn.JS, log: log},
-		progressed: make(chan struct{}),
-		kick:       make(chan struct{}, 1),
-		lease:      leaseState{deposed: make(chan *leadership, 1)},
+		m:       m,
+		conn:    conn,
+		store:   bus.NewEventStore(conn, Source, log),
+		cfg:     cfg,
+		log:     log,
+		tracer:  tracer,
+		clocks:  clocks{now: time.Now, ageNow: time.Now, scaleNow: time.Now},
+		st:      newState(log, cfg.KeepFinished),
+		agents:  agentBook{last: map[string]agentSeen{}, seen: map[string]map[string]bool{}},
+		health:  healthBook{last: map[string]time.Time{}, checks: map[string]*decide.Check{}},
+		demand:  &demandBook{js: conn.JS, log: log},
+		signals: signals{progressed: make(chan struct{}), kick: make(chan struct{}, 1)},
+		lease:   leaseState{deposed: make(chan *leadership, 1)},
 	}
 	p.snap = &snapshots{Planner: p, kick: make(chan struct{}, 1)}
 	if p.api, err = apiserver.New(backend{p}, conn.NC, apiserver.Config{ID: cfg.ID, Log: log, Tracer: tracer, Meter: m.meter, Buckets: durationBuckets}); err != nil {
@@ -376,12 +379,12 @@ func (p *Planner) Run(ctx context.Context) error {
 	caught := make(chan struct{})
 	var once sync.Once
 	wg.Go(func() { p.follow(ctx, func() { once.Do(func() { close(caught) }) }) })
-	wg.Go(func() { p.watchAgents(ctx, agentsKV) })
+	wg.Go(func() { p.watchKV(ctx, agentsKV, p.onAgent) })
 	p.mu.Lock()
 	p.health.started = p.now()
 	p.mu.Unlock()
-	wg.Go(func() { p.watchHealth(ctx, healthKV) })
-	wg.Go(func() { p.watchTargets(ctx, targetsKV) })
+	wg.Go(func() { p.watchKV(ctx, healthKV, p.onHealthMember) })
+	wg.Go(func() { p.watchKV(ctx, targetsKV, p.onTargetCheck) })
 
 	select {
 	case <-caught:
@@ -536,12 +539,16 @@ func (p *Planner) catchUp(ctx context.Context, aggregate, id string) error {
 	return p.waitSeq(wctx, last.Seq)
 }
 
-// watchAgents keeps p.agents current from the fleet-agents bucket.
-func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
+// watchKV calls fn with every value and change of bucket kv until ctx
+// ends: a watch that fails to start, or ends, is started again a second
+// later. The planner keeps its view of the agents (fleet-agents), the
+// health replicas (fleet-health) and the targets' checks (fleet-targets)
+// this way.
+func (p *Planner) watchKV(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) {
 	for ctx.Err() == nil {
 		w, err := kv.WatchAll(ctx)
 		if err != nil {
-			p.log.Warn("watch fleet-agents", "err", err)
+			p.log.Warn("watch "+kv.Bucket(), "err", err)
 			select {
 			case <-ctx.Done():
 				return
@@ -551,7 +558,7 @@ func (p *Planner) watchAgents(ctx context.Context, kv jetstream.KeyValue) {
 		}
 		_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
 			if e != nil {
-				p.onAgent(e)
+				fn(e)
 			}
 		})
 		bus.StopWatch(w)

@@ -139,7 +139,7 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 	r.health = rc.healthLocked(r.now)
 	for _, a := range rc.liveAgentsLocked(r.now) {
 		t := a.target()
-		t.Check = rc.checks[t.Key()]
+		t.Check = rc.health.checks[t.Key()]
 		r.targets = append(r.targets, t)
 	}
 	sort.Slice(r.targets, func(i, j int) bool { return r.targets[i].Key() < r.targets[j].Key() })

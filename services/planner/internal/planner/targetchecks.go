@@ -1,14 +1,11 @@
 package planner
 
 import (
-	"context"
 	"encoding/json"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
-	"proxyfleet/pkg/bus"
 	"proxyfleet/services/planner/internal/decide"
 )
 
@@ -34,38 +31,15 @@ func checkOf(rec agent.TargetCheck) *decide.Check {
 	return c
 }
 
-// watchTargets keeps p.checks current from the fleet-targets bucket,
-// where health records each live target's last check verdicts.
-func (p *Planner) watchTargets(ctx context.Context, kv jetstream.KeyValue) {
-	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
-		if err != nil {
-			p.log.Warn("watch fleet-targets", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-				continue
-			}
-		}
-		_ = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
-			if e != nil {
-				p.onTargetCheck(e)
-			}
-		})
-		bus.StopWatch(w)
-	}
-}
-
 func (p *Planner) onTargetCheck(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	if _, _, ok := splitAgentKey(key); !ok {
 		return
 	}
 	p.mu.Lock()
-	prev, had := p.checks[key]
+	prev, had := p.health.checks[key]
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(p.checks, key)
+		delete(p.health.checks, key)
 		p.mu.Unlock()
 		return
 	}
@@ -76,7 +50,7 @@ func (p *Planner) onTargetCheck(e jetstream.KeyValueEntry) {
 		return
 	}
 	c := checkOf(rec)
-	p.checks[key] = c
+	p.health.checks[key] = c
 	p.mu.Unlock()
 	if (!had || prev.OK != c.OK) && p.caughtUp.Load() {
 		// A target that passes again can take the proxies a pool misses.

@@ -170,6 +170,7 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	var stale []string
 	state := map[string]string{} // proxy id → last event type
 	maxActive := 0
+	var history []string // every proxy event, for a failure's message
 	active := func() int {
 		n := 0
 		for _, s := range state {
@@ -190,6 +191,8 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 		if _, known := state[e.ID]; known || e.Kind == events.ProxyRequested {
 			state[e.ID] = e.Kind
 			maxActive = max(maxActive, active())
+			_, leader, _ := e.Leader()
+			history = append(history, fmt.Sprintf("seq %d %s %s by %q (active %d): %s", e.Seq, e.ID, e.Kind, leader, active(), e.Envelope.Data))
 		}
 		return nil
 	}); err != nil {
@@ -199,7 +202,8 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 		t.Errorf("decisions of the deposed leader a appended after b's term began (seq %d):\n  %s", bTerm.Seq, strings.Join(stale, "\n  "))
 	}
 	if maxActive > size+1 {
-		t.Errorf("the pool held %d active proxies at one point; want at most size+1 = %d", maxActive, size+1)
+		t.Errorf("the pool held %d active proxies at one point; want at most size+1 = %d; the proxies' events:\n  %s",
+			maxActive, size+1, strings.Join(history, "\n  "))
 	}
 	if !termOf("b")() {
 		t.Errorf("b no longer holds the latest term")

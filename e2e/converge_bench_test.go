@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
@@ -132,48 +131,11 @@ func zeroAllocs(b *testing.B) {
 func publishCeiling(b *testing.B, size int) float64 {
 	b.Helper()
 	c := bustest.Start(b)
-	ctx := context.Background()
-	if _, err := c.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"},
-		Storage: jetstream.FileStorage, Duplicates: bus.DuplicateWindow}); err != nil {
-		b.Fatal(err)
-	}
-	body := make([]byte, 300) // about a proxy event's size
 	var total time.Duration
 	for round := range b.N {
-		n := size * convergeMessagesPerProxy
-		start := time.Now()
-		var pending []jetstream.PubAckFuture
-		for i := range n {
-			msg := nats.NewMsg(fmt.Sprintf("ceiling.%d", i))
-			msg.Data = body
-			msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m%d.%d", round, i))
-			f, err := c.JS.PublishMsgAsync(msg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			pending = append(pending, f)
-			if len(pending) == 2048 {
-				waitPubAcks(b, pending)
-				pending = pending[:0]
-			}
-		}
-		waitPubAcks(b, pending)
-		total += time.Since(start)
+		total += bustest.Ceiling(b, c, round, size*convergeMessagesPerProxy)
 	}
 	return float64(b.N*size) / total.Seconds()
-}
-
-func waitPubAcks(b *testing.B, fs []jetstream.PubAckFuture) {
-	b.Helper()
-	for _, f := range fs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			b.Fatal(err)
-		case <-time.After(30 * time.Second):
-			b.Fatal("no acknowledgement in 30s")
-		}
-	}
 }
 
 var (

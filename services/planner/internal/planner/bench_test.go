@@ -21,6 +21,7 @@ import (
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/bus/embedded"
 	"proxyfleet/pkg/events"
 )
@@ -407,33 +408,9 @@ func BenchmarkConverge(b *testing.B) {
 	b.Run("baseline", func(b *testing.B) {
 		c, stop := benchServer(b)
 		defer stop()
-		ctx := context.Background()
-		if _, err := c.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"},
-			Storage: jetstream.FileStorage, Duplicates: bus.DuplicateWindow}); err != nil {
-			b.Fatal(err)
-		}
-		body := make([]byte, 300) // about a proxy event's size
 		var total time.Duration
-		for range b.N {
-			n := size * messagesPerProxy
-			start := time.Now()
-			var pending []jetstream.PubAckFuture
-			for i := range n {
-				msg := nats.NewMsg(fmt.Sprintf("ceiling.%d", i))
-				msg.Data = body
-				msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m%d.%d", len(pending), i))
-				f, err := c.JS.PublishMsgAsync(msg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				pending = append(pending, f)
-				if len(pending) == 2048 {
-					waitAcks(b, pending)
-					pending = pending[:0]
-				}
-			}
-			waitAcks(b, pending)
-			total += time.Since(start)
+		for round := range b.N {
+			total += bustest.Ceiling(b, c, round, size*messagesPerProxy)
 		}
 		per := total / time.Duration(b.N*size)
 		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
@@ -448,20 +425,6 @@ func BenchmarkConverge(b *testing.B) {
 		b.ReportMetric(float64(per.Nanoseconds()), "ns/op")
 		b.ReportMetric(1/per.Seconds(), "proxies/s")
 	})
-}
-
-// waitAcks checks every acknowledgement.
-func waitAcks(tb testing.TB, fs []jetstream.PubAckFuture) {
-	tb.Helper()
-	for _, f := range fs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			tb.Fatal(err)
-		case <-time.After(30 * time.Second):
-			tb.Fatal("no acknowledgement")
-		}
-	}
 }
 
 // convergeOnce fills one pool of size proxies on a fresh server and

@@ -275,19 +275,36 @@ func (e *kubeEnv) driver(entry, ns string, targets ...string) *Driver {
 }
 
 // setRunning plays the kubelet: the Pod runs, with ip when not empty.
+// setStatus plays the kubelet: it sets the Pod's phase and address. The
+// agent records provisioning before it creates the Pod (write-ahead), so a
+// caller that waited for that event may arrive before the Pod exists; it
+// waits for the Pod, and retries when the driver updated it meanwhile.
 func (e *kubeEnv) setStatus(ns, name string, phase corev1.PodPhase, ip string) {
 	e.t.Helper()
 	ctx := context.Background()
-	pod, err := e.admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	must(e.t, err)
-	pod.Status.Phase = phase
-	pod.Status.PodIP = ip
-	pod.Status.PodIPs = nil
-	if ip != "" {
-		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-	}
-	_, err = e.admin.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
-	must(e.t, err)
+	must(e.t, poll(60*time.Second, func() error {
+		pod, err := e.admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return err
+		}
+		if err != nil {
+			e.t.Fatalf("get pod %s/%s: %v", ns, name, err)
+		}
+		pod.Status.Phase = phase
+		pod.Status.PodIP = ip
+		pod.Status.PodIPs = nil
+		if ip != "" {
+			pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		}
+		_, err = e.admin.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			return err
+		}
+		if err != nil {
+			e.t.Fatalf("update status of pod %s/%s: %v", ns, name, err)
+		}
+		return nil
+	}))
 }
 
 func kspec(id, entry, ns string, attempt int) agent.Spec {

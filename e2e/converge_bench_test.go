@@ -145,9 +145,24 @@ var (
 )
 
 // convergeBinaries builds the planner and health as make build does, and
-// the instant agent with the same tags, once for the package.
+// the instant agent with the same tags, once for the package; or, with
+// PROXYFLEET_BENCH_CONVERGE_BINS=DIR, takes planner, health and
+// instantagent from DIR, built elsewhere (another commit's, for a
+// comparison back to back: docs/performance.md).
 func convergeBinaries(b *testing.B) string {
 	b.Helper()
+	if dir := os.Getenv("PROXYFLEET_BENCH_CONVERGE_BINS"); dir != "" {
+		for _, name := range []string{"planner", "health", "instantagent"} {
+			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+				b.Fatalf("PROXYFLEET_BENCH_CONVERGE_BINS: %v", err)
+			}
+		}
+		dir, err := filepath.Abs(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return dir
+	}
 	convergeBuildOnce.Do(func() {
 		// Under binDir, which TestMain removes.
 		convergeBinDir = filepath.Join(binDir, "converge")
@@ -217,8 +232,9 @@ func convergeOnce(b *testing.B, bins string, size int) convergeTimes {
 		return true
 	})
 
-	running := watchRunning(b, ctx, c)
-	ready := watchReady(b, ctx, c)
+	requested := watchProxies(b, ctx, c, events.EventSubject(events.AggregateProxy, "*", events.ProxyRequested))
+	running := watchProxies(b, ctx, c, events.ObservationFilter("*", events.ProxyRunning))
+	projected, ready := watchViews(b, ctx, c)
 	if profiles != "" {
 		defer profileSelf(b, filepath.Join(profiles, "nats.pprof"))()
 	}
@@ -228,39 +244,67 @@ func convergeOnce(b *testing.B, bins string, size int) convergeTimes {
 	}
 	var t convergeTimes
 	timeout := time.After(30 * time.Minute)
-	var nRunning, nReady int
+	var nRequested, nRunning, nProjected, nReady int
+	// The fill's timeline: when half, nine tenths and all of the pool
+	// were requested, running and ready, which says what paced it.
+	marks := []float64{0.5, 0.9, 1}
+	stages := []string{"requested", "running", "projected", "ready"}
+	var timeline [4][3]time.Duration
+	mark := func(stage, n int) {
+		for i, f := range marks {
+			if timeline[stage][i] == 0 && float64(n) >= f*float64(size) {
+				timeline[stage][i] = time.Since(start)
+			}
+		}
+	}
 	for t.running == 0 || t.ready == 0 {
 		select {
+		case n := <-requested:
+			nRequested = n
+			mark(0, n)
 		case n := <-running:
 			nRunning = n
+			mark(1, n)
 			if n >= size && t.running == 0 {
 				t.running = time.Since(start)
 			}
+		case n := <-projected:
+			nProjected = n
+			mark(2, n)
 		case n := <-ready:
 			nReady = n
+			mark(3, n)
 			if n >= size && t.ready == 0 {
 				t.ready = time.Since(start)
 			}
 		case name := <-procs.exited:
-			procs.fail("%s exited during the fill (%d running, %d ready of %d)", name, nRunning, nReady, size)
+			procs.fail("%s exited during the fill (%d requested, %d running, %d projected running, %d ready of %d)", name, nRequested, nRunning, nProjected, nReady, size)
 		case <-timeout:
-			procs.fail("after 30m: %d running, %d ready of %d", nRunning, nReady, size)
+			procs.fail("after 30m: %d requested, %d running, %d projected running, %d ready of %d", nRequested, nRunning, nProjected, nReady, size)
 		}
 	}
 	b.Logf("%d proxies: running after %v (%.0f/s), ready after %v (%.0f/s)", size,
 		t.running.Round(time.Millisecond), float64(size)/t.running.Seconds(), t.ready.Round(time.Millisecond), float64(size)/t.ready.Seconds())
+	for i, stage := range stages {
+		line := fmt.Sprintf("%-9s", stage)
+		for j, f := range marks {
+			line += fmt.Sprintf("  %3.0f%% at %6.2fs", 100*f, timeline[i][j].Seconds())
+		}
+		b.Log(line)
+	}
 	if nRunning > size {
 		b.Errorf("%d proxies ran for a pool of %d: the fill replaced or duplicated some", nRunning, size)
 	}
 	return t
 }
 
-// watchRunning reads the running observations in FLEET_EVENTS from the
-// start and sends the number of distinct proxies that ran, at each new one.
-func watchRunning(b *testing.B, ctx context.Context, c *bus.Conn) <-chan int {
+// watchProxies reads the events on subject (a filter whose fourth token
+// is the proxy id) in FLEET_EVENTS from the start and sends the number of
+// distinct proxies seen, at each new one.
+func watchProxies(b *testing.B, ctx context.Context, c *bus.Conn, subject string) <-chan int {
 	b.Helper()
 	cons, err := c.JS.OrderedConsumer(ctx, bus.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.ObservationFilter("*", events.ProxyRunning)},
+		FilterSubjects: []string{subject},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -281,9 +325,10 @@ func watchRunning(b *testing.B, ctx context.Context, c *bus.Conn) <-chan int {
 	return out
 }
 
-// watchReady watches fleet-proxies and sends the number of proxies whose
-// view is ready, at each change.
-func watchReady(b *testing.B, ctx context.Context, c *bus.Conn) <-chan int {
+// watchViews watches fleet-proxies and sends the number of proxies whose
+// view is running or ready (the running events projected), and the number
+// whose view is ready, at each change.
+func watchViews(b *testing.B, ctx context.Context, c *bus.Conn) (projected, ready <-chan int) {
 	b.Helper()
 	kv, err := c.JS.KeyValue(ctx, bus.BucketProxies)
 	if err != nil {
@@ -293,10 +338,23 @@ func watchReady(b *testing.B, ctx context.Context, c *bus.Conn) <-chan int {
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := make(chan int, 1)
+	projectedOut, readyOut := make(chan int, 1), make(chan int, 1)
 	go func() {
 		defer func() { _ = w.Stop() }()
-		ready := map[string]bool{}
+		up, ready := map[string]bool{}, map[string]bool{}
+		// follow keeps set's members those for which in holds, and sends
+		// its size on out when it changes.
+		follow := func(set map[string]bool, key string, in bool, out chan int) {
+			if in == set[key] {
+				return
+			}
+			if in {
+				set[key] = true
+			} else {
+				delete(set, key)
+			}
+			sendLatest(out, len(set))
+		}
 		for e := range w.Updates() {
 			if e == nil {
 				continue // the end of the initial values
@@ -304,18 +362,12 @@ func watchReady(b *testing.B, ctx context.Context, c *bus.Conn) <-chan int {
 			var v struct {
 				State string `json:"state"`
 			}
-			isReady := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil && v.State == events.ProxyReady
-			if isReady != ready[e.Key()] {
-				if isReady {
-					ready[e.Key()] = true
-				} else {
-					delete(ready, e.Key())
-				}
-				sendLatest(out, len(ready))
-			}
+			put := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil
+			follow(up, e.Key(), put && (v.State == events.ProxyRunning || v.State == events.ProxyReady), projectedOut)
+			follow(ready, e.Key(), put && v.State == events.ProxyReady, readyOut)
 		}
 	}()
-	return out
+	return projectedOut, readyOut
 }
 
 // sendLatest replaces what ch holds (capacity 1) with n.

@@ -705,10 +705,14 @@ func backoff(delivered uint64) time.Duration {
 	return d
 }
 
+// ack acknowledges a command that is done, dropped or failed for good.
+// The ack is sent, not awaited: what the command did is in the log
+// already, so an ack that is lost only brings the command back, and the
+// agent then finds it done (its observation is the proxy's last event)
+// and acknowledges it again. Awaiting it would hold the command's slot
+// for one more round trip to the server.
 func (r *Runtime) ack(ctx context.Context, msg jetstream.Msg, log *slog.Logger) {
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := msg.DoubleAck(actx); err != nil {
+	if err := msg.Ack(); err != nil {
 		log.WarnContext(ctx, "ack failed; the command may be redelivered and will be found done", "err", err)
 	}
 }

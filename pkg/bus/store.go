@@ -125,11 +125,21 @@ func (s *EventStore) Last(ctx context.Context, aggregate, id string) (*Event, er
 // LastSeenBy returns the last event of proxy id that is either no agent's
 // (the planner's decisions, health's observations) or agent by's own, or
 // nil when there is none: what agent by acts on, whatever other agents
-// record about the proxy. It reads the last message of two subject
-// filters, [events.DecisionFilter] and [events.AgentFilter], and reads
-// nothing else (no consumer), so an agent allowed only direct gets on
-// FLEET_EVENTS can call it.
+// record about the proxy. It reads by direct gets alone (no consumer), so
+// an agent allowed only direct gets on FLEET_EVENTS can call it.
+//
+// One read answers it as a rule: the proxy's last event, which is a
+// decision or by's own observation unless another agent observed the
+// proxy after them (a former placement's agent, or a forgery). Only then
+// does it read the last message of [events.DecisionFilter] and of
+// [events.AgentFilter] too.
 func (s *EventStore) LastSeenBy(ctx context.Context, id string, by events.Observer) (*Event, error) {
+	last, err := s.lastOn(ctx, events.AggregateFilter(events.AggregateProxy, id))
+	if err != nil || last == nil || last.By.IsZero() || last.By == by {
+		// No readable event matches the whole aggregate, so none matches
+		// a part of it either.
+		return last, err
+	}
 	dec, err := s.lastOn(ctx, events.DecisionFilter(events.AggregateProxy, id))
 	if err != nil {
 		return nil, err

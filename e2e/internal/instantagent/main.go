@@ -47,11 +47,15 @@ func run(args []string, stderr io.Writer) int {
 		}
 	}
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		// The forward proxy stands in for the fleet's proxies, which run
+		// on machines of their own: on the benchmark's machine it costs
+		// no more than it must (no TCP keep-alive on connections that
+		// carry one probe each).
+		ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(ctx, "tcp", "127.0.0.1:0")
 		if err != nil {
 			return fmt.Errorf("forward proxy: %w", err)
 		}
-		proxy := &http.Server{Handler: forwardProxy{out: &http.Transport{MaxIdleConnsPerHost: 256}}, ReadHeaderTimeout: 10 * time.Second}
+		proxy := &http.Server{Handler: forwardProxy{out: &http.Transport{MaxIdleConnsPerHost: 256, DialContext: noKeepAlive.DialContext}}, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = proxy.Serve(ln) }()
 		defer proxy.Close()
 		base.Log.Info("forward proxy serving", "addr", ln.Addr().String())
@@ -67,6 +71,9 @@ func run(args []string, stderr io.Writer) int {
 		return rt.Run(ctx)
 	})
 }
+
+// noKeepAlive dials the forward proxy's upstream connections.
+var noKeepAlive = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: -1}
 
 // forwardProxy relays plain HTTP requests in absolute form and CONNECT
 // tunnels, to any destination: it listens on loopback for the benchmark's
@@ -100,7 +107,7 @@ func (p forwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p forwardProxy) tunnel(w http.ResponseWriter, r *http.Request) {
-	up, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(r.Context(), "tcp", r.Host)
+	up, err := noKeepAlive.DialContext(r.Context(), "tcp", r.Host)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return

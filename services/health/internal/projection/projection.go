@@ -139,6 +139,10 @@ type Projector struct {
 	// proxy was placed on; the fold uses it, prepare uses rejects.
 	misplaced *bus.Rejects
 
+	// behind: the events waiting to be applied after the last batch were
+	// a batch's worth or more (see [Projector.Behind]).
+	behind atomic.Bool
+
 	js      jetstream.JetStream // pipelined KV writes, bound on first use
 	stream  jetstream.Stream    // FLEET_EVENTS, bound on first use
 	proxies *bucket[Proxy]
@@ -191,6 +195,17 @@ func (p *Projector) bind() error {
 	p.js = js
 	return nil
 }
+
+// behindAt is the number of events delivered and waiting after a batch
+// from which the projection counts as behind the log.
+const behindAt = batchLimit / 4
+
+// Behind reports whether the projection is behind the log: after its last
+// batch, events enough for a quarter of a batch or more were waiting. The
+// health service's prober probes less meanwhile (see probe.Config.Behind):
+// the views are what every service reads, and probing through proxies the
+// views do not show yet would only slow them down further.
+func (p *Projector) Behind() bool { return p.behind.Load() }
 
 // Run consumes FLEET_EVENTS until ctx ends. A lost consumer (deleted by a
 // rebuild, or a NATS outage) is recreated after a short pause. Meanwhile
@@ -291,6 +306,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			if err := p.applyBatch(ctx, b, true); err != nil {
 				return err
 			}
+			p.behind.Store(len(src.in) >= behindAt)
 			continue
 		}
 		// Stop pulling (the messages in flight are dropped with the

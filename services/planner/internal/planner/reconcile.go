@@ -233,12 +233,13 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 	scale := time.NewTicker(rc.cfg.AutoscaleInterval)
 	defer scale.Stop()
 	for {
-		rc.reconcile(ctx)
+		took := rc.reconcile(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-rc.kick:
+			rc.rest(ctx, took)
 		case <-scale.C:
 			rc.autoscale(ctx)
 		case in := <-inv:
@@ -282,6 +283,28 @@ func (rc *reconciler) recoverCommands(ctx context.Context) {
 	}
 }
 
+// maxRest bounds the rest between a round and the next one events ask for.
+const maxRest = 250 * time.Millisecond
+
+// rest waits as long as the last round took, up to maxRest, before a round
+// events asked for. During a burst (a large pool filling, every event
+// touching it) rounds would otherwise follow each other without a break,
+// each over the whole pool: resting as long as a round keeps the planner
+// within half a CPU, and the events of the rest are decided together in
+// the next round. A small fleet's rounds take microseconds, and so do its
+// rests.
+func (rc *reconciler) rest(ctx context.Context, took time.Duration) {
+	if took <= 0 {
+		return
+	}
+	t := time.NewTimer(min(took, maxRest))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // sweepInterval is how often a round looks at every pool, whatever
 // changed: a safety net under the rounds that look at the pools events
 // touched and the pools whose timers came due.
@@ -290,15 +313,16 @@ const sweepInterval = time.Minute
 // reconcile runs one pass over the pools that need one: those events
 // touched since the last pass, those whose timers came due, and every pool
 // once a sweepInterval (and in a leader's first pass). Its work is
-// proportional to those pools, not to the fleet.
-func (rc *reconciler) reconcile(ctx context.Context) {
+// proportional to those pools, not to the fleet. It returns how long the
+// round took, 0 when it did not run.
+func (rc *reconciler) reconcile(ctx context.Context) time.Duration {
 	rc.mu.Lock()
 	behind := rc.st.seq < rc.ownSeq
 	rc.mu.Unlock()
 	if behind {
 		// Our own last decision is not in the projection yet: deciding now
 		// would count without it.
-		return
+		return 0
 	}
 	start := time.Now()
 	now, ageNow := rc.now(), rc.ageNow()
@@ -339,10 +363,12 @@ func (rc *reconciler) reconcile(ctx context.Context) {
 		t.Retry = true
 		rc.timers[pool] = t
 	}
+	took := time.Since(start)
 	if ctx.Err() == nil {
 		rc.rounds.Add(1)
-		rc.m.reconcile.Record(ctx, time.Since(start).Seconds())
+		rc.m.reconcile.Record(ctx, took.Seconds())
 	}
+	return took
 }
 
 func (rc *reconciler) flushOutbox(ctx context.Context, r *round, f *flight) {

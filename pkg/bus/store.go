@@ -272,6 +272,14 @@ func (s *EventStore) Follow(ctx context.Context, from uint64, fn func(Event) err
 // next ones are on their way while fn handles the current one.
 const readAhead = 1024
 
+// readExpiry is how long each of a reader's pull requests lasts. The
+// server sends a heartbeat every half of it, and two missed heartbeats make
+// the ordered consumer start over where it was: a consumer lost with a
+// cluster node (or to a leader change under load) is noticed within
+// readExpiry instead of the client's default of 30 s, during which a read
+// would wait for messages that never come.
+const readExpiry = 5 * time.Second
+
 // readResetAttempts bounds how often an ordered consumer is recreated under
 // the same name before the read fails. A consumer recreated at the instant a
 // cluster node dies may be placed on that node, and every later attempt
@@ -321,7 +329,7 @@ func (s *EventStore) read(ctx context.Context, filter string, from uint64, follo
 	if err != nil {
 		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead))
+	it, err := cons.Messages(jetstream.PullMaxMessages(readAhead), jetstream.PullExpiry(readExpiry))
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
@@ -457,4 +459,29 @@ func TestUnreadableEventsBlockNothing(t *testing.T) {
 	if err != nil || last == nil || last.Unreadable != nil || last.Kind != events.ProxyRetiring {
 		t.Errorf("last event of %s: %+v (%v), want its retiring", ids[1], last, err)
 	}
+}
+
+// A round that events asked for waits as long as the round before it took,
+// up to maxRest, and not at all after a round that did not run; a stop
+// ends the wait.
+func TestRoundsRestAsLongAsTheyTook(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rc reconciler
+		for _, c := range []struct{ took, want time.Duration }{
+			{0, 0}, {40 * time.Millisecond, 40 * time.Millisecond}, {time.Hour, maxRest},
+		} {
+			start := time.Now()
+			rc.rest(t.Context(), c.took)
+			if got := time.Since(start); got != c.want {
+				t.Errorf("after a round of %v: rested %v, want %v", c.took, got, c.want)
+			}
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(10*time.Millisecond, cancel)
+		start := time.Now()
+		rc.rest(ctx, time.Hour)
+		if got := time.Since(start); got != 10*time.Millisecond {
+			t.Errorf("stopped after 10ms: rested %v", got)
+		}
+	})
 }

@@ -105,6 +105,7 @@ func DefaultSquidUserData(port int, auth *events.ProxyAuth, pol egress.Policy) (
 		conf.WriteString("http_access allow all\n")
 	}
 	conf.WriteString(egress.SquidHideClient())
+	conf.WriteString(egress.SquidMarkOwnErrors())
 	conf.WriteString("cache deny all\n")
 	conf.WriteString("access_log daemon:/var/log/squid/access.log squid\n")
 

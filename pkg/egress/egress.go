@@ -507,6 +507,28 @@ func SquidHideClient() string {
 	return b.String()
 }
 
+// squidForwardErrors are the Squid errors of a request Squid could not
+// carry to the origin or back: the error pages a gateway may retry on
+// another proxy.
+var squidForwardErrors = []string{
+	"ERR_CONNECT_FAIL", "ERR_DNS_FAIL", "ERR_READ_TIMEOUT", "ERR_LIFETIME_EXP",
+	"ERR_READ_ERROR", "ERR_WRITE_ERROR", "ERR_ZERO_SIZE_OBJECT", "ERR_INVALID_RESP",
+	"ERR_GATEWAY_FAILURE", "ERR_CANNOT_FORWARD", "ERR_SOCKET_FAILURE", "ERR_SHUTTING_DOWN",
+}
+
+// SquidMarkOwnErrors returns the squid.conf lines that make
+// X-Proxyfleet-Proxy-Error (events.ProxyErrorHeader) a marker only Squid
+// sets: it is removed from every reply, the origin's included, and added
+// ("squid ERR_CONNECT_FAIL") to the error pages Squid makes when it could
+// not carry a request. Squid's own X-Squid-Error cannot serve: an
+// origin's copy passes through, and reply_header_access would strip it
+// from Squid's pages as well, which it applies to them too.
+func SquidMarkOwnErrors() string {
+	return "acl proxyfleet_forward_error squid_error " + strings.Join(squidForwardErrors, " ") + "\n" +
+		"reply_header_access X-Proxyfleet-Proxy-Error deny all\n" +
+		"reply_header_add X-Proxyfleet-Proxy-Error \"squid %err_code\" proxyfleet_forward_error\n"
+}
+
 // HostAddrs lists the addresses of every interface of this host, the
 // [Policy.Own] of a proxy running here.
 func HostAddrs() ([]netip.Addr, error) {

@@ -315,14 +315,17 @@ func DemandKey(pool, gateway string) string { return pool + "." + gateway }
 func DemandFilter(pool string) string { return pool + ".*" }
 
 // ProxyErrorHeader marks a response a proxy made itself rather than
-// relayed (the origin unreachable through it), as Squid marks its own
-// error pages with [SquidErrorHeader]. The gateway retries a 502, 503 or
-// 504 on another proxy only when it carries one of the two: a site's own
-// 5xx is the site's answer, relayed as it is.
+// relayed (the origin unreachable through it). Every proxy proxyfleet runs
+// sets it on its own error pages and removes it from the origin's
+// responses (Squid by the lines of egress.SquidMarkOwnErrors), so a site
+// cannot send it through. The gateway retries a 502, 503 or 504 on
+// another proxy only when it carries it: a site's own 5xx is the site's
+// answer, relayed as it is.
 const ProxyErrorHeader = "X-Proxyfleet-Proxy-Error"
 
 // SquidErrorHeader is the header Squid adds to the error pages it makes
-// ("ERR_CONNECT_FAIL 111").
+// ("ERR_CONNECT_FAIL 111"). The gateway does not trust it: Squid relays
+// an origin's copy.
 const SquidErrorHeader = "X-Squid-Error"
 
 // SuspectSubject is "fleet.health.suspect", where a gateway publishes a

@@ -50,6 +50,7 @@ func squidConf(pod string, port int, auth *events.ProxyAuth, authHelper string, 
 	b.WriteString("access_log stdio:/dev/stdout squid\n")
 	b.WriteString("cache deny all\n")
 	b.WriteString(egress.SquidHideClient())
+	b.WriteString(egress.SquidMarkOwnErrors())
 	if auth != nil {
 		fmt.Fprintf(&b, "auth_param basic program %s %s/%s\n", authHelper, configDir, htpasswdKey)
 		b.WriteString("auth_param basic realm proxyfleet\n")

@@ -27,7 +27,9 @@ import (
 	"syscall"
 	"time"
 
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/hop"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -101,6 +103,34 @@ type Server struct {
 
 type upstreamKey struct{}
 
+// connectKey is the context key of a request's [connectAnswer].
+type connectKey struct{}
+
+// connectAnswer keeps a proxy's answer to the CONNECT the transport sent
+// for an https:// request, which the transport reduces to an error.
+type connectAnswer struct {
+	mu     sync.Mutex
+	status int
+	text   string
+	header http.Header
+}
+
+func (a *connectAnswer) set(resp *http.Response) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.status, a.text, a.header = resp.StatusCode, resp.Status, resp.Header.Clone()
+}
+
+// get returns the answer, or nil when the proxy answered none.
+func (a *connectAnswer) get() *http.Response {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.status == 0 {
+		return nil
+	}
+	return &http.Response{StatusCode: a.status, Status: a.text, Header: a.header}
+}
+
 // New returns a server for cfg.
 func New(cfg Config) *Server {
 	if cfg.DialTimeout <= 0 {
@@ -130,7 +160,13 @@ func New(cfg Config) *Server {
 				}
 				return u, nil
 			},
-			DialContext:           dialer.DialContext,
+			DialContext: hop.Dialer(dialer.DialContext),
+			OnProxyConnectResponse: func(ctx context.Context, _ *url.URL, _ *http.Request, resp *http.Response) error {
+				if a, ok := ctx.Value(connectKey{}).(*connectAnswer); ok {
+					a.set(resp)
+				}
+				return nil
+			},
 			MaxIdleConns:          4096,
 			MaxIdleConnsPerHost:   256,
 			IdleConnTimeout:       90 * time.Second,
@@ -218,13 +254,19 @@ func retryable(status int) bool {
 
 // proxyFailed reports whether a response to a plain HTTP request is the
 // proxy's own failure (a retryable status on an error page the proxy
-// made, marked by Squid or by proxyfleet's proxy) rather than the site's
-// answer, which is relayed as it is: retrying a site's 503 on other
-// proxies would multiply the load on a site asking for less, and cool
-// healthy proxies.
+// made) rather than the site's answer, which is relayed as it is:
+// retrying a site's 503 on other proxies would multiply the load on a
+// site asking for less, and cool healthy proxies.
+//
+// Only [events.ProxyErrorHeader] marks a proxy's own page: every proxy
+// proxyfleet runs sets it on the pages it makes and removes it from the
+// origin's responses (the built-in proxy in Go, Squid by the lines of
+// egress.SquidMarkOwnErrors), so no site can fake a proxy's failure and
+// have the request retried on every proxy, each cooled and reported.
+// Squid's X-Squid-Error is not trusted: an origin's copy passes through
+// Squid.
 func proxyFailed(resp *http.Response) bool {
-	return retryable(resp.StatusCode) &&
-		(resp.Header.Get(events.SquidErrorHeader) != "" || resp.Header.Get(events.ProxyErrorHeader) != "")
+	return retryable(resp.StatusCode) && resp.Header.Get(events.ProxyErrorHeader) != ""
 }
 
 // upstreamURL is the proxy URL the transport dials for x, with the pool's
@@ -239,25 +281,6 @@ func (s *Server) upstreamURL(x route.Proxy) (*url.URL, error) {
 		u.User = url.UserPassword(user, pw)
 	}
 	return u, nil
-}
-
-// hopHeaders are meaningful for one connection only and are not relayed.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-func removeHopHeaders(h http.Header) {
-	for _, f := range h.Values("Connection") {
-		for _, k := range strings.Split(f, ",") {
-			if k = strings.TrimSpace(k); k != "" {
-				h.Del(k)
-			}
-		}
-	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
 }
 
 // replayBody reads r's body so it can be sent again; ok is false when it
@@ -331,10 +354,12 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		http.Error(w, "proxyfleet gateway: pool "+x.Pool+": "+err.Error(), http.StatusServiceUnavailable)
 		return true
 	}
-	out := r.Clone(context.WithValue(r.Context(), upstreamKey{}, u))
+	answer := &connectAnswer{}
+	ctx, listed := hop.Track(context.WithValue(context.WithValue(r.Context(), upstreamKey{}, u), connectKey{}, answer))
+	out := r.Clone(ctx)
 	out.RequestURI = ""
 	out.Close = false
-	removeHopHeaders(out.Header)
+	hop.Remove(out.Header)
 	switch {
 	case stream != nil:
 		out.Body = io.NopCloser(stream)
@@ -346,6 +371,11 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	}
 	resp, err := s.transport.RoundTrip(out)
 	if err != nil {
+		if refusal := answer.get(); refusal != nil && refusal.StatusCode != http.StatusOK && r.Context().Err() == nil {
+			// The proxy answered the CONNECT for an https:// request
+			// and refused it: like a tunnel's refusal, it is relayed.
+			return s.connectRefused(w, x, refusal, last, start)
+		}
 		return s.unreachable(w, r, x, err, last, start)
 	}
 	defer func() { _ = resp.Body.Close() }()
@@ -370,7 +400,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
-	removeHopHeaders(h)
+	hop.Remove(h, listed.Fields()...)
 	h.Set(ProxyHeader, x.ID)
 	w.WriteHeader(resp.StatusCode)
 	n, _ := w.Write(head)
@@ -475,17 +505,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	}
 	if resp.StatusCode != http.StatusOK {
 		_ = up.Close()
-		if retryable(resp.StatusCode) && !last {
-			s.suspect(x, fmt.Sprintf("gateway: the proxy answered CONNECT with %d", resp.StatusCode))
-			s.fail(x.Pool, x.ID, "proxy_status", start)
-			return false
-		}
-		// The proxy refused the tunnel (its ACL, the origin unreachable):
-		// the client learns the status, not the proxy's credentials.
-		s.fail(x.Pool, x.ID, "proxy_status", start)
-		w.Header().Set(ProxyHeader, x.ID)
-		http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s answered CONNECT with %s", x.ID, resp.Status), resp.StatusCode)
-		return true
+		return s.connectRefused(w, x, resp, last, start)
 	}
 	client, crw, err := hj.Hijack()
 	if err != nil {
@@ -513,6 +533,29 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	}
 	sent, received := splice(client, up)
 	s.stats.done(x, "ok", upN+sent, received, time.Since(start))
+	return true
+}
+
+// connectRefused handles a proxy's answer other than 200 to a CONNECT (a
+// tunnel's, or the one the transport sent for an https:// request): a
+// 502, 503 or 504 is the proxy's failure and another proxy may be tried;
+// any other answer (its egress policy refusing the target, its ACL) is
+// relayed once, no proxy blamed. It returns false when another proxy may
+// be tried.
+func (s *Server) connectRefused(w http.ResponseWriter, x route.Proxy, resp *http.Response, last bool, start time.Time) bool {
+	if retryable(resp.StatusCode) && !last {
+		s.suspect(x, fmt.Sprintf("gateway: the proxy answered CONNECT with %d", resp.StatusCode))
+		s.fail(x.Pool, x.ID, "proxy_status", start)
+		return false
+	}
+	// The client learns the status and the rule of an egress refusal,
+	// not the proxy's credentials.
+	s.fail(x.Pool, x.ID, "proxy_status", start)
+	w.Header().Set(ProxyHeader, x.ID)
+	if rule := resp.Header.Get(egress.Header); rule != "" {
+		w.Header().Set(egress.Header, rule)
+	}
+	http.Error(w, fmt.Sprintf("proxyfleet gateway: proxy %s answered CONNECT with %s", x.ID, resp.Status), resp.StatusCode)
 	return true
 }
 

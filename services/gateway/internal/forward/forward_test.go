@@ -50,8 +50,9 @@ func newUpstream(t *testing.T, auth string) *upstream {
 			return
 		}
 		if s := u.status.Load(); s != 0 {
-			// An error page of the proxy's own, marked as Squid marks it.
-			w.Header().Set(events.SquidErrorHeader, "ERR_CONNECT_FAIL 111")
+			// An error page of the proxy's own, marked as proxyfleet's
+			// proxies mark theirs.
+			w.Header().Set(events.ProxyErrorHeader, "squid ERR_CONNECT_FAIL")
 			w.WriteHeader(int(s))
 			return
 		}
@@ -134,10 +135,20 @@ type harness struct {
 
 func newHarness(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, ups ...*upstream) *harness {
 	t.Helper()
+	addrs := make([]string, len(ups))
+	for i, u := range ups {
+		addrs[i] = u.addr()
+	}
+	return newHarnessAt(t, fleet, spec, addrs...)
+}
+
+// newHarnessAt is newHarness for proxies at addrs, named p-a, p-b, ….
+func newHarnessAt(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, addrs ...string) *harness {
+	t.Helper()
 	h := &harness{t: t, table: route.NewTable(nil), fleet: fleet}
 	h.table.SetSpec("p", spec)
-	for i, u := range ups {
-		h.table.Set(route.Proxy{ID: "p-" + string(rune('a'+i)), Pool: "p", Address: u.addr()})
+	for i, a := range addrs {
+		h.table.Set(route.Proxy{ID: "p-" + string(rune('a'+i)), Pool: "p", Address: a})
 	}
 	h.srv = New(Config{Table: h.table, Fleet: fleet, Auth: func(pool, pw string) bool { return pw != "wrong" },
 		DialTimeout: 2 * time.Second, ResponseTimeout: 10 * time.Second})

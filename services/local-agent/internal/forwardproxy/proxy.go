@@ -23,6 +23,7 @@ import (
 
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/hop"
 )
 
 // Credentials is the basic-auth pair clients must present.
@@ -63,6 +64,9 @@ const OwnAddrsRefresh = 10 * time.Second
 
 // Realm is the basic-auth realm the proxy announces.
 const Realm = "proxyfleet"
+
+// listedKey is the context key of a forwarded request's [hop.Listed].
+type listedKey struct{}
 
 // Proxy is an http.Handler that acts as a forward proxy.
 type Proxy struct {
@@ -108,7 +112,7 @@ func New(cfg Config) *Proxy {
 	}
 	transport := &http.Transport{
 		Proxy:                 nil, // never chain to the environment's proxy
-		DialContext:           p.dialHTTP,
+		DialContext:           hop.Dialer(p.dialHTTP),
 		TLSHandshakeTimeout:   15 * time.Second,
 		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
 		IdleConnTimeout:       90 * time.Second,
@@ -123,6 +127,21 @@ func New(cfg Config) *Proxy {
 			for _, h := range egress.ClientHeaders {
 				pr.Out.Header.Del(h)
 			}
+			ctx, listed := hop.Track(pr.Out.Context())
+			pr.Out = pr.Out.WithContext(context.WithValue(ctx, listedKey{}, listed))
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			// ReverseProxy drops the fields the Connection header lists,
+			// but Go's client removed a Connection header holding
+			// "close" before it could see them.
+			if listed, ok := resp.Request.Context().Value(listedKey{}).(*hop.Listed); ok {
+				hop.Remove(resp.Header, listed.Fields()...)
+			}
+			// Only this proxy vouches for a response it made itself: an
+			// origin's copy of the marker would have the gateway retry a
+			// site's own 502 on every proxy and blame each.
+			resp.Header.Del(events.ProxyErrorHeader)
+			return nil
 		},
 		Transport:     transport,
 		FlushInterval: -1, // stream: flush after every write

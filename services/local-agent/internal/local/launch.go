@@ -160,6 +160,7 @@ func (c squidConf) render() string {
 	line("cache_mem 8 MB")
 	line("visible_hostname proxyfleet-%s", c.Name)
 	b.WriteString(egress.SquidHideClient())
+	b.WriteString(egress.SquidMarkOwnErrors())
 	line("shutdown_lifetime 1 seconds")
 	if c.User != "" {
 		line("cache_effective_user %s", c.User)

@@ -39,7 +39,16 @@ func Body(w http.ResponseWriter, r *http.Request, d time.Duration) io.ReadCloser
 // reports is a race.
 func Stalled(rc io.ReadCloser) bool {
 	b, ok := rc.(*body)
-	return ok && b.stalled.Load()
+	if !ok {
+		return false
+	}
+	if b.stalled.Load() {
+		return true
+	}
+	// A Read may still be on its way back from the deadline that ended
+	// the context.
+	d := b.readUntil.Load()
+	return d != 0 && time.Now().UnixNano() >= d
 }
 
 type body struct {
@@ -48,18 +57,24 @@ type body struct {
 	d       time.Duration
 	done    atomic.Bool
 	stalled atomic.Bool
+	// readUntil is the deadline of the Read under way (unix nanoseconds),
+	// 0 between Reads.
+	readUntil atomic.Int64
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	if b.done.Load() {
 		return b.body.Read(p)
 	}
-	if err := b.rc.SetReadDeadline(time.Now().Add(b.d)); err != nil {
+	until := time.Now().Add(b.d)
+	if err := b.rc.SetReadDeadline(until); err != nil {
 		// The connection takes no deadline (not a net.Conn): unbounded.
 		b.done.Store(true)
 		return b.body.Read(p)
 	}
+	b.readUntil.Store(until.UnixNano())
 	n, err := b.body.Read(p)
+	b.readUntil.Store(0)
 	switch {
 	case err == nil:
 	case errors.Is(err, os.ErrDeadlineExceeded):

@@ -60,6 +60,15 @@ type flags struct {
 	demandInterval  time.Duration
 	syncTimeout     time.Duration
 	cooldown        time.Duration
+
+	sessionsPerPool   int
+	sessionsPerClient int
+	bodyTimeout       time.Duration
+	tunnelIdle        time.Duration
+	connsPerClient    int
+	loginFailures     int
+	loginFailureEvery time.Duration
+	loginCache        int
 }
 
 func parse(args []string) (*flags, error) {
@@ -75,6 +84,14 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.demandInterval, "demand-interval", 2*time.Second, "how often each pool's demand is written to fleet-demand (at most 10s: the bucket keeps a report 15s)")
 	fs.DurationVar(&f.cooldown, "cooldown", 10*time.Second, "how long new connections avoid a proxy that failed one (it is reported to health, which probes it at once, once per cooldown); all cooling proxies are used when no other is left")
 	fs.DurationVar(&f.syncTimeout, "sync-timeout", 30*time.Second, "how long to wait for the fleet's views before accepting clients anyway")
+	fs.IntVar(&f.sessionsPerPool, "max-sessions-per-pool", route.DefaultSessionsPerPool, "sessions a pool keeps at most; a new one past it replaces the pool's least recently used")
+	fs.IntVar(&f.sessionsPerClient, "max-sessions-per-client", route.DefaultSessionsPerClient, "sessions one client address keeps in a pool at most; a new one past it replaces that client's least recently used")
+	fs.DurationVar(&f.bodyTimeout, "body-timeout", 30*time.Second, "how long a request body may go without a byte arriving before the request is answered 408 and the connection closed")
+	fs.DurationVar(&f.tunnelIdle, "tunnel-idle-timeout", 2*time.Minute, "a CONNECT tunnel that carries nothing either way for this long is closed")
+	fs.IntVar(&f.connsPerClient, "max-conns-per-client", 512, "connections (tunnels included) one client address may hold open; one more is answered 429 and closed")
+	fs.IntVar(&f.loginFailures, "login-failures", clients.DefaultFailureBurst, "failed logins one client address may make in a row before it is throttled (429 with Retry-After); with --clients-file")
+	fs.DurationVar(&f.loginFailureEvery, "login-failure-every", clients.DefaultFailureEvery, "how often a throttled client address gets one more try")
+	fs.IntVar(&f.loginCache, "login-cache", clients.DefaultCacheSize, "login verdicts (right and wrong) remembered for 5 minutes, so a repeated password costs no bcrypt; keyed by a keyed hash, never the password")
 	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -83,6 +100,23 @@ func parse(args []string) (*flags, error) {
 	}
 	if f.dialTimeout <= 0 || f.responseTimeout <= 0 || f.cooldown <= 0 {
 		return nil, errors.New("--dial-timeout, --response-timeout and --cooldown must be more than 0")
+	}
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"--max-sessions-per-pool", f.sessionsPerPool > 0},
+		{"--max-sessions-per-client", f.sessionsPerClient > 0},
+		{"--body-timeout", f.bodyTimeout > 0},
+		{"--tunnel-idle-timeout", f.tunnelIdle > 0},
+		{"--max-conns-per-client", f.connsPerClient > 0},
+		{"--login-failures", f.loginFailures > 0},
+		{"--login-failure-every", f.loginFailureEvery > 0},
+		{"--login-cache", f.loginCache > 0},
+	} {
+		if !c.ok {
+			return nil, fmt.Errorf("%s must be more than 0", c.name)
+		}
 	}
 	loopback, err := bus.ListenIsLoopback(f.listen)
 	if err != nil {
@@ -102,9 +136,11 @@ func parse(args []string) (*flags, error) {
 func main() { os.Exit(service.Main("gateway", os.Args[1:], os.Stderr, parse, run)) }
 
 func run(f *flags) error {
-	auth := func(string, string) bool { return true }
+	auth := func(string, string, string) (bool, error) { return true, nil }
 	if f.clientsFile != "" {
-		file, err := clients.Load(f.clientsFile)
+		file, err := clients.Load(f.clientsFile, clients.Limits{
+			FailureBurst: f.loginFailures, FailureEvery: f.loginFailureEvery, CacheSize: f.loginCache,
+		})
 		if err != nil {
 			return err
 		}
@@ -127,6 +163,7 @@ func run(f *flags) error {
 	}
 	defer func() { _ = ln.Close() }()
 	addr := ln.Addr().String()
+	ln = forward.LimitListener(ln, f.connsPerClient)
 	if f.name == "" {
 		_, port, _ := net.SplitHostPort(addr)
 		f.name = replica.ID("gateway", port)
@@ -145,7 +182,7 @@ func run(f *flags) error {
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	table := route.NewTable(nil)
+	table := route.NewTable(route.Limits{SessionsPerPool: f.sessionsPerPool, SessionsPerClient: f.sessionsPerClient}, nil)
 	view, err := fleet.New(base.Conn, table, fleet.Config{
 		Name: f.name, Key: key, DemandInterval: f.demandInterval, Listen: addr, Version: buildinfo.Version,
 	}, log)
@@ -155,6 +192,7 @@ func run(f *flags) error {
 	srv := forward.New(forward.Config{
 		Table: table, Fleet: view, Auth: auth, Log: log, Metrics: metrics,
 		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout, Cooldown: f.cooldown,
+		BodyTimeout: f.bodyTimeout, TunnelIdleTimeout: f.tunnelIdle,
 	})
 	defer srv.Close()
 

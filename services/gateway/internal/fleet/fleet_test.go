@@ -72,12 +72,12 @@ func TestFleetFollowsTheViews(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	table := route.NewTable(nil)
+	table := route.NewTable(route.Limits{}, nil)
 	f, err := New(conn, table, Config{Name: "gw1", Key: key, DemandInterval: 200 * time.Millisecond, Listen: "127.0.0.1:8888"}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string) bool { return true }})
+	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string, string) (bool, error) { return true, nil }})
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx, srv) }()
 	select {
@@ -276,13 +276,13 @@ func TestBanReports(t *testing.T) {
 	defer close(release)
 
 	var logs logLines
-	table := route.NewTable(nil)
+	table := route.NewTable(route.Limits{}, nil)
 	f, err := New(conn, table, Config{Name: "gw1", Key: key}, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.banBackoff = 10 * time.Millisecond
-	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string) bool { return true }})
+	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string, string) (bool, error) { return true, nil }})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

@@ -209,13 +209,13 @@ func (h *benchHarness) check(b *testing.B) {
 // upstream, and returns its address.
 func newGateway(tb testing.TB, upstream string) (string, *benchFleet) {
 	tb.Helper()
-	table := route.NewTable(nil)
+	table := route.NewTable(route.Limits{}, nil)
 	table.Set(route.Proxy{ID: benchProxyID, Pool: benchPool, Address: upstream})
 	fleet := &benchFleet{}
 	srv := forward.New(forward.Config{
 		Table: table,
 		Fleet: fleet,
-		Auth:  func(pool, password string) bool { return pool == benchPool },
+		Auth:  func(_, pool, _ string) (bool, error) { return pool == benchPool, nil },
 	})
 	tb.Cleanup(srv.Close)
 	return serve(tb, srv), fleet

@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,6 +31,7 @@ import (
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/hop"
+	"proxyfleet/pkg/idle"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -69,8 +71,18 @@ func ownLimit(err error) bool {
 // copyBufs are the buffers plain HTTP responses are copied through.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// Authenticator decides whether a client may use pool with password.
-type Authenticator func(pool, password string) bool
+// Authenticator decides whether the client at address client (an IP)
+// may use pool with password. An error that has a RetryAfter()
+// time.Duration method refuses the attempt unchecked: the client failed
+// too many logins lately ([Throttled]).
+type Authenticator func(client, pool, password string) (bool, error)
+
+// Throttled is the part of an [Authenticator]'s error the server answers
+// 429 by, with a Retry-After of RetryAfter, rounded up to seconds.
+type Throttled interface {
+	error
+	RetryAfter() time.Duration
+}
 
 // Config configures a [Server].
 type Config struct {
@@ -91,6 +103,12 @@ type Config struct {
 	// (route.Table.Cool); the failure is reported to health once per
 	// cooldown. Default 10s.
 	Cooldown time.Duration
+	// BodyTimeout is how long a request body may go without a byte
+	// arriving before the request is answered 408 (idle.Body); 0: unbounded.
+	BodyTimeout time.Duration
+	// TunnelIdleTimeout closes a CONNECT tunnel that carried nothing
+	// either way for as long (idle.Tunnel); 0: unbounded.
+	TunnelIdleTimeout time.Duration
 }
 
 // Server is the gateway's http.Handler.
@@ -210,7 +228,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		denied(w, err.Error())
 		return
 	}
-	if !s.cfg.Auth(target.Pool, password) {
+	target.Client = clientHost(r.RemoteAddr)
+	allowed, err := s.cfg.Auth(target.Client, target.Pool, password)
+	if th, ok := errors.AsType[Throttled](err); ok {
+		secs := int((th.RetryAfter() + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+		http.Error(w, "proxyfleet gateway: "+th.Error(), http.StatusTooManyRequests)
+		return
+	}
+	if err != nil || !allowed {
 		denied(w, fmt.Sprintf("wrong password for pool %q", target.Pool))
 		return
 	}
@@ -226,6 +252,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay(w, r, target)
+}
+
+// clientHost is the IP of a client's address, whom sessions and failed
+// logins count against.
+func clientHost(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 func denied(w http.ResponseWriter, msg string) {
@@ -306,7 +341,15 @@ func replayBody(r *http.Request) (body []byte, rest io.Reader, ok bool, err erro
 // trying others when the proxy fails before answering.
 func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Target) {
 	start := time.Now()
+	r.Body = idle.Body(w, r, s.cfg.BodyTimeout)
+	if r.Body != nil {
+		defer func() { _ = r.Body.Close() }()
+	}
 	body, stream, replayable, err := replayBody(r)
+	if errors.Is(err, idle.ErrBodyStalled) {
+		s.stalled(w, target.Pool, start)
+		return
+	}
 	if err != nil {
 		http.Error(w, "proxyfleet gateway: reading the request body: "+err.Error(), http.StatusBadRequest)
 		return
@@ -428,6 +471,11 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 // request is answered, false when another proxy may be tried.
 func (s *Server) unreachable(w http.ResponseWriter, r *http.Request, x route.Proxy, err error, last bool, start time.Time) bool {
 	switch {
+	case idle.Stalled(r.Body):
+		// The client stopped sending a body too large to keep: its fault,
+		// not the proxy's. (The stall also ended r's context.)
+		s.stalled(w, x.Pool, start)
+		return true
 	case r.Context().Err() != nil:
 		s.fail(x.Pool, x.ID, "client_gone", start)
 		return true
@@ -450,6 +498,13 @@ func (s *Server) limited(w http.ResponseWriter, x route.Proxy, err error, start 
 	s.cfg.Log.Error("the gateway is out of descriptors or local ports; raise its open-file limit (LimitNOFILE): each tunnel holds 6", "proxy", x.ID, "err", err)
 	s.fail(x.Pool, x.ID, "gateway_limit", start)
 	http.Error(w, "proxyfleet gateway: the gateway is at its own limit ("+err.Error()+"); try again later", http.StatusServiceUnavailable)
+}
+
+// stalled answers a request whose body stopped arriving.
+func (s *Server) stalled(w http.ResponseWriter, pool string, start time.Time) {
+	s.fail(pool, "", "body_timeout", start)
+	w.Header().Set("Connection", "close")
+	http.Error(w, fmt.Sprintf("proxyfleet gateway: no byte of the request body arrived for %s; send it without pauses that long", s.cfg.BodyTimeout), http.StatusRequestTimeout)
 }
 
 // suspect has new connections avoid x for a while and, once per such
@@ -531,7 +586,9 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 		s.fail(x.Pool, x.ID, "client_gone", start)
 		return true
 	}
-	sent, received := splice(client, up)
+	// A tunnel closed for idleness ends as any other: the client left it
+	// unused.
+	sent, received, _ := idle.Tunnel(client, up, s.cfg.TunnelIdleTimeout, false)
 	s.stats.done(x, "ok", upN+sent, received, time.Since(start))
 	return true
 }
@@ -587,28 +644,4 @@ func (s *Server) connect(ctx context.Context, x route.Proxy, host, auth string) 
 	}
 	_ = up.SetDeadline(time.Time{})
 	return up, br, resp, nil
-}
-
-// splice copies both ways between the client and the proxy until either
-// side ends, then closes both; it returns the bytes sent each way. Between
-// two TCP connections the kernel moves the bytes (splice(2)).
-func splice(client, up net.Conn) (sent, received int64) {
-	var once sync.Once
-	closeBoth := func() {
-		once.Do(func() {
-			_ = client.Close()
-			_ = up.Close()
-		})
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sent, _ = io.Copy(up, client)
-		closeBoth()
-	}()
-	received, _ = io.Copy(client, up)
-	closeBoth()
-	wg.Wait()
-	return sent, received
 }

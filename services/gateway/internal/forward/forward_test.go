@@ -145,12 +145,12 @@ func newHarness(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, u
 // newHarnessAt is newHarness for proxies at addrs, named p-a, p-b, ….
 func newHarnessAt(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, addrs ...string) *harness {
 	t.Helper()
-	h := &harness{t: t, table: route.NewTable(nil), fleet: fleet}
+	h := &harness{t: t, table: route.NewTable(route.Limits{}, nil), fleet: fleet}
 	h.table.SetSpec("p", spec)
 	for i, a := range addrs {
 		h.table.Set(route.Proxy{ID: "p-" + string(rune('a'+i)), Pool: "p", Address: a})
 	}
-	h.srv = New(Config{Table: h.table, Fleet: fleet, Auth: func(pool, pw string) bool { return pw != "wrong" },
+	h.srv = New(Config{Table: h.table, Fleet: fleet, Auth: func(_, _, pw string) (bool, error) { return pw != "wrong", nil },
 		DialTimeout: 2 * time.Second, ResponseTimeout: 10 * time.Second})
 	h.gw = httptest.NewServer(h.srv)
 	t.Cleanup(h.gw.Close)

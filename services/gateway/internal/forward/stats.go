@@ -27,7 +27,7 @@ func NewMetrics(meter metric.Meter) (*Metrics, error) {
 	var m Metrics
 	var err error
 	if m.requests, err = meter.Int64Counter("proxyfleet.gateway.requests",
-		metric.WithDescription("Requests and tunnels the gateway carried or failed, by pool, proxy and outcome (ok, aborted, proxy_status, proxy_unreachable, no_proxy, no_credentials, client_gone, gateway_limit); a retried request counts each attempt"),
+		metric.WithDescription("Requests and tunnels the gateway carried or failed, by pool, proxy and outcome (ok, aborted, proxy_status, proxy_unreachable, no_proxy, no_credentials, client_gone, body_timeout, gateway_limit); a retried request counts each attempt"),
 		metric.WithUnit("{request}")); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@
 package route
 
 import (
+	"container/list"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -30,10 +31,13 @@ const SessionPrefix = ".session-"
 const MaxSessionID = 128
 
 // Target is what a client's username selects: a pool, and a session when
-// the client wants one proxy for a series of connections.
+// the client wants one proxy for a series of connections. Client, set by
+// the caller (the client's address), is whom the session counts against
+// ([Limits.SessionsPerClient]).
 type Target struct {
 	Pool    string
 	Session string
+	Client  string
 }
 
 // ParseUser splits a Proxy-Authorization username into pool and session.
@@ -73,19 +77,44 @@ type Proxy struct {
 // those the caller excludes).
 var ErrNoProxy = errors.New("no ready proxy")
 
+// Default bounds of the session table (see [Limits]).
+const (
+	DefaultSessionsPerPool   = 100_000
+	DefaultSessionsPerClient = 10_000
+)
+
+// Limits bounds the sessions a [Table] keeps. When a new session would
+// pass a bound, the least recently used session of that pool (or of that
+// client in the pool) is forgotten: its next connection is pinned afresh,
+// as after its TTL. Zero values take the defaults.
+type Limits struct {
+	// SessionsPerPool bounds a pool's sessions (default
+	// [DefaultSessionsPerPool]).
+	SessionsPerPool int
+	// SessionsPerClient bounds the sessions one client (Target.Client)
+	// holds in a pool (default [DefaultSessionsPerClient]).
+	SessionsPerClient int
+}
+
 // Table holds the ready proxies of every pool, the pools' routing
 // settings, the sessions and the open connections per proxy. It is safe
 // for concurrent use.
+//
+// Locks: t.mu guards the pools and byID maps (a pool, once made, stays);
+// each pool's mu guards that pool. t.mu is taken before a pool's mu,
+// never after; a pick holds only its pool's lock.
 type Table struct {
-	now func() time.Time
+	now    func() time.Time
+	limits Limits
 
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	pools map[string]*pool
 	// byID finds a proxy's pool when it leaves.
 	byID map[string]string
 }
 
 type pool struct {
+	mu   sync.Mutex
 	spec *events.GatewaySpec
 	// ids are the pool's ready proxies, sorted, so round-robin visits
 	// them in a stable order.
@@ -96,48 +125,81 @@ type pool struct {
 	open     map[string]int
 	next     int
 	sessions map[string]*session
+	// lru holds the sessions, most recently used first. Every use renews
+	// a session for the same TTL, so the least recently used is also the
+	// first to expire: expiry pops from the back (O(1) per session).
+	lru *list.List
+	// byClient holds each client's sessions, most recently used first.
+	byClient map[string]*list.List
 	// cool holds the proxies that failed a request lately and until when
 	// new connections avoid them (see [Table.Cool]).
 	cool map[string]time.Time
 }
 
 type session struct {
-	proxy string
-	until time.Time
+	id     string
+	client string
+	proxy  string
+	used   time.Time
+	// inPool and inClient are the session's elements in pool.lru and in
+	// its client's list.
+	inPool, inClient *list.Element
 }
 
-// NewTable returns an empty table; now is the clock (time.Now when nil).
-func NewTable(now func() time.Time) *Table {
+// NewTable returns an empty table bounded by limits; now is the clock
+// (time.Now when nil).
+func NewTable(limits Limits, now func() time.Time) *Table {
 	if now == nil {
 		now = time.Now
 	}
-	return &Table{now: now, pools: map[string]*pool{}, byID: map[string]string{}}
+	if limits.SessionsPerPool <= 0 {
+		limits.SessionsPerPool = DefaultSessionsPerPool
+	}
+	if limits.SessionsPerClient <= 0 {
+		limits.SessionsPerClient = DefaultSessionsPerClient
+	}
+	return &Table{now: now, limits: limits, pools: map[string]*pool{}, byID: map[string]string{}}
 }
 
+// poolLocked returns pool name, made if new; t.mu is held for writing.
 func (t *Table) poolLocked(name string) *pool {
 	p := t.pools[name]
 	if p == nil {
-		p = &pool{proxies: map[string]Proxy{}, open: map[string]int{}, sessions: map[string]*session{}, cool: map[string]time.Time{}}
+		p = &pool{
+			proxies: map[string]Proxy{}, open: map[string]int{}, sessions: map[string]*session{},
+			lru: list.New(), byClient: map[string]*list.List{}, cool: map[string]time.Time{},
+		}
 		t.pools[name] = p
 	}
 	return p
 }
 
+// pool returns pool name, or nil.
+func (t *Table) pool(name string) *pool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.pools[name]
+}
+
 // SetSpec records a pool's routing settings (nil: the defaults).
 func (t *Table) SetSpec(name string, spec *events.GatewaySpec) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.poolLocked(name).spec = spec.Clone()
+	p := t.poolLocked(name)
+	t.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.spec = spec.Clone()
 }
 
 // Spec returns a pool's routing settings (nil: the defaults).
 func (t *Table) Spec(name string) *events.GatewaySpec {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p := t.pools[name]; p != nil {
-		return p.spec.Clone()
+	p := t.pool(name)
+	if p == nil {
+		return nil
 	}
-	return nil
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.spec.Clone()
 }
 
 // Set records x as ready (or its new address).
@@ -148,6 +210,8 @@ func (t *Table) Set(x Proxy) {
 		t.removeLocked(x.ID)
 	}
 	p := t.poolLocked(x.Pool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if _, ok := p.proxies[x.ID]; !ok {
 		i, _ := slices.BinarySearch(p.ids, x.ID)
 		p.ids = slices.Insert(p.ids, i, x.ID)
@@ -171,6 +235,8 @@ func (t *Table) removeLocked(id string) {
 	}
 	delete(t.byID, id)
 	p := t.pools[name]
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if i, found := slices.BinarySearch(p.ids, id); found {
 		p.ids = slices.Delete(p.ids, i, i+1)
 	}
@@ -185,13 +251,15 @@ func (t *Table) removeLocked(id string) {
 // used all the same. It reports whether id was not cooling already, so
 // the caller reports a failing proxy once per cooling period.
 func (t *Table) Cool(id string, d time.Duration) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	name, ok := t.byID[id]
 	if !ok {
 		return false
 	}
 	p := t.pools[name]
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := t.now()
 	was := p.cool[id]
 	p.cool[id] = now.Add(d)
@@ -210,8 +278,8 @@ func coolingLocked(p *pool, id string, now time.Time) bool {
 
 // IDs returns the ids of every ready proxy the table holds.
 func (t *Table) IDs() []string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	out := make([]string, 0, len(t.byID))
 	for id := range t.byID {
 		out = append(out, id)
@@ -221,12 +289,12 @@ func (t *Table) IDs() []string {
 
 // Ready returns the ready proxies of pool, sorted by id.
 func (t *Table) Ready(name string) []Proxy {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.pools[name]
+	p := t.pool(name)
 	if p == nil {
 		return nil
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	out := make([]Proxy, 0, len(p.ids))
 	for _, id := range p.ids {
 		out = append(out, p.proxies[id])
@@ -241,27 +309,25 @@ func (t *Table) Ready(name string) []Proxy {
 // pool's session TTL. The caller reports the connection's end with
 // [Table.Done].
 func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.pools[target.Pool]
-	if p == nil || len(p.ids) == 0 {
+	p := t.pool(target.Pool)
+	if p == nil {
+		return Proxy{}, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.ids) == 0 {
 		return Proxy{}, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
 	}
 	now := t.now()
-	var s *session
 	if target.Session != "" {
-		s = p.sessions[target.Session]
-		if s != nil && now.After(s.until) {
-			s = nil
-		}
-		if s != nil {
+		expireLocked(p, now)
+		if s := p.sessions[target.Session]; s != nil {
 			if x, ok := p.proxies[s.proxy]; ok && !slices.Contains(exclude, s.proxy) && (!coolingLocked(p, s.proxy, now) || t.allCoolingLocked(p, exclude, now)) {
-				s.until = now.Add(p.spec.SessionTTLOrDefault())
+				p.touchLocked(s, now)
 				p.open[x.ID]++
 				return x, nil
 			}
 		}
-		t.expireLocked(p, now)
 	}
 	candidates := make([]string, 0, len(p.ids))
 	for _, id := range p.ids {
@@ -303,7 +369,7 @@ func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 		p.next++
 	}
 	if target.Session != "" {
-		p.sessions[target.Session] = &session{proxy: id, until: now.Add(p.spec.SessionTTLOrDefault())}
+		t.pinLocked(p, target, id, now)
 	}
 	p.open[id]++
 	return p.proxies[id], nil
@@ -320,23 +386,78 @@ func (t *Table) allCoolingLocked(p *pool, exclude []string, now time.Time) bool 
 	return true
 }
 
-// expireLocked drops the pool's sessions past their TTL.
-func (t *Table) expireLocked(p *pool, now time.Time) {
-	for k, s := range p.sessions {
-		if now.After(s.until) {
-			delete(p.sessions, k)
+// expireLocked drops the pool's sessions past their TTL: they sit at the
+// back of p.lru, so it stops at the first live one.
+func expireLocked(p *pool, now time.Time) {
+	ttl := p.spec.SessionTTLOrDefault()
+	for e := p.lru.Back(); e != nil; e = p.lru.Back() {
+		s := e.Value.(*session)
+		if !now.After(s.used.Add(ttl)) {
+			return
 		}
+		p.dropLocked(s)
+	}
+}
+
+// touchLocked records a use of s at now.
+func (p *pool) touchLocked(s *session, now time.Time) {
+	s.used = now
+	p.lru.MoveToFront(s.inPool)
+	p.byClient[s.client].MoveToFront(s.inClient)
+}
+
+// pinLocked pins target's session to proxy id (a new session, or one that
+// moves), first forgetting the least recently used session of the pool
+// or of the client when a new one would pass [Limits].
+func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
+	if s := p.sessions[target.Session]; s != nil {
+		if s.client == target.Client {
+			s.proxy = id
+			p.touchLocked(s, now)
+			return
+		}
+		// Another client names the same session: it counts against the
+		// client that uses it now.
+		p.dropLocked(s)
+	}
+	// The client's own bound first: a client at its bound replaces one of
+	// its sessions, not another client's.
+	if mine := p.byClient[target.Client]; mine != nil && mine.Len() >= t.limits.SessionsPerClient {
+		p.dropLocked(mine.Back().Value.(*session))
+	}
+	if p.lru.Len() >= t.limits.SessionsPerPool {
+		p.dropLocked(p.lru.Back().Value.(*session))
+	}
+	mine := p.byClient[target.Client]
+	if mine == nil {
+		mine = list.New()
+		p.byClient[target.Client] = mine
+	}
+	s := &session{id: target.Session, client: target.Client, proxy: id, used: now}
+	s.inPool = p.lru.PushFront(s)
+	s.inClient = mine.PushFront(s)
+	p.sessions[s.id] = s
+}
+
+// dropLocked forgets session s.
+func (p *pool) dropLocked(s *session) {
+	delete(p.sessions, s.id)
+	p.lru.Remove(s.inPool)
+	mine := p.byClient[s.client]
+	mine.Remove(s.inClient)
+	if mine.Len() == 0 {
+		delete(p.byClient, s.client)
 	}
 }
 
 // Done records the end of a connection [Table.Pick] gave to proxy x.
 func (t *Table) Done(x Proxy) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.pools[x.Pool]
+	p := t.pool(x.Pool)
 	if p == nil {
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.open[x.ID] <= 1 {
 		delete(p.open, x.ID)
 		return
@@ -346,25 +467,27 @@ func (t *Table) Done(x Proxy) {
 
 // Open returns the connections open per proxy of pool.
 func (t *Table) Open(name string) map[string]int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	out := map[string]int{}
-	if p := t.pools[name]; p != nil {
-		for id, n := range p.open {
-			out[id] = n
-		}
+	p := t.pool(name)
+	if p == nil {
+		return out
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, n := range p.open {
+		out[id] = n
 	}
 	return out
 }
 
 // Sessions returns the number of live sessions of pool.
 func (t *Table) Sessions(name string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.pools[name]
+	p := t.pool(name)
 	if p == nil {
 		return 0
 	}
-	t.expireLocked(p, t.now())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	expireLocked(p, t.now())
 	return len(p.sessions)
 }

@@ -51,7 +51,7 @@ func fill(tb *Table, pool string, n int) {
 // TestRoundRobin: consecutive connections visit every ready proxy in
 // turn, and a proxy that leaves ready is skipped at once.
 func TestRoundRobin(t *testing.T) {
-	tb := NewTable(nil)
+	tb := NewTable(Limits{}, nil)
 	fill(tb, "demo", 3)
 	fill(tb, "other", 2)
 	seen := map[string]int{}
@@ -83,7 +83,7 @@ func TestRoundRobin(t *testing.T) {
 // TestExclude: a failover attempt never gets a proxy already tried, and
 // runs out with ErrNoProxy.
 func TestExclude(t *testing.T) {
-	tb := NewTable(nil)
+	tb := NewTable(Limits{}, nil)
 	fill(tb, "demo", 3)
 	var tried []string
 	for range 3 {
@@ -106,7 +106,7 @@ func TestExclude(t *testing.T) {
 // TestLeastConnections: the proxy with the fewest open connections is
 // picked; Done gives a connection back.
 func TestLeastConnections(t *testing.T) {
-	tb := NewTable(nil)
+	tb := NewTable(Limits{}, nil)
 	tb.SetSpec("demo", &events.GatewaySpec{Strategy: events.StrategyLeastConnections})
 	fill(tb, "demo", 3)
 	var held []Proxy
@@ -136,7 +136,7 @@ func TestLeastConnections(t *testing.T) {
 
 // TestRandom: random picks only ready proxies and reaches each of them.
 func TestRandom(t *testing.T) {
-	tb := NewTable(nil)
+	tb := NewTable(Limits{}, nil)
 	tb.SetSpec("demo", &events.GatewaySpec{Strategy: events.StrategyRandom})
 	fill(tb, "demo", 3)
 	seen := map[string]bool{}
@@ -156,7 +156,7 @@ func TestRandom(t *testing.T) {
 // TTL, moves when its proxy leaves ready or is excluded, and expires.
 func TestSessions(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	tb := NewTable(func() time.Time { return now })
+	tb := NewTable(Limits{}, func() time.Time { return now })
 	tb.SetSpec("demo", &events.GatewaySpec{SessionTTL: events.Duration(time.Minute)})
 	fill(tb, "demo", 3)
 	s := Target{Pool: "demo", Session: "abc"}
@@ -210,7 +210,7 @@ func wantSessions(t *testing.T, tb *Table, pool string, want int, when string) {
 // minutes after its last use.
 func TestSessionsDefaultTTL(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	tb := NewTable(func() time.Time { return now })
+	tb := NewTable(Limits{}, func() time.Time { return now })
 	fill(tb, "demo", 2)
 	tb.Pick(Target{Pool: "demo", Session: "s"})
 	now = now.Add(9 * time.Minute)
@@ -221,7 +221,7 @@ func TestSessionsDefaultTTL(t *testing.T) {
 
 // TestProxyMovesPool: a proxy id seen in another pool leaves the first.
 func TestProxyMovesPool(t *testing.T) {
-	tb := NewTable(nil)
+	tb := NewTable(Limits{}, nil)
 	tb.Set(Proxy{ID: "x", Pool: "a", Address: "127.0.0.1:1"})
 	tb.Set(Proxy{ID: "x", Pool: "b", Address: "127.0.0.1:1"})
 	if len(tb.Ready("a")) != 0 || len(tb.Ready("b")) != 1 {
@@ -231,7 +231,7 @@ func TestProxyMovesPool(t *testing.T) {
 
 func TestCoolingProxiesAreAvoidedUntilNoneIsLeft(t *testing.T) {
 	now := time.Unix(1000, 0)
-	tb := NewTable(func() time.Time { return now })
+	tb := NewTable(Limits{}, func() time.Time { return now })
 	for _, id := range []string{"a", "b", "c"} {
 		tb.Set(Proxy{ID: id, Pool: "p", Address: id + ":1"})
 	}
@@ -271,5 +271,89 @@ func TestCoolingProxiesAreAvoidedUntilNoneIsLeft(t *testing.T) {
 	}
 	if !seen["b"] || !tb.Cool("b", time.Second) {
 		t.Errorf("after the cooldown: picks %v, want b among them and a new cooling period reported", seen)
+	}
+}
+
+// TestSessionsAreBoundedPerPoolAndPerClient: one new session id per
+// request cannot grow the table past its bounds; the session forgotten is
+// the least recently used of the client (or of the pool), and a session
+// in use keeps its proxy.
+func TestSessionsAreBoundedPerPoolAndPerClient(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tb := NewTable(Limits{SessionsPerPool: 5, SessionsPerClient: 3}, func() time.Time { return now })
+	fill(tb, "demo", 3)
+	pick := func(client, session string) Proxy {
+		t.Helper()
+		now = now.Add(time.Second)
+		x, err := tb.Pick(Target{Pool: "demo", Session: session, Client: client})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb.Done(x)
+		return x
+	}
+	a1 := pick("10.0.0.1", "a1")
+	pick("10.0.0.1", "a2")
+	pick("10.0.0.1", "a3")
+	if x := pick("10.0.0.1", "a1"); x.ID != a1.ID { // a1 is now the most recent of 10.0.0.1
+		t.Fatalf("a1 moved from %s to %s", a1.ID, x.ID)
+	}
+	pick("10.0.0.1", "a4") // past 3 for 10.0.0.1: a2 goes
+	wantSessions(t, tb, "demo", 3, "10.0.0.1 at its bound")
+	if x := pick("10.0.0.1", "a1"); x.ID != a1.ID {
+		t.Fatalf("a1, used lately, was forgotten: moved from %s to %s", a1.ID, x.ID)
+	}
+	// Another client's sessions count apart, up to the pool's bound.
+	b1 := pick("10.0.0.2", "b1")
+	pick("10.0.0.2", "b2")
+	wantSessions(t, tb, "demo", 5, "the pool at its bound")
+	for i := range 100 {
+		pick("10.0.0.3", fmt.Sprintf("c%d", i))
+	}
+	wantSessions(t, tb, "demo", 5, "after 100 new sessions of a third client")
+	// The third client holds at most 3; the pool's least recently used
+	// went first: b1 and b2 are the most recent of the others.
+	if x := pick("10.0.0.2", "b1"); x.ID != b1.ID {
+		t.Errorf("b1 moved from %s to %s", b1.ID, x.ID)
+	}
+	wantSessions(t, tb, "demo", 5, "at the end")
+}
+
+// TestSessionsExpireInUseOrder: sessions expire after their TTL, also
+// when the pool's TTL changes between their uses.
+func TestSessionsExpireInUseOrder(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	tb := NewTable(Limits{}, func() time.Time { return now })
+	tb.SetSpec("demo", &events.GatewaySpec{SessionTTL: events.Duration(time.Minute)})
+	fill(tb, "demo", 2)
+	for i := range 10 {
+		tb.Pick(Target{Pool: "demo", Session: fmt.Sprintf("s%d", i), Client: "c"})
+		now = now.Add(10 * time.Second)
+	}
+	now = now.Add(5 * time.Second)
+	// s0 was used 105s ago, s9 15s ago: s0..s4 are past a minute.
+	wantSessions(t, tb, "demo", 5, "after 100s with a 1m TTL")
+	tb.SetSpec("demo", &events.GatewaySpec{SessionTTL: events.Duration(25 * time.Second)})
+	wantSessions(t, tb, "demo", 2, "with the TTL cut to 25s (s8 used 25s ago, s9 15s ago)")
+	now = now.Add(time.Minute)
+	wantSessions(t, tb, "demo", 0, "a minute later")
+}
+
+// BenchmarkPickNewSession is one new session id per pick into a full
+// table: it costs the same whatever the table holds.
+func BenchmarkPickNewSession(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			tb := NewTable(Limits{SessionsPerPool: n}, nil)
+			fill(tb, "demo", 3)
+			for i := range n {
+				tb.Pick(Target{Pool: "demo", Session: fmt.Sprint("w", i), Client: fmt.Sprint(i % 100)})
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				x, _ := tb.Pick(Target{Pool: "demo", Session: fmt.Sprint("s", i), Client: "c"})
+				tb.Done(x)
+			}
+		})
 	}
 }

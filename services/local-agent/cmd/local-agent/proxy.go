@@ -27,6 +27,8 @@ func runProxy(args []string, stderr io.Writer) int {
 	authFile := fs.String("auth-file", "", "file with one line username:password, mode 0600; clients must send these credentials (Proxy-Authorization: Basic)")
 	source := fs.String("source-addr", "", "source IP address of outgoing connections (empty: the system's choice)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	bodyTimeout := fs.Duration("body-timeout", 30*time.Second, "how long a request body may go without a byte arriving before the request is answered 408")
+	tunnelIdle := fs.Duration("tunnel-idle-timeout", 2*time.Minute, "a CONNECT tunnel that carries nothing either way for this long is closed")
 	allowEndpoints := fs.String("egress-allow", "", "comma-separated ip:port destinations always allowed (the health echo endpoint)")
 	allowCIDRs := fs.String("egress-allow-cidrs", "", "comma-separated destination ranges allowed despite the egress policy (10.1.0.0/16)")
 	allowPorts := fs.String("egress-allow-ports", "", "comma-separated ports allowed for CONNECT and plain HTTP beside 443 (and 80)")
@@ -50,7 +52,10 @@ Flags:
 	if _, _, err := net.SplitHostPort(*listen); err != nil {
 		problems = append(problems, fmt.Sprintf("--listen %q: want HOST:PORT", *listen))
 	}
-	cfg := forwardproxy.Config{}
+	cfg := forwardproxy.Config{BodyTimeout: *bodyTimeout, TunnelIdleTimeout: *tunnelIdle}
+	if *bodyTimeout <= 0 || *tunnelIdle <= 0 {
+		problems = append(problems, "--body-timeout and --tunnel-idle-timeout must be more than 0")
+	}
 	if *source != "" {
 		if cfg.SourceAddr = net.ParseIP(*source); cfg.SourceAddr == nil {
 			problems = append(problems, fmt.Sprintf("--source-addr %q: want an IP address", *source))

@@ -24,6 +24,7 @@ import (
 	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/hop"
+	"proxyfleet/pkg/idle"
 )
 
 // Credentials is the basic-auth pair clients must present.
@@ -55,12 +56,23 @@ type Config struct {
 	// [egress.RuleOwnAddress] (default: every interface's addresses,
 	// re-read at most every [OwnAddrsRefresh]).
 	OwnAddrs func() ([]netip.Addr, error)
+	// BodyTimeout is how long a request body may go without a byte
+	// arriving before the request is answered 408 (idle.Body); 0:
+	// unbounded.
+	BodyTimeout time.Duration
+	// TunnelIdleTimeout closes a CONNECT tunnel that carried nothing
+	// either way for as long (idle.Tunnel); 0: unbounded.
+	TunnelIdleTimeout time.Duration
 	// Log receives failures; nil discards them.
 	Log *slog.Logger
 }
 
 // OwnAddrsRefresh is how long the host's own addresses are cached.
 const OwnAddrsRefresh = 10 * time.Second
+
+// bodyKey is the context key of a request's body as [idle.Body] returned
+// it.
+type bodyKey struct{}
 
 // Realm is the basic-auth realm the proxy announces.
 const Realm = "proxyfleet"
@@ -153,6 +165,12 @@ func New(cfg Config) *Proxy {
 				p.refuse(w, r, re)
 				return
 			}
+			if body, _ := r.Context().Value(bodyKey{}).(io.ReadCloser); idle.Stalled(body) {
+				// The client's fault: no origin failed.
+				w.Header().Set("Connection", "close")
+				http.Error(w, "proxy: the request body stopped arriving", http.StatusRequestTimeout)
+				return
+			}
 			cfg.Log.Warn("forward failed", "host", r.URL.Host, "err", err)
 			w.Header().Set(events.ProxyErrorHeader, "origin unreachable")
 			http.Error(w, "proxy: origin unreachable", http.StatusBadGateway)
@@ -181,7 +199,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "only http:// is forwarded; use CONNECT for https", http.StatusBadRequest)
 		return
 	}
-	p.forward.ServeHTTP(w, r)
+	r.Body = idle.Body(w, r, p.cfg.BodyTimeout)
+	// The request the error handler gets carries the body wrapped by
+	// ReverseProxy; the context carries it as read.
+	p.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, r.Body)))
 }
 
 // authorized reports whether r carries the configured credentials (always
@@ -254,32 +275,22 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request) {
 		upstream.Close()
 		return
 	}
-	var fromClient io.Reader = client
 	if buf != nil && buf.Reader.Buffered() > 0 {
-		fromClient = io.MultiReader(io.LimitReader(buf.Reader, int64(buf.Reader.Buffered())), client)
+		b, _ := buf.Reader.Peek(buf.Reader.Buffered())
+		if _, err := upstream.Write(b); err != nil {
+			client.Close()
+			upstream.Close()
+			return
+		}
 	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); pipe(upstream, fromClient) }()
-	go func() { defer wg.Done(); pipe(client, upstream) }()
-	wg.Wait()
-	client.Close()
-	upstream.Close()
-}
-
-// pipe copies src to dst, then half-closes dst so the other side sees EOF
-// while the reverse direction keeps flowing.
-func pipe(dst net.Conn, src io.Reader) {
-	_, err := io.Copy(dst, src)
-	if cw, ok := dst.(interface{ CloseWrite() error }); ok && err == nil {
-		_ = cw.CloseWrite()
-		return
-	}
-	_ = dst.Close()
+	// Each side's EOF half-closes the other, so the reverse direction
+	// keeps flowing.
+	idle.Tunnel(client, upstream, p.cfg.TunnelIdleTimeout, true)
 }
 
 // Server returns an http.Server serving p with timeouts suited to a proxy:
-// bounded header reads and idle keep-alives, no bound on a body or tunnel.
+// bounded header reads and idle keep-alives; bodies and tunnels are
+// bounded by p's own BodyTimeout and TunnelIdleTimeout.
 func Server(p *Proxy) *http.Server {
 	return &http.Server{
 		Handler:           p,

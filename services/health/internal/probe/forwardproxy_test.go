@@ -17,7 +17,7 @@ import (
 // address so the echo endpoint sees it as the egress IP.
 type fwdProxy struct {
 	t      *testing.T
-	source string // outbound source IP
+	source string // outbound source IP; guarded by mu
 	user   string
 	pass   string
 
@@ -84,7 +84,19 @@ func (p *fwdProxy) track(c net.Conn, on bool) {
 }
 
 func (p *fwdProxy) dialer() *net.Dialer {
-	return &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(p.source)}}
+	p.mu.Lock()
+	source := p.source
+	p.mu.Unlock()
+	return &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}}
+}
+
+// setSource changes the address the proxy dials out from. A request still
+// being served after a stop (srv.Close does not wait for handlers) may
+// read it meanwhile.
+func (p *fwdProxy) setSource(source string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.source = source
 }
 
 // setPass changes the password the proxy demands.

@@ -437,7 +437,7 @@ func TestSharedEgressIsFlagged(t *testing.T) {
 	// p-b's proxy comes back egressing from 127.0.0.2: it moves to p-c's
 	// group and leaves p-a alone.
 	b.stop()
-	b.source = "127.0.0.2"
+	b.setSource("127.0.0.2")
 	b.start()
 	f.eventually("p-b in the group 127.0.0.2", func() bool {
 		ra, rb, rc := f.record("p-a"), f.record("p-b"), f.record("p-c")

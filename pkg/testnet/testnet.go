@@ -8,11 +8,14 @@
 package testnet
 
 import (
+	"bufio"
 	"io"
 	"net"
+	"net/http"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -90,4 +93,49 @@ func Count(t testing.TB, addr, greeting string) *Counter {
 	}()
 	t.Cleanup(func() { ln.Close() })
 	return c
+}
+
+// Serve listens on a loopback port the kernel chose until the test ends,
+// calls handle for each connection on a goroutine of its own, and returns
+// the address. handle owns the connection and closes it.
+func Serve(t testing.TB, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testnet: listen: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Echo is a TCP echo on loopback: it sends back what it reads until the
+// client closes.
+func Echo(t testing.TB) string {
+	t.Helper()
+	return Serve(t, func(c net.Conn) { _, _ = io.Copy(c, c); _ = c.Close() })
+}
+
+// Raw answers every HTTP request on a loopback port with head (status line
+// and header fields, CRLF-terminated) and body, then closes, so the test
+// controls the exact bytes: as an origin it is a site, as a proxy one that
+// relays whatever it got.
+func Raw(t testing.TB, head, body string) string {
+	t.Helper()
+	return Serve(t, func(c net.Conn) {
+		defer func() { _ = c.Close() }()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, head+"\r\n"+body)
+	})
 }

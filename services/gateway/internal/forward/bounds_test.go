@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"proxyfleet/pkg/testnet"
 	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -102,26 +103,6 @@ func TestStalledBodyIsCut(t *testing.T) {
 	}
 }
 
-// echoServer is a TCP echo on loopback.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // dialTunnel opens a tunnel through the gateway gw to target from the
 // local address from ("" for any) and returns it with the answer's status
 // line.
@@ -156,7 +137,7 @@ func dialTunnel(t *testing.T, gw, from, target string) (net.Conn, string) {
 // the one that carries a message every tenth of it stays open.
 func TestIdleTunnelIsClosedAndAnActiveOneIsNot(t *testing.T) {
 	const idleAfter = 400 * time.Millisecond
-	echo := echoServer(t)
+	echo := testnet.Echo(t)
 	gw, _ := boundedGateway(t, &recordingFleet{}, newUpstream(t, ""), Config{TunnelIdleTimeout: idleAfter}, 0)
 	active, status := dialTunnel(t, gw, "", echo)
 	if status != "200 Connection established" {
@@ -212,7 +193,7 @@ func TestIdleTunnelIsClosedAndAnActiveOneIsNot(t *testing.T) {
 // for one more connection, another address does not, and a closed
 // connection frees its place.
 func TestConnectionsPerClientAreCapped(t *testing.T) {
-	echo := echoServer(t)
+	echo := testnet.Echo(t)
 	gw, _ := boundedGateway(t, &recordingFleet{}, newUpstream(t, ""), Config{}, 2)
 	first, status := dialTunnel(t, gw, "127.0.0.1", echo)
 	if status != "200 Connection established" {

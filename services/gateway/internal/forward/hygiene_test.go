@@ -79,36 +79,6 @@ func builtinProxies(t *testing.T, n int, allow ...string) ([]string, []*syncBuff
 	return addrs, logs
 }
 
-// rawServer answers every request on a loopback port with head (status
-// line and header fields, CRLF-terminated) and body, then closes, so the
-// test controls the exact bytes. As an origin it is a site; as the
-// gateway's proxy it is one that relays whatever it got.
-func rawServer(t *testing.T, head, body string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				_, _ = io.WriteString(c, head+"\r\n"+body)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func (h *harness) suspects() []string {
 	h.fleet.mu.Lock()
 	defer h.fleet.mu.Unlock()
@@ -118,7 +88,7 @@ func (h *harness) suspects() []string {
 func TestASiteCannotFakeAProxyFailure(t *testing.T) {
 	// The site answers 502 with both markers a proxy's error page has
 	// carried: proxyfleet's and Squid's.
-	site := rawServer(t, "HTTP/1.1 502 Bad Gateway\r\n"+events.ProxyErrorHeader+": origin unreachable\r\n"+
+	site := testnet.Raw(t, "HTTP/1.1 502 Bad Gateway\r\n"+events.ProxyErrorHeader+": origin unreachable\r\n"+
 		events.SquidErrorHeader+": ERR_CONNECT_FAIL 111\r\nContent-Length: 4\r\n", "site")
 
 	t.Run("through the built-in proxies", func(t *testing.T) {
@@ -142,7 +112,7 @@ func TestASiteCannotFakeAProxyFailure(t *testing.T) {
 	t.Run("X-Squid-Error is not trusted", func(t *testing.T) {
 		// A proxy that relays the site's headers unchanged, as Squid
 		// relays an origin's X-Squid-Error.
-		site := rawServer(t, "HTTP/1.1 502 Bad Gateway\r\n"+events.SquidErrorHeader+": ERR_CONNECT_FAIL 111\r\nContent-Length: 4\r\n", "site")
+		site := testnet.Raw(t, "HTTP/1.1 502 Bad Gateway\r\n"+events.SquidErrorHeader+": ERR_CONNECT_FAIL 111\r\nContent-Length: 4\r\n", "site")
 		ups := []*upstream{newUpstream(t, ""), newUpstream(t, ""), newUpstream(t, "")}
 		h := newHarness(t, &recordingFleet{}, nil, ups...)
 		code, body, _ := get(t, h.client("p"), "http://"+site+"/")
@@ -159,7 +129,7 @@ func TestASiteCannotFakeAProxyFailure(t *testing.T) {
 func TestHTTPSAbsoluteFormRefusalIsRelayedOnce(t *testing.T) {
 	// The proxies may reach only the site; the target is refused by
 	// their egress policy (loopback).
-	site := rawServer(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n", "ok")
+	site := testnet.Raw(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n", "ok")
 	refused := testnet.Refusing(t).String()
 	addrs, logs := builtinProxies(t, 3, site)
 	h := newHarnessAt(t, &recordingFleet{}, nil, addrs...)
@@ -209,7 +179,7 @@ func TestConnectionListedFieldsAreNotRelayed(t *testing.T) {
 
 	t.Run("from a proxy that relays them", func(t *testing.T) {
 		// The proxy answers with the header as a site would send it.
-		h := newHarnessAt(t, &recordingFleet{}, nil, rawServer(t, head, "ok"))
+		h := newHarnessAt(t, &recordingFleet{}, nil, testnet.Raw(t, head, "ok"))
 		code, body, hdr := get(t, h.client("p"), "http://site.test/")
 		if code != http.StatusOK || body != "ok" || hdr.Get("X-End") != "kept" {
 			t.Fatalf("through the gateway: %d %q X-End %q; want 200 %q X-End kept", code, body, hdr.Get("X-End"), "ok")
@@ -220,7 +190,7 @@ func TestConnectionListedFieldsAreNotRelayed(t *testing.T) {
 	})
 
 	t.Run("from a site through the built-in proxy", func(t *testing.T) {
-		site := rawServer(t, head, "ok")
+		site := testnet.Raw(t, head, "ok")
 		addrs, _ := builtinProxies(t, 1, site)
 		h := newHarnessAt(t, &recordingFleet{}, nil, addrs...)
 		code, body, hdr := get(t, h.client("p"), "http://"+site+"/")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 )
 
 // TestStalledBodyIsCut: a request whose body stops arriving is answered
@@ -51,26 +52,6 @@ func TestStalledBodyIsCut(t *testing.T) {
 	}
 }
 
-// echoListener is a TCP echo on loopback.
-func echoListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func openTunnel(t *testing.T, proxy, target string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", proxy)
@@ -93,7 +74,7 @@ func openTunnel(t *testing.T, proxy, target string) net.Conn {
 // message every tenth of it stays open.
 func TestIdleTunnelIsClosedAndAnActiveOneIsNot(t *testing.T) {
 	const idleAfter = 400 * time.Millisecond
-	echo := echoListener(t)
+	echo := testnet.Echo(t)
 	proxy := startProxy(t, Config{Egress: allow(t, echo), TunnelIdleTimeout: idleAfter})
 	active, quiet := openTunnel(t, proxy.Host, echo), openTunnel(t, proxy.Host, echo)
 	start := time.Now()

@@ -1,51 +1,19 @@
 package forwardproxy
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
 )
 
-// rawOrigin answers every request on a loopback port with head (status
-// line and header fields, CRLF-terminated) and body, then closes the
-// connection, so the test controls the exact bytes a site sends.
-func rawOrigin(t *testing.T, head, body string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				_, _ = io.WriteString(c, head+"\r\n"+body)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func TestOriginCannotSetTheProxyErrorMarker(t *testing.T) {
 	// A site answers 502 with the marker the gateway takes for this
 	// proxy's own failure.
-	site := rawOrigin(t, "HTTP/1.1 502 Bad Gateway\r\n"+
+	site := testnet.Raw(t, "HTTP/1.1 502 Bad Gateway\r\n"+
 		events.ProxyErrorHeader+": origin unreachable\r\nContent-Length: 4\r\n", "site")
 	dead := testnet.Refusing(t).String()
 	proxy := startProxy(t, Config{Egress: allow(t, site, dead)})
@@ -78,7 +46,7 @@ func TestOriginCannotSetTheProxyErrorMarker(t *testing.T) {
 func TestConnectionListedFieldsAreNotForwarded(t *testing.T) {
 	// Go's client drops a Connection header that holds "close" as a
 	// whole, the fields it lists along with it.
-	site := rawOrigin(t, "HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: origin-hop\r\n"+
+	site := testnet.Raw(t, "HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: origin-hop\r\n"+
 		"X-End: kept\r\nContent-Length: 2\r\n", "ok")
 	proxy := startProxy(t, Config{Egress: allow(t, site)})
 	resp, err := client(proxy, nil).Get("http://" + site + "/")

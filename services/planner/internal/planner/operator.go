@@ -25,11 +25,11 @@ func errProxyConflict() *api.APIError {
 // Retire implements [apiserver.Writer]: it retires one proxy and sends its
 // delete command, or, with SkipCleanup, retires and abandons it without
 // touching the instance; with Replace it also requests the proxy's
-// replacement in the same batch (a ban: the pool does not wait for a
-// round; when no target can take one now, the proxy is retired all the
-// same and the pool's Placed condition says why it stays short). The
-// reconciler replaces the proxy if its pool still wants it. Repeating the
-// request changes nothing.
+// replacement, in the same leader job once the retirement is stored (a
+// ban: the pool does not wait for a round; when no target can take one
+// now, the proxy is retired all the same and the pool's Placed condition
+// says why it stays short). The reconciler replaces the proxy if its pool
+// still wants it. Repeating the request changes nothing.
 func (b backend) Retire(ctx context.Context, id string, r apiserver.Retirement) (events.ProxyView, *api.APIError) {
 	// done reports whether x needs no decision: finished, or already
 	// retiring the way the operator asks.
@@ -61,9 +61,15 @@ func (b backend) Retire(ctx context.Context, id string, r apiserver.Retirement) 
 				replaced = r.Reason
 			}
 			u = rc.retire(ctx, nil, f, x, r.Reason, replaced, r.SkipCleanup)
-			// The replacement goes in the same batch, after the
-			// retirement: the pool never holds one more proxy for it.
-			if r.Replace {
+			// The replacement only once the retirement is stored, and
+			// before any round: a refused batch is split, so in one
+			// batch a retirement refused for a concurrent change could
+			// lose while its replacement was stored, and the retry
+			// (that replacement not yet folded) request another: the
+			// pool two over its size. A crash between the two leaves
+			// the pool one short, which the next round fills.
+			f.wait()
+			if r.Replace && u.err == nil {
 				if _, _, err := rc.requestReplacement(ctx, f, x, r.Reason); err != nil {
 					b.log.WarnContext(ctx, "no replacement for the proxy yet; retiring it anyway", "proxy", x.ID, "err", err)
 				}

@@ -145,6 +145,10 @@ func TestAttemptsOnEveryAnswer(t *testing.T) {
 		t.Errorf("every proxy dead: %d, %s %q; want 502, 3", code, AttemptsHeader, hdr.Get(AttemptsHeader))
 	}
 
+	if code, _, hdr := get(t, newHarness(t, &recordingFleet{}, nil).client("wrong.pool"), site.URL); code != http.StatusProxyAuthRequired || hdr.Get(AttemptsHeader) != "0" {
+		t.Errorf("refused login: %d, %s %q; want 407, 0", code, AttemptsHeader, hdr.Get(AttemptsHeader))
+	}
+
 	empty := newHarnessAt(t, &recordingFleet{}, nil)
 	code, _, hdr = get(t, empty.client("p"), site.URL)
 	if code != http.StatusServiceUnavailable || hdr.Get(AttemptsHeader) != "0" {

@@ -246,6 +246,10 @@ func (s *Server) Close() { s.transport.CloseIdleConnections() }
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		// Refused before any attempt; relay counts them from here.
+		w.Header().Set(AttemptsHeader, "0")
+	}
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		http.Error(w, "proxyfleet gateway: this is a forward proxy; send absolute-form requests (GET http://host/path) or CONNECT host:port, with Proxy-Authorization naming the pool", http.StatusBadRequest)
 		return

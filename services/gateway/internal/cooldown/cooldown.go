@@ -33,7 +33,8 @@ type Set struct {
 	now    func() time.Time
 	retain time.Duration
 
-	mu sync.Mutex
+	// mu is read-locked by the lookups every request makes.
+	mu sync.RWMutex
 	// bySite holds each site's entries by proxy; byProxy the same
 	// entries by proxy, then site.
 	bySite  map[string]map[string]*Entry
@@ -110,8 +111,8 @@ func (s *Set) removeLocked(proxy, site string) {
 // Until exactly.
 func (s *Set) Cooled(pool, site string) (ids []string, first time.Time) {
 	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	for id, e := range s.bySite[site] {
 		if e.Pool != pool || !now.Before(e.Until) {
 			continue
@@ -128,8 +129,8 @@ func (s *Set) Cooled(pool, site string) (ids []string, first time.Time) {
 // last window (cooldowns that ended since included).
 func (s *Set) Sites(proxy string, window time.Duration) int {
 	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	n := 0
 	for _, e := range s.byProxy[proxy] {
 		if now.Sub(e.At) < window {
@@ -141,8 +142,8 @@ func (s *Set) Sites(proxy string, window time.Duration) int {
 
 // Entries returns a copy of every entry the set holds.
 func (s *Set) Entries() []Entry {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	var out []Entry
 	for _, sites := range s.byProxy {
 		for _, e := range sites {

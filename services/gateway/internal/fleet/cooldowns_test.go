@@ -135,6 +135,14 @@ func TestCooldownsAreShared(t *testing.T) {
 			v.Until.Sub(v.At) == events.DefaultBanCooldown
 	})
 	testwait.Until(t, 20*time.Second, "gw2 to learn gw1's cooldown", func() bool { return slices.Equal(gw2.cooled(site), []string{"p-a"}) })
+	m, err := conn.NC.Request(events.GatewaySubject("gw2", events.GatewayInfo), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info Info
+	if err := json.Unmarshal(m.Data, &info); err != nil || !slices.Equal(info.Pools["p"].Cooled[site], []string{"p-a"}) {
+		t.Errorf("gw2's info: %s; want p-a cooled for %s", m.Data, site)
+	}
 	for range 4 {
 		if code := gw2.get(t, banning.URL); code != 200 {
 			t.Fatalf("gw2: %d; want 200", code)

@@ -254,3 +254,25 @@ func TestRetireAfterSites(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionMovesOffACooledProxy: a session pinned to a proxy that a site
+// bans moves to the proxy its retry picked, and stays there.
+func TestSessionMovesOffACooledProxy(t *testing.T) {
+	banning := bantest.NewSite(t, "127.0.0.10", fromA)
+	other := bantest.NewSite(t, "127.0.0.11")
+	rule := events.BanRule{Name: "blocked", Status: []int{403}, Action: events.BanActionCooldown}
+	h, _ := banHarness(t, nil, []events.BanRule{rule}, fromA, fromB)
+	c := h.client("p.session-s1")
+	if _, _, hdr := get(t, c, other.URL); hdr.Get(ProxyHeader) != "p-a" {
+		t.Fatalf("the session's first request went through %q; want p-a (the first in turn)", hdr.Get(ProxyHeader))
+	}
+	code, _, hdr := get(t, c, banning.URL)
+	if code != 200 || hdr.Get(ProxyHeader) != "p-b" || hdr.Get(AttemptsHeader) != "2" {
+		t.Errorf("the session at the banning site: %d through %q after %s attempts; want 200 through p-b after 2", code, hdr.Get(ProxyHeader), hdr.Get(AttemptsHeader))
+	}
+	for _, u := range []string{banning.URL, other.URL} {
+		if _, _, hdr := get(t, c, u); hdr.Get(ProxyHeader) != "p-b" || hdr.Get(AttemptsHeader) != "1" {
+			t.Errorf("the session's next request to %s: through %q after %s attempts; want p-b after 1", u, hdr.Get(ProxyHeader), hdr.Get(AttemptsHeader))
+		}
+	}
+}

@@ -571,7 +571,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 			s.verdict(x, v)
 		}
 		if match != "" && !last && s.otherProxy(x.Pool, a) {
-			a.hold(x, match, resp, head)
+			a.hold(x, match, resp, head, listed.Fields())
 			s.fail(x.Pool, x.ID, "banned", start)
 			return false
 		}
@@ -623,14 +623,15 @@ func (s *Server) otherProxy(pool string, a *attempts) bool {
 // hold reads the rest of a ban page x relayed, whose request is retried:
 // one of at most maxHeldBan bytes is kept (its connection reused), in
 // place of an earlier one; the connection of a larger one is closed
-// unread.
-func (a *attempts) hold(x route.Proxy, rule string, resp *http.Response, head []byte) {
+// unread. listed are the fields the response's Connection header listed,
+// dropped as when it is relayed.
+func (a *attempts) hold(x route.Proxy, rule string, resp *http.Response, head []byte, listed []string) {
 	rest, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxHeldBan-len(head)+1)))
 	if err != nil || len(head)+len(rest) > maxHeldBan {
 		return
 	}
 	header := resp.Header.Clone()
-	hop.Remove(header)
+	hop.Remove(header, listed...)
 	a.held = &heldBan{proxy: x.ID, rule: rule, status: resp.StatusCode, header: header, body: append(head, rest...)}
 }
 

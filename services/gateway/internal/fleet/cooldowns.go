@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -22,9 +24,18 @@ import (
 // gateway loads them before it serves (Synced waits for them). An entry
 // ends at its until, whether or not the bucket dropped it yet; deleting
 // its key ends it at once.
+//
+// The bucket is not needed to route: without it (not created yet, or the
+// gateway's NATS identity may not use it) the gateway serves with the
+// cooldowns it decides itself and tries the bucket again every
+// cooldownRetry.
 
 // cooldownQueue bounds the cooldowns waiting to be written.
 const cooldownQueue = 256
+
+// cooldownRetry is how long the gateway waits before it tries again to
+// open the bucket.
+const cooldownRetry = 30 * time.Second
 
 var _ forward.CooldownSharer = (*Fleet)(nil)
 
@@ -36,6 +47,33 @@ func (f *Fleet) ShareCooldown(e cooldown.Entry) {
 	default:
 		f.log.Warn("too many cooldowns waiting to be written; this one is kept by this gateway only", "proxy", e.Proxy, "pool", e.Pool, "site", e.Site)
 	}
+}
+
+// runCooldowns shares the cooldowns through the bucket until ctx ends.
+func (f *Fleet) runCooldowns(ctx context.Context) {
+	var kv jetstream.KeyValue
+	for {
+		var err error
+		if kv, err = f.conn.JS.KeyValue(ctx, bus.BucketGatewayCooldowns); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		f.log.Error("cannot open the cooldowns bucket: this gateway keeps the per-site cooldowns it decides to itself and learns none of the other gateways'; create it (the topology declares it) and let the gateway's identity watch it and publish to $KV."+bus.BucketGatewayCooldowns+".*.*",
+			"bucket", bus.BucketGatewayCooldowns, "err", err, "retry_in", f.cooldownRetry.String())
+		// The gateway does not wait for it to serve.
+		f.markSynced(bus.BucketGatewayCooldowns)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(f.cooldownRetry):
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { f.writeCooldowns(ctx, kv) })
+	f.watch(ctx, bus.BucketGatewayCooldowns, kv, f.applyCooldown, f.resetCooldowns)
+	wg.Wait()
 }
 
 // writeCooldowns writes each queued cooldown until ctx ends.

@@ -38,8 +38,9 @@ type gateway struct {
 }
 
 // startGateway runs a gateway named name on conn until stop or the end of
-// the test, and waits until it synced.
-func startGateway(t *testing.T, conn *bus.Conn, name string) *gateway {
+// the test, and waits until it synced; tweak, when not nil, adjusts its
+// Fleet first.
+func startGateway(t *testing.T, conn *bus.Conn, name string, tweak func(*Fleet)) *gateway {
 	t.Helper()
 	key, err := seal.NewKey()
 	if err != nil {
@@ -50,6 +51,9 @@ func startGateway(t *testing.T, conn *bus.Conn, name string) *gateway {
 	f, err := New(conn, table, Config{Name: name, Key: key, Cooldowns: set}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(f)
 	}
 	srv := forward.New(forward.Config{Table: table, Fleet: f, Cooldowns: set, Auth: func(string, string, string) (bool, error) { return true, nil }})
 	front := httptest.NewServer(srv)
@@ -99,6 +103,17 @@ func (g *gateway) cooled(site string) []string {
 	return ids
 }
 
+// coolingPool puts pool p, whose 403s cool a proxy for the site, with
+// ready proxies p-a and p-b.
+func coolingPool(t *testing.T, conn *bus.Conn) {
+	t.Helper()
+	pools, proxies := bucket(t, conn, bus.BucketPools), bucket(t, conn, bus.BucketProxies)
+	put(t, pools, "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 2,
+		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "blocked", Status: []int{403}, Action: events.BanActionCooldown}}}}})
+	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: bantest.Proxy(t, fromA)})
+	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyReady, Address: bantest.Proxy(t, fromB)})
+}
+
 // TestCooldownsAreShared: a cooldown one gateway decides reaches the
 // bucket and the other gateways, which keep the proxy off the site
 // without a ban page of their own; a restarted gateway has it before it
@@ -106,17 +121,13 @@ func (g *gateway) cooled(site string) []string {
 func TestCooldownsAreShared(t *testing.T) {
 	conn := bustest.Start(t)
 	ctx := context.Background()
-	pools, proxies := bucket(t, conn, bus.BucketPools), bucket(t, conn, bus.BucketProxies)
 	cools := bucket(t, conn, bus.BucketGatewayCooldowns)
-	put(t, pools, "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 2,
-		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "blocked", Status: []int{403}, Action: events.BanActionCooldown}}}}})
-	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: bantest.Proxy(t, fromA)})
-	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyReady, Address: bantest.Proxy(t, fromB)})
+	coolingPool(t, conn)
 	banning := bantest.NewSite(t, "127.0.0.10", fromA)
 	const site = "127.0.0.10"
 
-	gw1 := startGateway(t, conn, "gw1")
-	gw2 := startGateway(t, bustest.Dial(t, conn), "gw2")
+	gw1 := startGateway(t, conn, "gw1", nil)
+	gw2 := startGateway(t, bustest.Dial(t, conn), "gw2", nil)
 
 	// gw1 meets the ban page, retries on p-b and cools p-a for the site.
 	for banning.Seen(fromA) == 0 {
@@ -154,7 +165,7 @@ func TestCooldownsAreShared(t *testing.T) {
 
 	// A restarted gateway has the cooldown before it serves.
 	gw2.stop()
-	gw3 := startGateway(t, bustest.Dial(t, conn), "gw2")
+	gw3 := startGateway(t, bustest.Dial(t, conn), "gw2", nil)
 	if got := gw3.cooled(site); !slices.Equal(got, []string{"p-a"}) {
 		t.Errorf("the restarted gateway, synced, holds cooldowns %v for the site; want [p-a]", got)
 	}
@@ -198,4 +209,45 @@ func TestCooldownsAreShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.Until(t, 20*time.Second, "the deleted cooldown to end", func() bool { return len(gw1.cooled(site)) == 0 && len(gw3.cooled(site)) == 0 })
+}
+
+// TestCooldownsWithoutTheBucket: a gateway that cannot open the bucket
+// still syncs, serves and keeps the cooldowns it decides; once the bucket
+// exists it learns the others' and shares its own.
+func TestCooldownsWithoutTheBucket(t *testing.T) {
+	conn := bustest.Start(t)
+	ctx := context.Background()
+	if err := conn.JS.DeleteKeyValue(ctx, bus.BucketGatewayCooldowns); err != nil {
+		t.Fatal(err)
+	}
+	coolingPool(t, conn)
+	first := bantest.NewSite(t, "127.0.0.10", fromA)
+	gw := startGateway(t, conn, "gw1", func(f *Fleet) { f.cooldownRetry = 50 * time.Millisecond })
+	for range 4 {
+		if code := gw.get(t, first.URL); code != 200 {
+			t.Fatalf("%d; want 200", code)
+		}
+	}
+	if n := first.Seen(fromA); n != 1 {
+		t.Errorf("the site saw p-a %d times; want once: the gateway keeps its own cooldowns without the bucket", n)
+	}
+
+	if err := bus.EnsureTopology(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	cools := bucket(t, conn, bus.BucketGatewayCooldowns)
+	now := time.Now()
+	put(t, cools, events.CooldownKey("p-a", "127.0.0.11"), events.GatewayCooldown{Proxy: "p-a", Pool: "p", Site: "127.0.0.11", Rule: "blocked",
+		Gateway: "other", At: now, Until: now.Add(time.Hour)})
+	testwait.Until(t, 20*time.Second, "the gateway to learn another's cooldown once the bucket exists", func() bool {
+		return slices.Equal(gw.cooled("127.0.0.11"), []string{"p-a"})
+	})
+	second := bantest.NewSite(t, "127.0.0.12", fromA)
+	for second.Seen(fromA) == 0 {
+		gw.get(t, second.URL)
+	}
+	testwait.Until(t, 20*time.Second, "the gateway's next cooldown in the bucket", func() bool {
+		_, err := cools.Get(ctx, events.CooldownKey("p-a", "127.0.0.12"))
+		return err == nil
+	})
 }

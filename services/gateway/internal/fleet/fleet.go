@@ -80,6 +80,8 @@ type Fleet struct {
 	synced   chan struct{}
 	syncOnce sync.Once
 	pending  int
+	// counted are the buckets whose first load counted toward synced.
+	counted map[string]bool
 
 	// planner takes the ban reports; bans queues them for Run.
 	planner    *api.Client
@@ -88,8 +90,9 @@ type Fleet struct {
 
 	// cooldowns holds every gateway's per-site cooldowns; cools queues
 	// this gateway's for Run to share (cooldowns.go).
-	cooldowns *cooldown.Set
-	cools     chan cooldown.Entry
+	cooldowns     *cooldown.Set
+	cools         chan cooldown.Entry
+	cooldownRetry time.Duration
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -142,17 +145,24 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 		cfg.Cooldowns = cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
 	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
-		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 4,
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 4, counted: map[string]bool{},
 		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff,
-		cooldowns: cfg.Cooldowns, cools: make(chan cooldown.Entry, cooldownQueue)}, nil
+		cooldowns: cfg.Cooldowns, cools: make(chan cooldown.Entry, cooldownQueue), cooldownRetry: cooldownRetry}, nil
 }
 
 // Synced is closed once the gateway loaded the ready proxies, the pools,
-// the credentials and the cooldowns present when it started.
+// the credentials and the cooldowns present when it started (or found it
+// cannot open the cooldowns bucket).
 func (f *Fleet) Synced() <-chan struct{} { return f.synced }
 
-func (f *Fleet) markSynced() {
+// markSynced counts the first load of bucket name toward synced.
+func (f *Fleet) markSynced(name string) {
 	f.mu.Lock()
+	if f.counted[name] {
+		f.mu.Unlock()
+		return
+	}
+	f.counted[name] = true
 	f.pending--
 	done := f.pending == 0
 	f.mu.Unlock()
@@ -298,10 +308,6 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 	if err != nil {
 		return err
 	}
-	cooldowns, err := kv(bus.BucketGatewayCooldowns)
-	if err != nil {
-		return err
-	}
 	if err := f.announceKey(ctx, creds); err != nil {
 		return err
 	}
@@ -317,10 +323,9 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		apply func(jetstream.KeyValueEntry)
 		reset func(seen map[string]bool)
 	}{
-		bus.BucketPools:            {pools, f.applyPool, f.resetPools},
-		bus.BucketProxies:          {proxies, f.applyProxy, f.resetProxies},
-		bus.BucketGatewayCreds:     {creds, f.applyCred, f.resetCreds},
-		bus.BucketGatewayCooldowns: {cooldowns, f.applyCooldown, f.resetCooldowns},
+		bus.BucketPools:        {pools, f.applyPool, f.resetPools},
+		bus.BucketProxies:      {proxies, f.applyProxy, f.resetProxies},
+		bus.BucketGatewayCreds: {creds, f.applyCred, f.resetCreds},
 	} {
 		wg.Add(1)
 		go func() {
@@ -334,7 +339,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		f.demandLoop(ctx, demand, creds)
 	}()
 	wg.Go(func() { f.reportBans(ctx) })
-	wg.Go(func() { f.writeCooldowns(ctx, cooldowns) })
+	wg.Go(func() { f.runCooldowns(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -356,7 +361,7 @@ func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, a
 					reset(seen)
 					if first {
 						first = false
-						f.markSynced()
+						f.markSynced(name)
 					}
 					return
 				}

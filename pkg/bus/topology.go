@@ -31,6 +31,10 @@ const (
 	// BucketGatewayCreds holds each pool's proxy password sealed to the
 	// gateway's curve key, as BucketProbeCreds does for health.
 	BucketGatewayCreds = "fleet-gateway-creds"
+	// BucketGatewayCooldowns holds the proxies kept off a site by a
+	// gateway's cooldown rule (events.GatewayCooldown under
+	// events.CooldownKey), shared by every gateway.
+	BucketGatewayCooldowns = "fleet-gateway-cooldowns"
 	// BucketDemand holds the demand each gateway sees per pool
 	// (events.GatewayDemand under events.DemandKey), read by the planner
 	// to size autoscaled pools.
@@ -63,6 +67,10 @@ const (
 	// DemandTTL is how long a gateway's demand report stays in
 	// fleet-demand: a gateway that stopped no longer counts after it.
 	DemandTTL = 15 * time.Second
+	// GatewayCooldownTTL is how long fleet-gateway-cooldowns keeps an
+	// entry: the longest cooldown and the longest span retireAfterSites
+	// counts over. Each entry's own "until" ends its cooldown exactly.
+	GatewayCooldownTTL = 24 * time.Hour
 )
 
 // EnsureTopology creates or updates every stream and bucket. It is safe to
@@ -113,6 +121,7 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketSecrets, Description: "pool secrets (user-data, proxy passwords), never in the event log", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCreds, Description: "pool proxy passwords sealed to the gateway's curve key; the gateway's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketGatewayCooldowns, Description: "proxies kept off a site by a gateway's cooldown rule, shared by every gateway; each entry ends at its until", History: 1, TTL: GatewayCooldownTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketDemand, Description: "per-pool demand each gateway sees, read by the planner to autoscale pools", History: 1, TTL: DemandTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},

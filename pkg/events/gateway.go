@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/base64"
 	"fmt"
 	"regexp"
 	"strings"
@@ -46,6 +47,38 @@ const (
 	DefaultScaleDownAfter = 5 * time.Minute
 	// MinScaleDownAfter is the shortest scaleDownAfter a pool may ask for.
 	MinScaleDownAfter = 10 * time.Second
+
+	// DefaultBanCooldown is how long a cooldown rule keeps a proxy off
+	// the site that banned it; MinBanCooldown and MaxBanCooldown bound a
+	// rule's cooldown.
+	DefaultBanCooldown = 30 * time.Minute
+	MinBanCooldown     = time.Second
+	MaxBanCooldown     = 24 * time.Hour
+	// DefaultRetireAfterSites and DefaultRetireAfterSitesWindow: a proxy
+	// cooled on this many distinct sites within the window is reported
+	// banned ([GatewaySpec.RetireAfterSites]); MaxRetireAfterSites and
+	// the window's bounds limit what a pool may ask for.
+	DefaultRetireAfterSites       = 3
+	MaxRetireAfterSites           = 1000
+	DefaultRetireAfterSitesWindow = time.Hour
+	MinRetireAfterSitesWindow     = time.Minute
+	MaxRetireAfterSitesWindow     = 24 * time.Hour
+)
+
+// Ban rule actions ([BanRule.Action]): what a rule's verdict does to the
+// proxy. Every matching response is retried on another proxy whatever the
+// action, while the pool's retries allow.
+const (
+	// BanActionRetire reports the proxy banned once Threshold responses
+	// matched within Window: the planner retires and replaces it.
+	BanActionRetire = "retire"
+	// BanActionCooldown keeps the proxy off the site (its registrable
+	// domain) that answered Threshold matching responses within Window,
+	// for Cooldown; it serves every other site meanwhile.
+	BanActionCooldown = "cooldown"
+	// BanActionRetry only retries the request on another proxy: no
+	// verdict on the proxy.
+	BanActionRetry = "retry"
 )
 
 // GatewaySpec is how the gateway routes a pool's traffic (pool field
@@ -62,30 +95,66 @@ type GatewaySpec struct {
 	Retries *int `json:"retries,omitempty"`
 	// BanRules recognise a banned proxy by its responses.
 	BanRules []BanRule `json:"banRules,omitempty"`
+	// RetireAfterSites reports a proxy banned once it was cooled (by a
+	// cooldown rule, by any gateway) on this many distinct sites within
+	// RetireAfterSitesWindow (default 3; 0 never reports it).
+	RetireAfterSites *int `json:"retireAfterSites,omitempty"`
+	// RetireAfterSitesWindow is the span RetireAfterSites counts sites
+	// over (default 1h, 1m to 24h).
+	RetireAfterSitesWindow Duration `json:"retireAfterSitesWindow,omitempty"`
 }
 
 // BanRule matches responses that show the proxy's address is banned. A
 // response matches when it meets every condition the rule sets (at least
 // one): its status is one of Status, its header Header matches
 // HeaderMatch, its body (the first [BanBodyLimit] bytes) matches Body.
-// Threshold matches of one proxy within Window report it banned with
-// reason "banned: <name>".
+// A matching response is not delivered while the request may be retried
+// on another proxy. Action says what else a match does: retire (default)
+// reports the proxy banned (retiring reason "banned: <name>") once Threshold matches of
+// one proxy fell within Window, whatever their sites; cooldown keeps the
+// proxy off one site for Cooldown once Threshold matches of that proxy on
+// that site fell within Window; retry does nothing more.
 type BanRule struct {
 	Name        string   `json:"name"`
 	Status      []int    `json:"status,omitempty"`
 	Header      string   `json:"header,omitempty"`
 	HeaderMatch string   `json:"headerMatch,omitempty"`
 	Body        string   `json:"body,omitempty"`
+	Action      string   `json:"action,omitempty"`
 	Threshold   int      `json:"threshold,omitempty"`
 	Window      Duration `json:"window,omitempty"`
+	// Cooldown is how long a cooldown rule keeps a proxy off the site
+	// (default 30m, 1s to 24h); only a cooldown rule sets it.
+	Cooldown Duration `json:"cooldown,omitempty"`
 }
 
-// ThresholdOrDefault is the rule's threshold or [DefaultBanThreshold].
-func (r BanRule) ThresholdOrDefault() int {
-	if r.Threshold <= 0 {
-		return DefaultBanThreshold
+// ActionOrDefault is the rule's action or [BanActionRetire].
+func (r BanRule) ActionOrDefault() string {
+	if r.Action == "" {
+		return BanActionRetire
 	}
-	return r.Threshold
+	return r.Action
+}
+
+// ThresholdOrDefault is the rule's threshold, or its action's default:
+// [DefaultBanThreshold] to retire a proxy, 1 to cool it (one ban page of
+// a site keeps the proxy off that site only, which costs little).
+func (r BanRule) ThresholdOrDefault() int {
+	switch {
+	case r.Threshold > 0:
+		return r.Threshold
+	case r.ActionOrDefault() == BanActionCooldown:
+		return 1
+	}
+	return DefaultBanThreshold
+}
+
+// CooldownOrDefault is the rule's cooldown or [DefaultBanCooldown].
+func (r BanRule) CooldownOrDefault() time.Duration {
+	if r.Cooldown <= 0 {
+		return DefaultBanCooldown
+	}
+	return time.Duration(r.Cooldown)
 }
 
 // WindowOrDefault is the rule's window or [DefaultBanWindow].
@@ -94,6 +163,24 @@ func (r BanRule) WindowOrDefault() time.Duration {
 		return DefaultBanWindow
 	}
 	return time.Duration(r.Window)
+}
+
+// RetireAfterSitesOrDefault is the spec's retireAfterSites or
+// [DefaultRetireAfterSites] (0: never).
+func (g *GatewaySpec) RetireAfterSitesOrDefault() int {
+	if g == nil || g.RetireAfterSites == nil {
+		return DefaultRetireAfterSites
+	}
+	return *g.RetireAfterSites
+}
+
+// RetireAfterSitesWindowOrDefault is the spec's retireAfterSitesWindow or
+// [DefaultRetireAfterSitesWindow].
+func (g *GatewaySpec) RetireAfterSitesWindowOrDefault() time.Duration {
+	if g == nil || g.RetireAfterSitesWindow <= 0 {
+		return DefaultRetireAfterSitesWindow
+	}
+	return time.Duration(g.RetireAfterSitesWindow)
 }
 
 // StrategyOrDefault is the spec's strategy or round-robin (g may be nil).
@@ -134,6 +221,10 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 	if g.Retries != nil && (*g.Retries < 0 || *g.Retries > MaxGatewayRetries) {
 		v.Add(prefix+".retries", fmt.Sprintf("must be between 0 and %d", MaxGatewayRetries), fmt.Sprint(*g.Retries))
 	}
+	if g.RetireAfterSites != nil && (*g.RetireAfterSites < 0 || *g.RetireAfterSites > MaxRetireAfterSites) {
+		v.Add(prefix+".retireAfterSites", fmt.Sprintf("must be between 0 (never) and %d", MaxRetireAfterSites), fmt.Sprint(*g.RetireAfterSites))
+	}
+	checkSpan(v, prefix+".retireAfterSitesWindow", time.Duration(g.RetireAfterSitesWindow), MinRetireAfterSitesWindow, MaxRetireAfterSitesWindow)
 	if len(g.BanRules) > MaxBanRules {
 		v.Add(prefix+".banRules", fmt.Sprintf("may hold at most %d rules", MaxBanRules), fmt.Sprint(len(g.BanRules)))
 	}
@@ -174,6 +265,30 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 		} else if r.Window > 0 && time.Duration(r.Window) < time.Second {
 			v.Add(f+".window", "must be at least 1s", time.Duration(r.Window).String())
 		}
+		switch r.Action {
+		case "", BanActionRetire, BanActionCooldown:
+		case BanActionRetry:
+			if r.Threshold != 0 || r.Window != 0 {
+				v.Add(f+".action", "a retry rule gives no verdict: leave threshold and window out, or use retire or cooldown", r.Action)
+			}
+		default:
+			v.Add(f+".action", "must be retire, cooldown or retry", r.Action)
+		}
+		if r.Cooldown != 0 && r.ActionOrDefault() != BanActionCooldown {
+			v.Add(f+".cooldown", `only a rule with action "cooldown" sets it`, time.Duration(r.Cooldown).String())
+		} else {
+			checkSpan(v, f+".cooldown", time.Duration(r.Cooldown), MinBanCooldown, MaxBanCooldown)
+		}
+	}
+}
+
+// checkSpan checks an optional duration (0: the default) against its
+// bounds.
+func checkSpan(v *ValidationError, field string, d, least, most time.Duration) {
+	switch {
+	case d == 0:
+	case d < least || d > most:
+		v.Add(field, "must be between "+least.String()+" and "+most.String(), d.String())
 	}
 }
 
@@ -215,6 +330,10 @@ func (g *GatewaySpec) Clone() *GatewaySpec {
 	if g.Retries != nil {
 		n := *g.Retries
 		out.Retries = &n
+	}
+	if g.RetireAfterSites != nil {
+		n := *g.RetireAfterSites
+		out.RetireAfterSites = &n
 	}
 	out.BanRules = make([]BanRule, len(g.BanRules))
 	for i, r := range g.BanRules {
@@ -313,6 +432,30 @@ func DemandKey(pool, gateway string) string { return pool + "." + gateway }
 // DemandFilter is the fleet-demand key filter of every gateway's demand
 // for pool: "<pool>.*".
 func DemandFilter(pool string) string { return pool + ".*" }
+
+// GatewayCooldown is one proxy kept off one site: the value of key
+// [CooldownKey](proxy, site) in the fleet-gateway-cooldowns bucket,
+// written by the gateway whose cooldown rule decided it and read by every
+// gateway, so none sends the site through the proxy until Until. An entry
+// past its Until is ignored (the bucket drops it later).
+type GatewayCooldown struct {
+	Proxy string `json:"proxy"`
+	Pool  string `json:"pool"`
+	// Site is the registrable domain that banned the proxy.
+	Site string `json:"site"`
+	// Rule is the ban rule that matched.
+	Rule    string    `json:"rule"`
+	Gateway string    `json:"gateway"`
+	At      time.Time `json:"at"`
+	Until   time.Time `json:"until"`
+}
+
+// CooldownKey is the fleet-gateway-cooldowns key of proxy's cooldown on
+// site: "<proxy>.<site in unpadded base64url>" (a site holds dots, which
+// separate key tokens).
+func CooldownKey(proxy, site string) string {
+	return proxy + "." + base64.RawURLEncoding.EncodeToString([]byte(site))
+}
 
 // ProxyErrorHeader marks a response a proxy made itself rather than
 // relayed (the origin unreachable through it). Every proxy proxyfleet runs

@@ -15,7 +15,7 @@ import (
 // TestGatewaySpecValidate: each bad gateway field is named with its value,
 // and a valid spec passes with its defaults.
 func TestGatewaySpecValidate(t *testing.T) {
-	three, eleven := 3, 11
+	three, eleven, zero, minus := 3, 11, 0, -1
 	cases := []struct {
 		name string
 		gw   events.GatewaySpec
@@ -37,6 +37,26 @@ func TestGatewaySpecValidate(t *testing.T) {
 			[]string{"gateway.banRules[0].body: must be a regular expression: error parsing regexp: missing closing ): `(` (got \"(\")"}},
 		{"header without match", events.GatewaySpec{BanRules: []events.BanRule{{Name: "x", Header: "Server"}}},
 			[]string{`gateway.banRules[0].headerMatch: header and headerMatch go together`}},
+		{"actions", events.GatewaySpec{RetireAfterSites: &zero, RetireAfterSitesWindow: events.Duration(24 * time.Hour), BanRules: []events.BanRule{
+			{Name: "a", Status: []int{403}, Action: events.BanActionRetire, Threshold: 3},
+			{Name: "b", Status: []int{429}, Action: events.BanActionCooldown, Cooldown: events.Duration(2 * time.Hour), Threshold: 2, Window: events.Duration(time.Minute)},
+			{Name: "c", Status: []int{503}, Action: events.BanActionRetry}}}, nil},
+		{"unknown action", events.GatewaySpec{BanRules: []events.BanRule{{Name: "x", Status: []int{429}, Action: "block"}}},
+			[]string{`gateway.banRules[0].action: must be retire, cooldown or retry (got "block")`}},
+		{"cooldown on a retire rule", events.GatewaySpec{BanRules: []events.BanRule{{Name: "x", Status: []int{429}, Cooldown: events.Duration(time.Minute)}}},
+			[]string{`gateway.banRules[0].cooldown: only a rule with action "cooldown" sets it (got "1m0s")`}},
+		{"cooldown on a retry rule", events.GatewaySpec{BanRules: []events.BanRule{{Name: "x", Status: []int{429}, Action: events.BanActionRetry, Cooldown: events.Duration(time.Minute)}}},
+			[]string{`gateway.banRules[0].cooldown: only a rule with action "cooldown" sets it (got "1m0s")`}},
+		{"threshold on a retry rule", events.GatewaySpec{BanRules: []events.BanRule{{Name: "x", Status: []int{429}, Action: events.BanActionRetry, Threshold: 2}}},
+			[]string{`gateway.banRules[0].action: a retry rule gives no verdict: leave threshold and window out, or use retire or cooldown (got "retry")`}},
+		{"cooldown bounds", events.GatewaySpec{BanRules: []events.BanRule{
+			{Name: "x", Status: []int{429}, Action: events.BanActionCooldown, Cooldown: events.Duration(time.Millisecond)},
+			{Name: "y", Status: []int{429}, Action: events.BanActionCooldown, Cooldown: events.Duration(25 * time.Hour)},
+			{Name: "z", Status: []int{429}, Action: events.BanActionCooldown, Cooldown: events.Duration(-time.Second)}}},
+			[]string{`gateway.banRules[0].cooldown: must be between 1s and 24h0m0s (got "1ms")`, `gateway.banRules[1].cooldown: must be between 1s and 24h0m0s (got "25h0m0s")`,
+				`gateway.banRules[2].cooldown: must be between 1s and 24h0m0s (got "-1s")`}},
+		{"retire after sites", events.GatewaySpec{RetireAfterSites: &minus, RetireAfterSitesWindow: events.Duration(time.Second)},
+			[]string{`gateway.retireAfterSites: must be between 0 (never) and 1000 (got "-1")`, `gateway.retireAfterSitesWindow: must be between 1m0s and 24h0m0s (got "1s")`}},
 	}
 	for _, c := range cases {
 		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Gateway: &c.gw}
@@ -272,5 +292,52 @@ func TestPoolScaledData(t *testing.T) {
 	}
 	if got := events.EventSubject(events.AggregatePool, "demo", events.PoolScaled); got != "fleet.evt.pool.demo.scaled" {
 		t.Errorf("subject: got %q", got)
+	}
+}
+
+// TestBanRuleDefaults: each action has its own default threshold; a
+// cooldown lasts 30m unless set; retireAfterSites is 3 within 1h unless
+// set, and 0 disables it.
+func TestBanRuleDefaults(t *testing.T) {
+	for _, c := range []struct {
+		rule      events.BanRule
+		action    string
+		threshold int
+	}{
+		{events.BanRule{}, events.BanActionRetire, events.DefaultBanThreshold},
+		{events.BanRule{Action: events.BanActionCooldown}, events.BanActionCooldown, 1},
+		{events.BanRule{Action: events.BanActionCooldown, Threshold: 4}, events.BanActionCooldown, 4},
+		{events.BanRule{Action: events.BanActionRetry}, events.BanActionRetry, events.DefaultBanThreshold},
+	} {
+		if a, n := c.rule.ActionOrDefault(), c.rule.ThresholdOrDefault(); a != c.action || n != c.threshold {
+			t.Errorf("%+v: action %q threshold %d; want %q %d", c.rule, a, n, c.action, c.threshold)
+		}
+	}
+	if d := (events.BanRule{}).CooldownOrDefault(); d != 30*time.Minute {
+		t.Errorf("default cooldown %s; want 30m", d)
+	}
+	var none *events.GatewaySpec
+	zero := 0
+	if n, w := none.RetireAfterSitesOrDefault(), none.RetireAfterSitesWindowOrDefault(); n != 3 || w != time.Hour {
+		t.Errorf("default retireAfterSites %d within %s; want 3 within 1h", n, w)
+	}
+	g := &events.GatewaySpec{RetireAfterSites: &zero}
+	c := g.Clone()
+	zero = 5
+	if n := c.RetireAfterSitesOrDefault(); n != 0 {
+		t.Errorf("a cloned retireAfterSites 0 reads %d (or shares the original's pointer)", n)
+	}
+}
+
+// TestCooldownKey: a site's dots and colons do not reach the key, which
+// holds only what a KV key token may.
+func TestCooldownKey(t *testing.T) {
+	for site, want := range map[string]string{
+		"example.co.uk": "p-a.ZXhhbXBsZS5jby51aw",
+		"::1":           "p-a.Ojox",
+	} {
+		if got := events.CooldownKey("p-a", site); got != want {
+			t.Errorf("CooldownKey(p-a, %q) = %q; want %q", site, got, want)
+		}
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/gateway/internal/clients"
+	"proxyfleet/services/gateway/internal/cooldown"
 	"proxyfleet/services/gateway/internal/fleet"
 	"proxyfleet/services/gateway/internal/forward"
 	"proxyfleet/services/gateway/internal/route"
@@ -183,8 +184,10 @@ func run(f *flags) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	table := route.NewTable(route.Limits{SessionsPerPool: f.sessionsPerPool, SessionsPerClient: f.sessionsPerClient}, nil)
+	cooldowns := cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
 	view, err := fleet.New(base.Conn, table, fleet.Config{
 		Name: f.name, Key: key, DemandInterval: f.demandInterval, Listen: addr, Version: buildinfo.Version,
+		Cooldowns: cooldowns,
 	}, log)
 	if err != nil {
 		return err
@@ -193,6 +196,7 @@ func run(f *flags) error {
 		Table: table, Fleet: view, Auth: auth, Log: log, Metrics: metrics,
 		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout, Cooldown: f.cooldown,
 		BodyTimeout: f.bodyTimeout, TunnelIdleTimeout: f.tunnelIdle,
+		Cooldowns: cooldowns,
 	})
 	defer srv.Close()
 

@@ -1,11 +1,15 @@
 // Package ban recognises banned proxies by the responses they relay: a
 // pool's ban rules (events.BanRule) match a response by status, header or
-// body, and a rule that matches Threshold responses of one proxy within
-// its Window reports that proxy banned, once.
+// body. Every match names its rule, so the gateway can retry the request
+// on another proxy; beyond that a rule's action decides: a retire rule
+// that matches Threshold responses of one proxy within its Window reports
+// that proxy banned, once; a cooldown rule that matches Threshold
+// responses of one proxy from one site within its Window cools the proxy
+// for that site; a retry rule gives no verdict.
 //
 // It holds no I/O: the gateway shows it each plain HTTP response
-// ([Detector.Observe]) and calls the planner's report-ban API with the
-// verdicts it returns.
+// ([Detector.Observe]), calls the planner's report-ban API with the
+// retire verdicts and records the cooldown verdicts.
 package ban
 
 import (
@@ -26,9 +30,15 @@ type Rule struct {
 	header      string
 	headerMatch *regexp.Regexp
 	body        *regexp.Regexp
+	action      string
 	threshold   int
 	window      time.Duration
+	cooldown    time.Duration
 }
+
+// Action is the rule's action (events.BanActionRetire, …Cooldown or
+// …Retry).
+func (r Rule) Action() string { return r.action }
 
 // Compile checks and compiles a pool's rules (the pool spec validated
 // them already; an error here means a spec that skipped validation).
@@ -36,7 +46,7 @@ func Compile(rules []events.BanRule) ([]Rule, error) {
 	out := make([]Rule, 0, len(rules))
 	for _, r := range rules {
 		c := Rule{Name: r.Name, status: slices.Clone(r.Status), header: http.CanonicalHeaderKey(r.Header),
-			threshold: r.ThresholdOrDefault(), window: r.WindowOrDefault()}
+			action: r.ActionOrDefault(), threshold: r.ThresholdOrDefault(), window: r.WindowOrDefault(), cooldown: r.CooldownOrDefault()}
 		var err error
 		if r.HeaderMatch != "" {
 			if c.headerMatch, err = regexp.Compile(r.HeaderMatch); err != nil {
@@ -50,6 +60,11 @@ func Compile(rules []events.BanRule) ([]Rule, error) {
 		}
 		if len(c.status) == 0 && c.headerMatch == nil && c.body == nil {
 			return nil, fmt.Errorf("ban rule %s: sets no status, header or body", r.Name)
+		}
+		switch c.action {
+		case events.BanActionRetire, events.BanActionCooldown, events.BanActionRetry:
+		default:
+			return nil, fmt.Errorf("ban rule %s: unknown action %q", r.Name, r.Action)
 		}
 		out = append(out, c)
 	}
@@ -86,65 +101,135 @@ func (r Rule) Matches(status int, header http.Header, body []byte) bool {
 type Verdict struct {
 	Proxy string
 	Rule  string
+	// Action is the rule's: events.BanActionRetire (report the proxy
+	// banned) or events.BanActionCooldown (keep it off Site for
+	// Cooldown).
+	Action string
+	// Site is the site that banned the proxy (cooldown verdicts only).
+	Site     string
+	Cooldown time.Duration
 	// Matches is how many responses matched within the window.
 	Matches int
 }
 
-// Detector counts rule matches per proxy. It is safe for concurrent use.
+// sweepEvery is how often the detector drops the matches that fell out
+// of their rule's window everywhere, not only where a proxy matches again.
+const sweepEvery = time.Minute
+
+// Detector counts rule matches per proxy (and per site, for cooldown
+// rules). It is safe for concurrent use.
 type Detector struct {
 	now func() time.Time
 
 	mu sync.Mutex
-	// hits holds, per proxy and rule, the times of the matches within
-	// the rule's window.
-	hits map[key][]time.Time
-	// reported holds the proxies already reported: one verdict per
-	// proxy, as the planner retires it at the first.
+	// hits holds, per proxy, rule and (for cooldown rules) site, the
+	// times of the matches within the rule's window.
+	hits map[key]*hits
+	// reported holds the proxies already reported: one retire verdict
+	// per proxy, as the planner retires it at the first.
 	reported map[string]bool
+	swept    time.Time
 }
 
-type key struct{ proxy, rule string }
+type key struct{ proxy, rule, site string }
+
+type hits struct {
+	times  []time.Time
+	window time.Duration
+}
 
 // NewDetector returns a detector; now is the clock (time.Now when nil).
 func NewDetector(now func() time.Time) *Detector {
 	if now == nil {
 		now = time.Now
 	}
-	return &Detector{now: now, hits: map[key][]time.Time{}, reported: map[string]bool{}}
+	return &Detector{now: now, hits: map[key]*hits{}, reported: map[string]bool{}}
 }
 
-// Observe counts one response of proxy against rules and returns the
-// verdict of the first rule that reached its threshold, if any. A proxy
-// is reported once; [Detector.Forget] clears it when it leaves the fleet.
-func (d *Detector) Observe(proxy string, rules []Rule, status int, header http.Header, body []byte) (Verdict, bool) {
+// Observe counts one response of proxy to a request for site (its
+// site.Key) against rules. match is the first rule the response matched,
+// "" for none: a matched response is a ban page, which the gateway
+// retries on another proxy while it may. ok reports a verdict: the first
+// rule with an action (retire, cooldown) that reached its threshold with
+// this response. A proxy gets one retire verdict (and none after it);
+// [Detector.Forget] clears it when it leaves the fleet.
+func (d *Detector) Observe(proxy, site string, rules []Rule, status int, header http.Header, body []byte) (match string, v Verdict, ok bool) {
 	now := d.now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.reported[proxy] {
-		return Verdict{}, false
+	if now.Sub(d.swept) >= sweepEvery {
+		d.sweepLocked(now)
 	}
 	for _, r := range rules {
 		if !r.Matches(status, header, body) {
 			continue
 		}
-		k := key{proxy, r.Name}
-		times := d.hits[k]
-		cut := 0
-		for cut < len(times) && now.Sub(times[cut]) >= r.window {
-			cut++
+		if match == "" {
+			match = r.Name
 		}
-		times = append(times[cut:], now)
-		if len(times) >= r.threshold {
-			d.reported[proxy] = true
-			d.forgetLocked(proxy)
-			return Verdict{Proxy: proxy, Rule: r.Name, Matches: len(times)}, true
+		if ok || d.reported[proxy] || r.action == events.BanActionRetry {
+			continue
 		}
-		d.hits[k] = times
+		k := key{proxy, r.Name, ""}
+		if r.action == events.BanActionCooldown {
+			k.site = site
+		}
+		h := d.hits[k]
+		if h == nil {
+			h = &hits{window: r.window}
+			d.hits[k] = h
+		}
+		h.drop(now)
+		h.times = append(h.times, now)
+		if len(h.times) < r.threshold {
+			continue
+		}
+		v, ok = Verdict{Proxy: proxy, Rule: r.Name, Action: r.action, Matches: len(h.times)}, true
+		delete(d.hits, k)
+		if r.action == events.BanActionCooldown {
+			v.Site, v.Cooldown = site, r.cooldown
+			continue
+		}
+		d.reported[proxy] = true
+		d.forgetLocked(proxy)
 	}
-	return Verdict{}, false
+	return match, v, ok
 }
 
-// Forget drops what the detector holds of proxy (it left the fleet).
+// drop forgets the matches out of the window at now.
+func (h *hits) drop(now time.Time) {
+	cut := 0
+	for cut < len(h.times) && now.Sub(h.times[cut]) >= h.window {
+		cut++
+	}
+	h.times = h.times[cut:]
+}
+
+func (d *Detector) sweepLocked(now time.Time) {
+	d.swept = now
+	for k, h := range d.hits {
+		if h.drop(now); len(h.times) == 0 {
+			delete(d.hits, k)
+		}
+	}
+}
+
+// Report marks proxy reported (a verdict of the gateway's own, such as
+// retireAfterSites) and reports whether it was not already: a proxy is
+// reported banned once.
+func (d *Detector) Report(proxy string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.reported[proxy] {
+		return false
+	}
+	d.reported[proxy] = true
+	d.forgetLocked(proxy)
+	return true
+}
+
+// Forget drops what the detector holds of proxy (it left the fleet, or
+// its report did not get through).
 func (d *Detector) Forget(proxy string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

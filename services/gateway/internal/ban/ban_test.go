@@ -1,6 +1,7 @@
 package ban
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -70,33 +71,33 @@ func TestThresholdInWindow(t *testing.T) {
 	rules := compile(t, events.BanRule{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(10 * time.Second)})
 	// Spread: one match every 6 s never has 3 within 10 s.
 	for range 10 {
-		if v, ok := d.Observe("a", rules, 429, nil, nil); ok {
+		if _, v, ok := d.Observe("a", "example.com", rules, 429, nil, nil); ok {
 			t.Fatalf("spread matches reported %+v", v)
 		}
 		now = now.Add(6 * time.Second)
 	}
 	// Responses that do not match are not counted.
 	for range 5 {
-		if _, ok := d.Observe("b", rules, 200, nil, nil); ok {
+		if _, _, ok := d.Observe("b", "example.com", rules, 200, nil, nil); ok {
 			t.Fatal("a 200 counted")
 		}
 	}
-	d.Observe("b", rules, 429, nil, nil)
-	d.Observe("c", rules, 429, nil, nil)
-	d.Observe("b", rules, 429, nil, nil)
-	v, ok := d.Observe("b", rules, 429, nil, nil)
-	if !ok || v != (Verdict{Proxy: "b", Rule: "too-many", Matches: 3}) {
+	d.Observe("b", "example.com", rules, 429, nil, nil)
+	d.Observe("c", "example.com", rules, 429, nil, nil)
+	d.Observe("b", "example.com", rules, 429, nil, nil)
+	_, v, ok := d.Observe("b", "example.com", rules, 429, nil, nil)
+	if !ok || v != (Verdict{Proxy: "b", Rule: "too-many", Action: events.BanActionRetire, Matches: 3}) {
 		t.Fatalf("third match of b: %+v, %v", v, ok)
 	}
-	if _, ok := d.Observe("b", rules, 429, nil, nil); ok {
+	if _, _, ok := d.Observe("b", "example.com", rules, 429, nil, nil); ok {
 		t.Fatal("b reported twice")
 	}
-	if _, ok := d.Observe("c", rules, 429, nil, nil); ok {
+	if _, _, ok := d.Observe("c", "example.com", rules, 429, nil, nil); ok {
 		t.Fatal("c reported after 2 matches")
 	}
 	// Forgotten (it left the fleet), the id counts from zero again.
 	d.Forget("b")
-	if _, ok := d.Observe("b", rules, 429, nil, nil); ok {
+	if _, _, ok := d.Observe("b", "example.com", rules, 429, nil, nil); ok {
 		t.Fatal("b reported at its first match after Forget")
 	}
 }
@@ -108,12 +109,12 @@ func TestDefaults(t *testing.T) {
 	d := NewDetector(func() time.Time { return now })
 	rules := compile(t, events.BanRule{Name: "forbidden", Status: []int{403}})
 	for i := range 4 {
-		if _, ok := d.Observe("a", rules, 403, nil, nil); ok {
+		if _, _, ok := d.Observe("a", "example.com", rules, 403, nil, nil); ok {
 			t.Fatalf("reported after %d matches", i+1)
 		}
 		now = now.Add(14 * time.Second)
 	}
-	if v, ok := d.Observe("a", rules, 403, nil, nil); !ok || v.Rule != "forbidden" {
+	if _, v, ok := d.Observe("a", "example.com", rules, 403, nil, nil); !ok || v.Rule != "forbidden" {
 		t.Fatalf("fifth match within 56 s: %+v, %v", v, ok)
 	}
 }
@@ -126,5 +127,71 @@ func TestCompileRefusesEmptyRule(t *testing.T) {
 	}
 	if _, err := Compile([]events.BanRule{{Name: "bad", Body: "("}}); err == nil {
 		t.Fatal("a bad body pattern compiled")
+	}
+}
+
+// TestActions: every rule names its match; a retry rule gives no
+// verdict; a cooldown rule cools a proxy for one site at a time (its
+// threshold counts per site, 1 by default) and keeps giving verdicts; a
+// retire rule reports once, after which matches are still named.
+func TestActions(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	d := NewDetector(func() time.Time { return now })
+	rules := compile(t,
+		events.BanRule{Name: "busy", Status: []int{503}, Action: events.BanActionRetry},
+		events.BanRule{Name: "blocked", Status: []int{403}, Action: events.BanActionCooldown, Cooldown: events.Duration(time.Hour)},
+		events.BanRule{Name: "captcha", Body: "captcha", Action: events.BanActionCooldown, Threshold: 2},
+		events.BanRule{Name: "gone", Status: []int{451}, Threshold: 2},
+	)
+	type obs struct {
+		proxy, site string
+		status      int
+		body        string
+		match       string
+		verdict     *Verdict
+	}
+	for i, c := range []obs{
+		{"a", "s1.com", 200, "ok", "", nil},
+		{"a", "s1.com", 503, "", "busy", nil},
+		{"a", "s1.com", 503, "", "busy", nil},
+		{"a", "s1.com", 403, "", "blocked", &Verdict{Proxy: "a", Rule: "blocked", Action: events.BanActionCooldown, Site: "s1.com", Cooldown: time.Hour, Matches: 1}},
+		{"a", "s2.com", 403, "", "blocked", &Verdict{Proxy: "a", Rule: "blocked", Action: events.BanActionCooldown, Site: "s2.com", Cooldown: time.Hour, Matches: 1}},
+		{"a", "s1.com", 200, "captcha", "captcha", nil},
+		{"a", "s2.com", 200, "captcha", "captcha", nil},
+		{"a", "s1.com", 200, "captcha", "captcha", &Verdict{Proxy: "a", Rule: "captcha", Action: events.BanActionCooldown, Site: "s1.com", Cooldown: 30 * time.Minute, Matches: 2}},
+		{"a", "s1.com", 451, "", "gone", nil},
+		{"a", "s9.com", 451, "", "gone", &Verdict{Proxy: "a", Rule: "gone", Action: events.BanActionRetire, Matches: 2}},
+		// Reported: its ban pages are still named, no verdict follows.
+		{"a", "s3.com", 403, "", "blocked", nil},
+		{"a", "s3.com", 451, "", "gone", nil},
+		// A 403 with a captcha matches two rules: the first names it.
+		{"b", "s1.com", 403, "captcha", "blocked", &Verdict{Proxy: "b", Rule: "blocked", Action: events.BanActionCooldown, Site: "s1.com", Cooldown: time.Hour, Matches: 1}},
+	} {
+		match, v, ok := d.Observe(c.proxy, c.site, rules, c.status, nil, []byte(c.body))
+		if match != c.match || ok != (c.verdict != nil) || (ok && v != *c.verdict) {
+			t.Errorf("observation %d (%s on %s: %d %q): match %q verdict %+v %v; want %q %+v", i, c.proxy, c.site, c.status, c.body, match, v, ok, c.match, c.verdict)
+		}
+	}
+	if !d.Report("b") || d.Report("b") || d.Report("a") {
+		t.Error("Report: want true for b once, then false; false for the reported a")
+	}
+}
+
+// TestSweep: matches of sites never seen again leave the detector once
+// out of their window.
+func TestSweep(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	d := NewDetector(func() time.Time { return now })
+	rules := compile(t, events.BanRule{Name: "captcha", Body: "captcha", Action: events.BanActionCooldown, Threshold: 3, Window: events.Duration(time.Minute)})
+	for i := range 100 {
+		d.Observe("a", fmt.Sprintf("s%d.com", i), rules, 200, nil, []byte("captcha"))
+	}
+	if n := len(d.hits); n != 100 {
+		t.Fatalf("%d sites counted; want 100", n)
+	}
+	now = now.Add(2 * time.Minute)
+	d.Observe("a", "other.com", rules, 200, nil, []byte("fine"))
+	if n := len(d.hits); n != 0 {
+		t.Errorf("%d counts kept past their window; want 0", n)
 	}
 }

@@ -2,8 +2,10 @@
 // and fleet-pools views into the routing table, opens the pools' proxy
 // passwords the planner sealed to the gateway's key in
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
-// to the planner (through an [api.Client]), writes each pool's demand into
-// fleet-demand, and serves the fleet-gateway micro service (info, stats).
+// to the planner (through an [api.Client]), shares the per-site cooldowns
+// of proxies with the other gateways in fleet-gateway-cooldowns, writes
+// each pool's demand into fleet-demand, and serves the fleet-gateway micro
+// service (info, stats).
 package fleet
 
 import (
@@ -25,6 +27,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
 	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/cooldown"
 	"proxyfleet/services/gateway/internal/forward"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -54,6 +57,10 @@ type Config struct {
 	// Listen is the client address, reported by info.
 	Listen  string
 	Version string
+	// Cooldowns is the set of per-site cooldowns the forward server reads
+	// (forward.Config.Cooldowns); the Fleet adds the other gateways' to it
+	// (nil: a set of its own).
+	Cooldowns *cooldown.Set
 }
 
 // Fleet is the gateway's view of the fleet. Create it with [New], give
@@ -73,11 +80,19 @@ type Fleet struct {
 	synced   chan struct{}
 	syncOnce sync.Once
 	pending  int
+	// counted are the buckets whose first load counted toward synced.
+	counted map[string]bool
 
 	// planner takes the ban reports; bans queues them for Run.
 	planner    *api.Client
 	bans       chan banReport
 	banBackoff time.Duration
+
+	// cooldowns holds every gateway's per-site cooldowns; cools queues
+	// this gateway's for Run to share (cooldowns.go).
+	cooldowns     *cooldown.Set
+	cools         chan cooldown.Entry
+	cooldownRetry time.Duration
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -126,17 +141,28 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 	if cfg.Version == "" {
 		cfg.Version = buildinfo.Version
 	}
+	if cfg.Cooldowns == nil {
+		cfg.Cooldowns = cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
+	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
-		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3,
-		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff}, nil
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 4, counted: map[string]bool{},
+		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff,
+		cooldowns: cfg.Cooldowns, cools: make(chan cooldown.Entry, cooldownQueue), cooldownRetry: cooldownRetry}, nil
 }
 
-// Synced is closed once the gateway loaded the ready proxies, the pools
-// and the credentials present when it started.
+// Synced is closed once the gateway loaded the ready proxies, the pools,
+// the credentials and the cooldowns present when it started (or found it
+// cannot open the cooldowns bucket).
 func (f *Fleet) Synced() <-chan struct{} { return f.synced }
 
-func (f *Fleet) markSynced() {
+// markSynced counts the first load of bucket name toward synced.
+func (f *Fleet) markSynced(name string) {
 	f.mu.Lock()
+	if f.counted[name] {
+		f.mu.Unlock()
+		return
+	}
+	f.counted[name] = true
 	f.pending--
 	done := f.pending == 0
 	f.mu.Unlock()
@@ -313,6 +339,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		f.demandLoop(ctx, demand, creds)
 	}()
 	wg.Go(func() { f.reportBans(ctx) })
+	wg.Go(func() { f.runCooldowns(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -334,7 +361,7 @@ func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, a
 					reset(seen)
 					if first {
 						first = false
-						f.markSynced()
+						f.markSynced(name)
 					}
 					return
 				}

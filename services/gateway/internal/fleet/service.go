@@ -1,6 +1,9 @@
 package fleet
 
 import (
+	"slices"
+	"time"
+
 	"github.com/nats-io/nats.go/micro"
 
 	"proxyfleet/pkg/events"
@@ -29,6 +32,9 @@ type PoolInfo struct {
 	Strategy string   `json:"strategy"`
 	Sessions int      `json:"sessions"`
 	BanRules []string `json:"banRules,omitempty"`
+	// Cooled lists, per site, the proxies kept off it now (cooldown ban
+	// rules, every gateway's).
+	Cooled map[string][]string `json:"cooled,omitempty"`
 	// Credentials is "none", "ok" or why the password does not open.
 	Credentials string `json:"credentials"`
 }
@@ -43,8 +49,22 @@ type Stats struct {
 
 func (f *Fleet) info() Info {
 	out := Info{Name: f.cfg.Name, Version: f.cfg.Version, Listen: f.cfg.Listen, Key: seal.Public(f.cfg.Key), Pools: map[string]PoolInfo{}}
+	cooled := map[string]map[string][]string{}
+	now := time.Now()
+	for _, e := range f.cooldowns.Entries() {
+		if !now.Before(e.Until) {
+			continue
+		}
+		if cooled[e.Pool] == nil {
+			cooled[e.Pool] = map[string][]string{}
+		}
+		cooled[e.Pool][e.Site] = append(cooled[e.Pool][e.Site], e.Proxy)
+	}
 	for _, name := range f.poolNames() {
-		pi := PoolInfo{Ready: []string{}, Strategy: f.table.Spec(name).StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none"}
+		pi := PoolInfo{Ready: []string{}, Strategy: f.table.Spec(name).StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none", Cooled: cooled[name]}
+		for _, ids := range pi.Cooled {
+			slices.Sort(ids)
+		}
 		for _, x := range f.table.Ready(name) {
 			pi.Ready = append(pi.Ready, x.ID)
 		}

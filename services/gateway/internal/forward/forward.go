@@ -3,7 +3,9 @@
 // client, picks a ready proxy of the pool its username names
 // (route.Table), relays the request through that proxy with the pool's
 // own credentials, retries a failed attempt on another proxy, shows plain
-// HTTP responses to the pool's ban rules, and counts what it carried.
+// HTTP responses to the pool's ban rules (retrying a ban page on another
+// proxy, keeping a proxy a site banned off that site), and counts what it
+// carried.
 //
 // What it learns of the fleet (credentials, ban rules) and what it tells
 // the fleet (suspect proxies, bans) go through [Fleet]; the NATS side
@@ -22,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,12 +36,27 @@ import (
 	"proxyfleet/pkg/hop"
 	"proxyfleet/pkg/idle"
 	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/cooldown"
 	"proxyfleet/services/gateway/internal/route"
+	"proxyfleet/services/gateway/internal/site"
 )
 
 // ProxyHeader names the proxy that carried a plain HTTP response (and a
 // CONNECT tunnel, in the 200 that opens it).
 const ProxyHeader = "X-Proxyfleet-Proxy"
+
+// AttemptsHeader is on every answer to a plain HTTP request, relayed or
+// the gateway's own: how many proxies the request was sent through.
+const AttemptsHeader = "X-Proxyfleet-Attempts"
+
+// BannedHeader names the ban rule a relayed response matched: no attempt
+// was left to try another proxy, so the crawler gets the last ban page.
+const BannedHeader = "X-Proxyfleet-Banned"
+
+// maxHeldBan is the largest ban page kept whole while the request is
+// retried, delivered when no later attempt answers; the connection of a
+// larger one is closed instead of drained.
+const maxHeldBan = events.BanBodyLimit
 
 // maxReplayBody is the largest request body kept so a failed attempt can
 // be repeated on another proxy; a request with a larger body is sent once.
@@ -59,6 +77,14 @@ type Fleet interface {
 	Suspect(id, reason string)
 	// Banned reports a proxy a ban rule found banned. It must not block.
 	Banned(pool string, v ban.Verdict)
+}
+
+// CooldownSharer is an optional capability of a [Fleet]: it tells the
+// other gateways of a cooldown this server decided (package fleet writes
+// it to the fleet-gateway-cooldowns bucket, and adds theirs to the
+// server's [Config.Cooldowns]). It must not block.
+type CooldownSharer interface {
+	ShareCooldown(e cooldown.Entry)
 }
 
 // ownLimit reports whether a dial failed for want of this process's or
@@ -109,6 +135,9 @@ type Config struct {
 	// TunnelIdleTimeout closes a CONNECT tunnel that carried nothing
 	// either way for as long (idle.Tunnel); 0: unbounded.
 	TunnelIdleTimeout time.Duration
+	// Cooldowns are the proxies kept off a site, shared with the Fleet
+	// (nil: a set of this server's own).
+	Cooldowns *cooldown.Set
 }
 
 // Server is the gateway's http.Handler.
@@ -163,6 +192,9 @@ func New(cfg Config) *Server {
 	if cfg.Cooldown <= 0 {
 		cfg.Cooldown = 10 * time.Second
 	}
+	if cfg.Cooldowns == nil {
+		cfg.Cooldowns = cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
+	}
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	s := &Server{
 		cfg:      cfg,
@@ -214,6 +246,10 @@ func (s *Server) Close() { s.transport.CloseIdleConnections() }
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		// Refused before any attempt; relay counts them from here.
+		w.Header().Set(AttemptsHeader, "0")
+	}
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		http.Error(w, "proxyfleet gateway: this is a forward proxy; send absolute-form requests (GET http://host/path) or CONNECT host:port, with Proxy-Authorization naming the pool", http.StatusBadRequest)
 		return
@@ -338,9 +374,11 @@ func replayBody(r *http.Request) (body []byte, rest io.Reader, ok bool, err erro
 }
 
 // relay sends a plain HTTP request through a proxy of target's pool,
-// trying others when the proxy fails before answering.
+// trying others when the proxy fails before answering or relays a ban page
+// (a response a ban rule matches). Every answer carries [AttemptsHeader].
 func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Target) {
 	start := time.Now()
+	w.Header().Set(AttemptsHeader, "0")
 	r.Body = idle.Body(w, r, s.cfg.BodyTimeout)
 	if r.Body != nil {
 		defer func() { _ = r.Body.Close() }()
@@ -358,23 +396,84 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 	if !replayable {
 		retries = 0
 	}
-	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
-		return s.relayOnce(w, r, x, body, stream, last, start)
-	})
+	host := r.URL.Host
+	if host == "" {
+		host = r.Host
+	}
+	a := &attempts{site: site.Key(host)}
+	s.tryProxies(w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
+		a.made++
+		a.tried = append(a.tried, x.ID)
+		w.Header().Set(AttemptsHeader, strconv.Itoa(a.made))
+		return s.relayOnce(w, r, x, body, stream, last, start, a)
+	}, func() bool { return a.deliverHeld(w) })
 }
 
-// tryProxies calls once with a proxy of target's pool, then, while once
-// returns false (the attempt failed and another may be made), with
-// another proxy not tried yet, up to retries times more; last tells once
-// that no attempt follows. Without a proxy to try, the request fails with
-// 503.
-func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries int, start time.Time, once func(x route.Proxy, last bool) bool) {
+// attempts is what the attempts of one plain HTTP request share.
+type attempts struct {
+	site string
+	made int
+	// tried are the proxies tried so far, the current one included.
+	tried []string
+	// held is the last ban page whose request was retried, delivered
+	// when no later attempt answers.
+	held *heldBan
+}
+
+// heldBan is a ban page kept whole while its request is retried.
+type heldBan struct {
+	proxy  string
+	rule   string
+	status int
+	header http.Header
+	body   []byte
+}
+
+// deliverHeld answers with the held ban page, if any.
+func (a *attempts) deliverHeld(w http.ResponseWriter) bool {
+	if a.held == nil {
+		return false
+	}
+	h := w.Header()
+	for k, vs := range a.held.header {
+		h[k] = vs
+	}
+	a.setHeaders(h, a.held.proxy, a.held.rule)
+	w.WriteHeader(a.held.status)
+	_, _ = w.Write(a.held.body)
+	return true
+}
+
+// setHeaders sets the gateway's own headers on a relayed response (over
+// any copy the origin sent): the proxy, the attempts and, for a ban page,
+// the rule it matched.
+func (a *attempts) setHeaders(h http.Header, proxy, rule string) {
+	h.Set(ProxyHeader, proxy)
+	h.Set(AttemptsHeader, strconv.Itoa(a.made))
+	h.Del(BannedHeader)
+	if rule != "" {
+		h.Set(BannedHeader, rule)
+	}
+}
+
+// tryProxies calls once with a proxy of target's pool that is not cooled
+// for site (site.Key of the request's host), then, while once returns
+// false (the attempt failed, or relayed a ban page, and another may be
+// made), with another proxy not tried yet, up to retries times more; last
+// tells once that no attempt follows. When the attempts end without an
+// answer, held (when not nil) may answer with what an earlier attempt
+// held back; otherwise the request fails: 429 when the only proxies left
+// are cooled for site, 503 when none is ready.
+func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, site string, retries int, start time.Time, once func(x route.Proxy, last bool) bool, held func() bool) {
 	var tried []string
-	for attempt := 0; ; attempt++ {
-		x, err := s.cfg.Table.Pick(target, tried...)
+	for attempt := 0; attempt <= retries; attempt++ {
+		cooled, until := s.cfg.Cooldowns.Cooled(target.Pool, site)
+		x, err := s.cfg.Table.Pick(target, append(cooled, tried...)...)
 		if err != nil {
-			s.fail(target.Pool, "", "no_proxy", start)
-			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
+			if held != nil && held() {
+				return
+			}
+			s.noProxy(w, target, site, cooled, until, err, start)
 			return
 		}
 		done := once(x, attempt >= retries)
@@ -384,12 +483,45 @@ func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries 
 		}
 		tried = append(tried, x.ID)
 	}
+	// Only a relayed request's last attempt ends without an answer, and
+	// only with a ban page held.
+	if held == nil || !held() {
+		s.fail(target.Pool, "", "no_proxy", start)
+		http.Error(w, "proxyfleet gateway: every attempt failed", http.StatusBadGateway)
+	}
 }
 
-// relayOnce makes one attempt through x. It returns false when the attempt
-// failed before anything reached the client and another may be made
-// (never when last).
-func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy, body []byte, stream io.Reader, last bool, start time.Time) bool {
+// noProxy answers a request no proxy is left to try for: 429 when ready
+// proxies are left but cooled for the request's site, until the first of
+// their cooldowns ends; 503 otherwise.
+func (s *Server) noProxy(w http.ResponseWriter, target route.Target, siteKey string, cooled []string, until time.Time, err error, start time.Time) {
+	ready := 0
+	for _, x := range s.cfg.Table.Ready(target.Pool) {
+		if slices.Contains(cooled, x.ID) {
+			ready++
+		}
+	}
+	if ready == 0 {
+		s.fail(target.Pool, "", "no_proxy", start)
+		http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	wait := max(time.Until(until), 0)
+	secs := max(int((wait+time.Second-1)/time.Second), 1)
+	s.fail(target.Pool, "", "site_cooldown", start)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	http.Error(w, fmt.Sprintf("proxyfleet gateway: site %s banned the %d ready proxies of pool %q left to try (a cooldown ban rule matched their answers there); the first is usable there again in %ds", siteKey, ready, target.Pool, secs), http.StatusTooManyRequests)
+}
+
+// relayOnce makes one attempt through x. It returns false when another
+// attempt may be made: the attempt failed before anything reached the
+// client (never when last, unless a ban page is held for the client), or
+// x relayed a ban page (never when last, nor when no other proxy is left
+// to try).
+func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy, body []byte, stream io.Reader, last bool, start time.Time, a *attempts) bool {
+	// final: no attempt follows, and none held a ban page back to answer
+	// with instead of this attempt's failure.
+	final := last && a.held == nil
 	u, err := s.upstreamURL(x)
 	if err != nil {
 		// Not the proxy's fault: every proxy of the pool shares it.
@@ -417,34 +549,40 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		if refusal := answer.get(); refusal != nil && refusal.StatusCode != http.StatusOK && r.Context().Err() == nil {
 			// The proxy answered the CONNECT for an https:// request
 			// and refused it: like a tunnel's refusal, it is relayed.
-			return s.connectRefused(w, x, refusal, last, start)
+			return s.connectRefused(w, x, refusal, final, start)
 		}
-		return s.unreachable(w, r, x, err, last, start)
+		return s.unreachable(w, r, x, err, final, start)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	if proxyFailed(resp) && !last {
+	if proxyFailed(resp) && !final {
 		s.suspect(x, fmt.Sprintf("gateway: the proxy answered %d", resp.StatusCode))
 		s.fail(x.Pool, x.ID, "proxy_status", start)
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return false
 	}
 	var head []byte
+	var banned string
 	if rules := s.cfg.Fleet.Rules(x.Pool); len(rules) > 0 {
 		if ban.NeedsBody(rules) {
 			head, _ = io.ReadAll(io.LimitReader(resp.Body, events.BanBodyLimit))
 		}
-		if v, banned := s.detector.Observe(x.ID, rules, resp.StatusCode, resp.Header, head); banned {
-			s.stats.ban(x, v.Rule)
-			s.cfg.Log.Info("proxy banned by rule", "proxy", x.ID, "pool", x.Pool, "rule", v.Rule, "matches", v.Matches)
-			s.cfg.Fleet.Banned(x.Pool, v)
+		match, v, verdict := s.detector.Observe(x.ID, a.site, rules, resp.StatusCode, resp.Header, head)
+		if verdict {
+			s.verdict(x, v)
 		}
+		if match != "" && !last && s.otherProxy(x.Pool, a) {
+			a.hold(x, match, resp, head, listed.Fields())
+			s.fail(x.Pool, x.ID, "banned", start)
+			return false
+		}
+		banned = match
 	}
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
 	hop.Remove(h, listed.Fields()...)
-	h.Set(ProxyHeader, x.ID)
+	a.setHeaders(h, x.ID, banned)
 	w.WriteHeader(resp.StatusCode)
 	n, _ := w.Write(head)
 	buf := copyBufs.Get().(*[]byte)
@@ -457,13 +595,83 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		up = r.ContentLength
 	}
 	outcome := "ok"
-	if copyErr != nil {
+	switch {
+	case copyErr != nil:
 		outcome = "aborted"
-	} else if proxyFailed(resp) {
+	case proxyFailed(resp):
 		outcome = "proxy_status"
+	case banned != "":
+		outcome = "banned"
 	}
 	s.stats.done(x, outcome, up, int64(n)+m, time.Since(start))
 	return true
+}
+
+// otherProxy reports whether pool has a ready proxy that a's request did
+// not try and that is not cooled for its site: only then is a ban page
+// held back for another attempt.
+func (s *Server) otherProxy(pool string, a *attempts) bool {
+	cooled, _ := s.cfg.Cooldowns.Cooled(pool, a.site)
+	for _, x := range s.cfg.Table.Ready(pool) {
+		if !slices.Contains(a.tried, x.ID) && !slices.Contains(cooled, x.ID) {
+			return true
+		}
+	}
+	return false
+}
+
+// hold reads the rest of a ban page x relayed, whose request is retried:
+// one of at most maxHeldBan bytes is kept (its connection reused), in
+// place of an earlier one; the connection of a larger one is closed
+// unread. listed are the fields the response's Connection header listed,
+// dropped as when it is relayed.
+func (a *attempts) hold(x route.Proxy, rule string, resp *http.Response, head []byte, listed []string) {
+	rest, err := io.ReadAll(io.LimitReader(resp.Body, int64(maxHeldBan-len(head)+1)))
+	if err != nil || len(head)+len(rest) > maxHeldBan {
+		return
+	}
+	header := resp.Header.Clone()
+	hop.Remove(header, listed...)
+	a.held = &heldBan{proxy: x.ID, rule: rule, status: resp.StatusCode, header: header, body: append(head, rest...)}
+}
+
+// verdict acts on a ban rule's verdict on x: a cooldown keeps x off the
+// site; a retire verdict reports x banned.
+func (s *Server) verdict(x route.Proxy, v ban.Verdict) {
+	s.stats.ban(x, v.Rule)
+	if v.Action == events.BanActionCooldown {
+		s.cool(x, v)
+		return
+	}
+	s.cfg.Log.Info("proxy banned by rule", "proxy", x.ID, "pool", x.Pool, "rule", v.Rule, "matches", v.Matches)
+	s.cfg.Fleet.Banned(x.Pool, v)
+}
+
+// cool keeps x off the site of a cooldown verdict, tells the other
+// gateways, and reports x banned when it is now cooled on the pool's
+// retireAfterSites distinct sites within its window.
+func (s *Server) cool(x route.Proxy, v ban.Verdict) {
+	now := time.Now()
+	e := cooldown.Entry{Proxy: x.ID, Pool: x.Pool, Site: v.Site, Rule: v.Rule, At: now, Until: now.Add(v.Cooldown)}
+	if !s.cfg.Cooldowns.Add(e) {
+		return
+	}
+	s.cfg.Log.Info("proxy cooled for a site", "proxy", x.ID, "pool", x.Pool, "site", v.Site, "rule", v.Rule, "for", v.Cooldown.String())
+	if sh, ok := s.cfg.Fleet.(CooldownSharer); ok {
+		sh.ShareCooldown(e)
+	}
+	spec := s.cfg.Table.Spec(x.Pool)
+	limit := spec.RetireAfterSitesOrDefault()
+	if limit == 0 {
+		return
+	}
+	n := s.cfg.Cooldowns.Sites(x.ID, spec.RetireAfterSitesWindowOrDefault())
+	if n < limit || !s.detector.Report(x.ID) {
+		return
+	}
+	reason := fmt.Sprintf("cooled on %d sites", n)
+	s.cfg.Log.Info("proxy banned: cooled on too many sites", "proxy", x.ID, "pool", x.Pool, "sites", n, "within", spec.RetireAfterSitesWindowOrDefault().String())
+	s.cfg.Fleet.Banned(x.Pool, ban.Verdict{Proxy: x.ID, Rule: reason, Action: events.BanActionRetire, Matches: n})
 }
 
 // unreachable handles an attempt whose proxy could not be reached (or
@@ -536,9 +744,9 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 		return
 	}
 	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
+	s.tryProxies(w, target, site.Key(r.Host), retries, start, func(x route.Proxy, last bool) bool {
 		return s.tunnelOnce(w, hj, r, x, last, start)
-	})
+	}, nil)
 }
 
 // tunnelOnce makes one attempt at a tunnel through x; it returns false

@@ -51,11 +51,17 @@ func presence(spec *events.PoolSpec, present map[string]bool) []events.FieldErro
 		for i, r := range g.BanRules {
 			f := fmt.Sprintf("gateway.banRules[%d]", i)
 			if present[f+".threshold"] && r.Threshold == 0 {
-				v.Add(f+".threshold", fmt.Sprintf("must be 1 or more (leave it out for the default %d)", events.DefaultBanThreshold), "0")
+				v.Add(f+".threshold", fmt.Sprintf("must be 1 or more (leave it out for the default %d)", r.ThresholdOrDefault()), "0")
 			}
 			if present[f+".window"] && r.Window == 0 {
 				v.Add(f+".window", "must be at least 1s (leave it out for the default "+events.DefaultBanWindow.String()+")", "0s")
 			}
+			if present[f+".cooldown"] && r.Cooldown == 0 {
+				v.Add(f+".cooldown", "must be at least "+events.MinBanCooldown.String()+" (leave it out for the default "+events.DefaultBanCooldown.String()+")", "0s")
+			}
+		}
+		if present["gateway.retireAfterSitesWindow"] && g.RetireAfterSitesWindow == 0 {
+			v.Add("gateway.retireAfterSitesWindow", "must be at least "+events.MinRetireAfterSitesWindow.String()+" (leave it out for the default "+events.DefaultRetireAfterSitesWindow.String()+")", "0s")
 		}
 	}
 	if spec.Autoscale != nil {

@@ -1,9 +1,9 @@
 # Reads `go test -bench` output and prints, for every benchmark that has a
-# "baseline" sub-benchmark, each other sub-benchmark's ns/op (and rss-MB,
-# where reported) as a ratio of that baseline measured in the same run;
-# then every fraction of a ceiling a benchmark reports itself (a metric
-# whose unit ends in -x-ceiling, e.g. BenchmarkConvergeEndToEnd's
-# running-x-ceiling and ready-x-ceiling).
+# "baseline" sub-benchmark, each other sub-benchmark's ns/op (and rss-MB
+# and fe-cpu-us/req, where reported) as a ratio of that baseline measured
+# in the same run; then every fraction of a ceiling a benchmark reports
+# itself (a metric whose unit ends in -x-ceiling, e.g.
+# BenchmarkConvergeEndToEnd's running-x-ceiling and ready-x-ceiling).
 /^Benchmark[^ ]*\/[^ ]* / {
 	name = $1
 	sub(/-[0-9]+$/, "", name)
@@ -13,6 +13,7 @@
 	for (i = 2; i <= NF; i++) {
 		if ($(i) == "ns/op") { ns[group SUBSEP leaf] += $(i - 1); nns[group SUBSEP leaf]++ }
 		if ($(i) == "rss-MB") { rss[group SUBSEP leaf] += $(i - 1); nrss[group SUBSEP leaf]++ }
+		if ($(i) == "fe-cpu-us/req") { fecpu[group SUBSEP leaf] += $(i - 1); nfecpu[group SUBSEP leaf]++ }
 		if ($(i) ~ /-x-ceiling$/) ceil[++nceil] = sprintf("  %-56s %8.3f", name " " $(i), $(i - 1))
 	}
 	if (!(group in seen)) { seen[group] = 1; order[++n] = group }
@@ -42,6 +43,7 @@ END {
 	print "ratios against the baseline of the same run (lower is better):"
 	ratios(ns, nns, "ns/op")
 	ratios(rss, nrss, "rss-MB")
+	ratios(fecpu, nfecpu, "fe-cpu-us/req")
 	if (nceil > 0) {
 		print ""
 		print "fractions of the JetStream ceiling of the same run (higher is better):"

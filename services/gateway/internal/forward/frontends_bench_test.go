@@ -123,6 +123,7 @@ func newFrontEnds(b *testing.B) *frontEnds {
 // frontEnd is one front end under test, running in a process of its own.
 type frontEnd struct {
 	name    string // the sub-benchmark's
+	what    string // squid, haproxy or gateway, for messages
 	addr    string
 	pid     int
 	gateway bool // its answers name the proxy that carried them
@@ -160,22 +161,22 @@ func frontEndClient(addr string, conns int) *http.Client {
 func (h *frontEnds) get(c *http.Client, fe *frontEnd) error {
 	resp, err := c.Get(h.origin)
 	if err != nil {
-		return fmt.Errorf("%s: %w", fe.name, err)
+		return fmt.Errorf("%s: %w", fe.what, err)
 	}
 	n, err := io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	proxy := resp.Header.Get(forward.ProxyHeader)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%s: reading the body of %s: %w", fe.name, h.origin, err)
+		return fmt.Errorf("%s: reading the body of %s: %w", fe.what, h.origin, err)
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("%s: GET %s: status %s, want 200", fe.name, h.origin, resp.Status)
+		return fmt.Errorf("%s: GET %s: status %s, want 200", fe.what, h.origin, resp.Status)
 	case n != int64(len(benchBody)):
-		return fmt.Errorf("%s: GET %s: %d bytes of body, want %d", fe.name, h.origin, n, len(benchBody))
+		return fmt.Errorf("%s: GET %s: %d bytes of body, want %d", fe.what, h.origin, n, len(benchBody))
 	case fe.gateway && !slices.Contains(benchProxyIDs(frontEndProxies), proxy):
-		return fmt.Errorf("%s: GET %s: %s %q, want one of %q", fe.name, h.origin, forward.ProxyHeader, proxy, benchProxyIDs(frontEndProxies))
+		return fmt.Errorf("%s: GET %s: %s %q, want one of %q", fe.what, h.origin, forward.ProxyHeader, proxy, benchProxyIDs(frontEndProxies))
 	case !fe.gateway && proxy != "":
-		return fmt.Errorf("%s: GET %s: %s %q, want none", fe.name, h.origin, forward.ProxyHeader, proxy)
+		return fmt.Errorf("%s: GET %s: %s %q, want none", fe.what, h.origin, forward.ProxyHeader, proxy)
 	}
 	return nil
 }
@@ -204,14 +205,14 @@ func (h *frontEnds) checkSpread(b *testing.B, fe *frontEnd, before []int64, sent
 		sum += got[i]
 	}
 	if sum < int64(sent) {
-		b.Fatalf("%s: the upstream proxies got %d requests (%v) of the %d sent: some were answered without them", fe.name, sum, got, sent)
+		b.Fatalf("%s: the upstream proxies got %d requests (%v) of the %d sent: some were answered without them", fe.what, sum, got, sent)
 	}
 	if sent < 10*len(got) {
 		return
 	}
 	for i, n := range got {
 		if n < int64(sent/len(got)/2) {
-			b.Fatalf("%s: upstream proxy %d got %d of %d requests (all: %v): the front end does not spread requests over every proxy", fe.name, i+1, n, sent, got)
+			b.Fatalf("%s: upstream proxy %d got %d of %d requests (all: %v): the front end does not spread requests over every proxy", fe.what, i+1, n, sent, got)
 		}
 	}
 }
@@ -221,10 +222,10 @@ func (h *frontEnds) checkSpread(b *testing.B, fe *frontEnd, before []int64, sent
 // after another that it routes through every upstream proxy.
 func (h *frontEnds) waitReady(b *testing.B, fe *frontEnd, exited <-chan struct{}, output func() string) {
 	b.Helper()
-	testwait.Until(b, 30*time.Second, fe.name+" listening on "+fe.addr, func() bool {
+	testwait.Until(b, 30*time.Second, fe.what+" listening on "+fe.addr, func() bool {
 		select {
 		case <-exited:
-			b.Fatalf("%s exited before it listened:\n%s", fe.name, output())
+			b.Fatalf("%s exited before it listened:\n%s", fe.what, output())
 		default:
 		}
 		c, err := net.Dial("tcp", fe.addr)
@@ -333,7 +334,7 @@ func processCPU(b *testing.B, pid int) time.Duration {
 func (h *frontEnds) startGateway(b *testing.B) *frontEnd {
 	b.Helper()
 	g := startHelper(b, "gateway", strings.Join(h.addrs, ","))
-	fe := &frontEnd{name: "gateway", addr: g.addr, pid: g.cmd.Process.Pid, gateway: true, stop: g.stop}
+	fe := &frontEnd{name: "gateway", what: "gateway", addr: g.addr, pid: g.cmd.Process.Pid, gateway: true, stop: g.stop}
 	exited := make(chan struct{}) // the helper's own checks stop it on error
 	h.waitReady(b, fe, exited, func() string { return "" })
 	return fe
@@ -382,7 +383,7 @@ func (h *frontEnds) startSquid(b *testing.B, squid string) *frontEnd {
 	if err := squidtest.Parse(squid, path); err != nil {
 		b.Fatal(err)
 	}
-	return h.startProcess(b, "baseline", addr.String(), exec.Command(squid, "-N", "-d", "1", "-f", path), nil)
+	return h.startProcess(b, "squid", addr.String(), exec.Command(squid, "-N", "-d", "1", "-f", path), nil)
 }
 
 // startHAProxy starts HAProxy in HTTP mode with one backend, the proxies
@@ -421,13 +422,13 @@ func (h *frontEnds) startHAProxy(b *testing.B, haproxy string) *frontEnd {
 	if err := os.WriteFile(path, []byte(conf.String()), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	return h.startProcess(b, "baseline", ln.Addr().String(), exec.Command(haproxy, "-db", "-f", path), f)
+	return h.startProcess(b, "haproxy", ln.Addr().String(), exec.Command(haproxy, "-db", "-f", path), f)
 }
 
-// startProcess starts cmd serving addr, handing it listener as fd 3 when
+// startProcess starts cmd, the baseline front end what, serving addr, handing it listener as fd 3 when
 // not nil, waits until it is ready, and stops it (SIGTERM, then SIGKILL
 // after 10 seconds) when the benchmark ends or stop is called.
-func (h *frontEnds) startProcess(b *testing.B, name, addr string, cmd *exec.Cmd, listener *os.File) *frontEnd {
+func (h *frontEnds) startProcess(b *testing.B, what, addr string, cmd *exec.Cmd, listener *os.File) *frontEnd {
 	b.Helper()
 	var out testwait.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -457,7 +458,7 @@ func (h *frontEnds) startProcess(b *testing.B, name, addr string, cmd *exec.Cmd,
 		})
 	}
 	b.Cleanup(stop)
-	fe := &frontEnd{name: name, addr: addr, pid: cmd.Process.Pid, stop: func(*testing.B) { stop() }}
+	fe := &frontEnd{name: "baseline", what: what, addr: addr, pid: cmd.Process.Pid, stop: func(*testing.B) { stop() }}
 	output := func() string {
 		select {
 		case <-exited:

@@ -135,7 +135,11 @@ type frontEnd struct {
 func (h *frontEnds) compare(b *testing.B, fes ...*frontEnd) {
 	b.Helper()
 	for _, fe := range fes {
-		b.Run(fe.name, func(b *testing.B) { h.throughput(b, fe) })
+		// One client for every round, so that rounds after the first
+		// find their connections open.
+		c := frontEndClient(fe.addr, throughputClients)
+		b.Run(fe.name, func(b *testing.B) { h.throughput(b, fe, c) })
+		c.CloseIdleConnections()
 	}
 	for _, fe := range fes {
 		fe.stop(b)
@@ -248,10 +252,8 @@ func (h *frontEnds) waitReady(b *testing.B, fe *frontEnd, exited <-chan struct{}
 }
 
 // throughput is one round of a sub-benchmark: b.N requests from
-// [throughputClients] clients at once through fe.
-func (h *frontEnds) throughput(b *testing.B, fe *frontEnd) {
-	c := frontEndClient(fe.addr, throughputClients)
-	defer c.CloseIdleConnections()
+// [throughputClients] clients at once through fe, with c.
+func (h *frontEnds) throughput(b *testing.B, fe *frontEnd, c *http.Client) {
 	b.SetParallelism((throughputClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	var (
 		mu  sync.Mutex

@@ -1,6 +1,8 @@
 # Gateway tier: a real crawler through the crawler gateway. `make
 # test-gateway-scrapy` installs Debian's Scrapy and has it crawl a local
-# site of 200 pages through make run's gateway with HTTP_PROXY set.
+# site of 200 pages through make run's gateway with HTTP_PROXY set. `make
+# haproxy-install` installs the HAProxy the gateway's benchmarks compare it
+# with.
 
 SCRAPY ?= /usr/bin/scrapy
 
@@ -10,6 +12,18 @@ scrapy-install: ## install Debian's Scrapy for the gateway tier (root)
 	$(APT_INSTALL) python3-scrapy && $(SCRAPY) version
 
 DEBIAN_PACKAGES += python3-scrapy
+
+# HAProxy is a baseline of make bench: BenchmarkFrontEndVsHAProxy measures
+# the gateway against it (and BenchmarkFrontEndVsSquid against Squid, which
+# mk/local.mk installs). Without it that benchmark is skipped.
+HAPROXY ?= /usr/sbin/haproxy
+
+.PHONY: haproxy-install
+haproxy-install: ## install Debian's haproxy, a baseline of make bench (root; no system haproxy is started)
+	@if [ -x $(HAPROXY) ]; then echo "haproxy present: $$($(HAPROXY) -v | head -1)"; exit 0; fi; \
+	$(APT_INSTALL) haproxy && $(HAPROXY) -v | head -1
+
+DEBIAN_PACKAGES += haproxy
 
 .PHONY: test-gateway-scrapy
 test-gateway-scrapy: scrapy-install $(BIN)/nats ## Scrapy crawls a local site of 200 pages through make run's gateway (root; installs python3-scrapy)

@@ -16,6 +16,8 @@
 #   probe-replicas  BenchmarkProbeReplicas/two probes/s        BenchmarkProbeReplicas/baseline probes/s (one replica)
 #   probe-p99-late  BenchmarkProbes/fleet-15s p99-late-ms     1000 ms (goal)
 #   view-lag        BenchmarkLiveLag lag-ms                   1000 ms (goal)
+#   gw-vs-squid     BenchmarkFrontEndVsSquid/gateway req/s    BenchmarkFrontEndVsSquid/baseline req/s (Squid, round-robin parents)
+#   gw-vs-haproxy   BenchmarkFrontEndVsHAProxy/gateway req/s  BenchmarkFrontEndVsHAProxy/baseline req/s (HAProxy, roundrobin backend)
 #   rss-<service>   BenchmarkIdleRSS/<service> rss-MB         25 MB (goal)
 /^Benchmark/ {
 	name = $1
@@ -42,6 +44,8 @@ END {
 	row("probe-replicas", v["BenchmarkProbeReplicas/two" SUBSEP "probes/s"], v["BenchmarkProbeReplicas/baseline" SUBSEP "probes/s"], "probes/s", "probes/s", "(two health replicas against one, same cores)")
 	row("probe-p99-late", v["BenchmarkProbes/fleet-15s" SUBSEP "p99-late-ms"], 1000, "ms", "ms", "(goal < 1; 10k proxies every 15 s)")
 	row("view-lag", v["BenchmarkLiveLag" SUBSEP "lag-ms"], 1000, "ms", "ms", "(goal < 1; 10k-proxy burst)")
+	row("gw-vs-squid", v["BenchmarkFrontEndVsSquid/gateway" SUBSEP "req/s"], v["BenchmarkFrontEndVsSquid/baseline" SUBSEP "req/s"], "req/s", "req/s", "(gateway against Squid, 3 proxies, 32 clients; goal >= 1)")
+	row("gw-vs-haproxy", v["BenchmarkFrontEndVsHAProxy/gateway" SUBSEP "req/s"], v["BenchmarkFrontEndVsHAProxy/baseline" SUBSEP "req/s"], "req/s", "req/s", "(gateway against HAProxy, the same; goal >= 1)")
 	for (i = 1; i <= nrss; i++)
 		row("rss-" rss[i], v["BenchmarkIdleRSS/" rss[i] SUBSEP "rss-MB"], 25, "MB", "MB", "(goal <= 1)")
 }

@@ -205,12 +205,16 @@ func (h *benchHarness) check(b *testing.B) {
 	}
 }
 
-// newGateway serves a gateway routing pool [benchPool] to the proxy at
-// upstream, and returns its address.
-func newGateway(tb testing.TB, upstream string) (string, *benchFleet) {
+// newGateway serves a gateway routing pool [benchPool] to the proxies at
+// upstreams (by its default strategy, round-robin), and returns its
+// address. The first proxy's id is [benchProxyID], the others' that with
+// "-2", "-3"… appended ([benchProxyIDs]).
+func newGateway(tb testing.TB, upstreams ...string) (string, *benchFleet) {
 	tb.Helper()
 	table := route.NewTable(route.Limits{}, nil)
-	table.Set(route.Proxy{ID: benchProxyID, Pool: benchPool, Address: upstream})
+	for i, id := range benchProxyIDs(len(upstreams)) {
+		table.Set(route.Proxy{ID: id, Pool: benchPool, Address: upstreams[i]})
+	}
 	fleet := &benchFleet{}
 	srv := forward.New(forward.Config{
 		Table: table,
@@ -219,6 +223,18 @@ func newGateway(tb testing.TB, upstream string) (string, *benchFleet) {
 	})
 	tb.Cleanup(srv.Close)
 	return serve(tb, srv), fleet
+}
+
+// benchProxyIDs returns the ids [newGateway] gives n proxies.
+func benchProxyIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = benchProxyID
+		if i > 0 {
+			ids[i] += fmt.Sprintf("-%d", i+1)
+		}
+	}
+	return ids
 }
 
 // serve serves h on a loopback port, as cmd/gateway serves the gateway,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,10 @@ const tunnelsLimitMB = 500
 // its two sockets, and the pipe (two ends) that each direction's
 // io.Copy holds for splice(2) for as long as the tunnel is open.
 const fdsPerTunnel = 6
+
+// envProfileDir, when set, names a directory where every helper process
+// writes a CPU profile, <benchmark>-<role>.cpu.pprof.
+const envProfileDir = "PROXYFLEET_BENCH_PROFILE_DIR"
 
 // The environment of a helper process (see [TestForwardHelperProcess]).
 const (
@@ -214,10 +219,12 @@ func openFilesForTunnels(b *testing.B, want int) (int, string) {
 	return n, fmt.Sprintf("open files limit %d cannot be raised to %d (%v): holding %d tunnels, not %d (%d open files per tunnel in each proxy process); at-5000-MB extrapolates kB/tunnel; raise the hard limit (ulimit -Hn) to measure %d", lim.Max, need, err, n, want, fdsPerTunnel, want)
 }
 
-// TestForwardHelperProcess is not a test: BenchmarkGatewayTunnels runs
-// the test binary again with [helperRoleEnv] set to "upstream" or
-// "gateway" to serve that proxy in a process of its own. It prints
-// "listening <addr>" and serves until its stdin closes.
+// TestForwardHelperProcess is not a test: BenchmarkGatewayTunnels and
+// the front-end benchmarks run the test binary again with [helperRoleEnv]
+// set to "upstream" or "gateway" to serve that proxy in a process of its
+// own (a gateway routes to the proxies [helperUpstreamEnv] lists, comma
+// separated). It prints "listening <addr>" and serves until its stdin
+// closes.
 func TestForwardHelperProcess(t *testing.T) {
 	var addr string
 	switch role := os.Getenv(helperRoleEnv); role {
@@ -227,10 +234,10 @@ func TestForwardHelperProcess(t *testing.T) {
 		addr = serve(t, newUpstreamProxy(""))
 	case "gateway":
 		var fleet *benchFleet
-		addr, fleet = newGateway(t, os.Getenv(helperUpstreamEnv))
+		addr, fleet = newGateway(t, strings.Split(os.Getenv(helperUpstreamEnv), ",")...)
 		defer func() {
 			if n, reason := fleet.suspected(); n > 0 {
-				t.Errorf("the gateway reported the upstream proxy suspect %d times (last: %s)", n, reason)
+				t.Errorf("the gateway reported an upstream proxy suspect %d times (last: %s)", n, reason)
 			}
 		}()
 	default:
@@ -257,7 +264,13 @@ func startHelper(b *testing.B, role, upstream string) *helper {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^TestForwardHelperProcess$", "-test.count=1")
+	args := []string{"-test.run=^TestForwardHelperProcess$", "-test.count=1"}
+	if dir := os.Getenv(envProfileDir); dir != "" {
+		// The helper's profile is written when it stops; the benchmark's
+		// own -cpuprofile holds the clients and the upstream proxies.
+		args = append(args, "-test.cpuprofile="+filepath.Join(dir, fmt.Sprintf("%s-%s.cpu.pprof", strings.ReplaceAll(b.Name(), "/", "-"), role)))
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), helperRoleEnv+"="+role, helperUpstreamEnv+"="+upstream)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

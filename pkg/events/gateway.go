@@ -62,6 +62,13 @@ type GatewaySpec struct {
 	Retries *int `json:"retries,omitempty"`
 	// BanRules recognise a banned proxy by its responses.
 	BanRules []BanRule `json:"banRules,omitempty"`
+	// Intercept has the gateway terminate its clients' CONNECT tunnels
+	// itself, with a certificate of the fleet's gateway CA for the host,
+	// and carry each HTTPS request inside as it carries plain HTTP: per
+	// request routing, sessions, ban rules (bodies included), retries and
+	// stats. Clients must trust the gateway CA. Off by default: tunnels
+	// are opaque.
+	Intercept bool `json:"intercept,omitempty"`
 }
 
 // BanRule matches responses that show the proxy's address is banned. A

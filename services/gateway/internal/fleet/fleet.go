@@ -3,7 +3,9 @@
 // passwords the planner sealed to the gateway's key in
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
 // to the planner (through an [api.Client]), writes each pool's demand into
-// fleet-demand, and serves the fleet-gateway micro service (info, stats).
+// fleet-demand, loads (or creates) the fleet's gateway CA for intercepting
+// pools from fleet-gateway-ca, and serves the fleet-gateway micro service
+// (info, stats, ca).
 package fleet
 
 import (
@@ -54,6 +56,9 @@ type Config struct {
 	// Listen is the client address, reported by info.
 	Listen  string
 	Version string
+	// CAOut is a file the gateway CA's certificate (PEM) is written to,
+	// mode 0644, once it is loaded ("": none).
+	CAOut string
 }
 
 // Fleet is the gateway's view of the fleet. Create it with [New], give
@@ -78,6 +83,9 @@ type Fleet struct {
 	planner    *api.Client
 	bans       chan banReport
 	banBackoff time.Duration
+
+	// ca is the gateway CA of intercepting pools (ca.go).
+	ca gatewayCA
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -313,6 +321,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		f.demandLoop(ctx, demand, creds)
 	}()
 	wg.Go(func() { f.reportBans(ctx) })
+	wg.Go(func() { f.runCA(ctx) })
 	wg.Wait()
 	return nil
 }

@@ -572,7 +572,7 @@ func BenchmarkGatewayInterceptIdle(b *testing.B) {
 // one intercepting (with a CA of its own) and one not.
 type interceptBench struct {
 	*benchHarness
-	originCA, gatewayCA *x509.CertPool
+	originCA, gatewayCA  *x509.CertPool
 	opaque, intercepting string // the gateways' addresses
 	fleet                *benchFleet
 }

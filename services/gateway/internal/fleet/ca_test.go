@@ -3,8 +3,14 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -206,5 +212,95 @@ func TestCASealedToAnotherKey(t *testing.T) {
 	m, rerr := conn.NC.Request(events.GatewaySubject("gw2", events.GatewayCA), nil, 10*time.Second)
 	if rerr != nil || m.Header.Get(micro.ErrorCodeHeader) != "503" || !strings.Contains(m.Header.Get(micro.ErrorHeader), "--key-file") {
 		t.Errorf("ca endpoint of the gateway with another key: %v %v; want a 503 naming --key-file", m, rerr)
+	}
+}
+
+// connectProxy is a minimal forward proxy on loopback that tunnels
+// CONNECT, standing for a proxy of the fleet.
+func connectProxy(t *testing.T) string {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+			return
+		}
+		up, err := net.Dial("tcp", r.Host)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		down, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			_ = up.Close()
+			return
+		}
+		if n := rw.Reader.Buffered(); n > 0 {
+			b, _ := rw.Reader.Peek(n)
+			_, _ = up.Write(b)
+		}
+		go func() { _, _ = io.Copy(up, down); _ = up.Close() }()
+		_, _ = io.Copy(down, up)
+		_ = down.Close()
+	}))
+	t.Cleanup(s.Close)
+	return s.Listener.Addr().String()
+}
+
+// TestInterceptThroughTheFleet wires the gateway as its main does: a pool
+// with gateway.intercept in fleet-pools, a ready proxy, the CA the fleet
+// side loads; a client trusting the PEM the ca endpoint answers gets an
+// HTTPS page through the pool, with the proxy named.
+func TestInterceptThroughTheFleet(t *testing.T) {
+	conn := bustest.Start(t)
+	site := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "secure") }))
+	t.Cleanup(site.Close)
+	originRoots := x509.NewCertPool()
+	originRoots.AddCert(site.Certificate())
+
+	put(t, bucket(t, conn, bus.BucketPools), "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 1,
+		Gateway: &events.GatewaySpec{Intercept: true}}})
+	put(t, bucket(t, conn, bus.BucketProxies), "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: connectProxy(t)})
+
+	key, _ := seal.NewKey()
+	table := route.NewTable(route.Limits{}, nil)
+	f, err := New(conn, table, Config{Name: "gw1", Key: key, Listen: "127.0.0.1:8888"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := forward.New(forward.Config{Table: table, Fleet: f, Auth: func(string, string, string) (bool, error) { return true, nil },
+		CA: f, OriginRoots: originRoots})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.Run(ctx, srv) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	gw := httptest.NewServer(srv)
+	t.Cleanup(gw.Close)
+
+	var caPEM []byte
+	testwait.Until(t, 20*time.Second, "the ca endpoint to answer the CA and pool p to be loaded", func() bool {
+		m, err := conn.NC.Request(events.GatewaySubject("gw1", events.GatewayCA), nil, 5*time.Second)
+		if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+			return false
+		}
+		caPEM = m.Data
+		return f.Known("p") && len(table.IDs()) == 1
+	})
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("the ca endpoint answered no PEM certificate: %q", caPEM)
+	}
+	proxyURL, _ := url.Parse(gw.URL)
+	proxyURL.User = url.UserPassword("p", "x")
+	tr := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Get(site.URL + "/")
+	if err != nil {
+		t.Fatalf("HTTPS through the intercepting pool, trusting the fleet's CA: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "secure" || resp.Header.Get(forward.ProxyHeader) != "p-a" {
+		t.Errorf("through the intercepting pool: %d %q via %q; want 200 secure via p-a", resp.StatusCode, body, resp.Header.Get(forward.ProxyHeader))
 	}
 }

@@ -127,6 +127,8 @@ type Server struct {
 	transport *http.Transport
 	detector  *ban.Detector
 	stats     *Stats
+	// intercepted serves intercepted connections (intercept.go).
+	intercepted interceptServer
 }
 
 type upstreamKey struct{}
@@ -222,8 +224,12 @@ func (s *Server) Forget(id string) {
 // reach the planner.
 func (s *Server) Rearm(id string) { s.detector.Forget(id) }
 
-// Close releases idle connections to the proxies.
-func (s *Server) Close() { s.transport.CloseIdleConnections() }
+// Close releases idle connections to the proxies and closes intercepted
+// connections.
+func (s *Server) Close() {
+	s.intercepted.close()
+	s.transport.CloseIdleConnections()
+}
 
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.

@@ -57,8 +57,8 @@ func (s *Server) intercepts(pool string) bool {
 // none), offers HTTP/1.1 only, and serves the requests inside, each one as
 // a plain HTTP request to https://<CONNECT host> through [Server.relay]
 // with target: per-request routing, sessions, ban rules, retries and
-// stats apply as to plain HTTP. It returns when the client's connection
-// ends.
+// stats apply as to plain HTTP. It returns once the handshake is done,
+// handing the connection to the server of intercepted connections.
 func (s *Server) intercept(w http.ResponseWriter, r *http.Request, target route.Target) {
 	start := time.Now()
 	iss, err := s.issuer()
@@ -115,34 +115,47 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, target route.
 		s.cfg.Log.Debug("an intercepted client's TLS handshake failed (does it trust the gateway CA?)", "pool", target.Pool, "client", target.Client, "err", err)
 		return
 	}
-	l := &oneConnListener{conn: tc, addr: tc.LocalAddr(), done: make(chan struct{})}
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			s.serveIntercepted(w, r, target, urlHost)
-		}),
+	l, ok := s.intercepted.listener(s.newInterceptServer)
+	if !ok || !l.hand(&interceptedConn{Conn: tc, target: target, host: urlHost}) {
+		_ = tc.Close() // the gateway is stopping
+	}
+}
+
+// newInterceptServer returns the server of the requests inside every
+// intercepted connection.
+func (s *Server) newInterceptServer() *http.Server {
+	return &http.Server{
+		Handler:           http.HandlerFunc(s.serveIntercepted),
 		ReadHeaderTimeout: interceptHeaderTimeout,
 		MaxHeaderBytes:    interceptMaxHeader,
 		IdleTimeout:       s.cfg.TunnelIdleTimeout,
 		ErrorLog:          discardLog,
-		ConnState: func(_ net.Conn, st http.ConnState) {
-			if st == http.StateClosed || st == http.StateHijacked {
-				l.close()
-			}
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, interceptedKey{}, c)
 		},
 	}
-	_ = srv.Serve(l)
 }
 
 // serveIntercepted relays one request of an intercepted connection to
-// https://host.
-func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request, target route.Target, host string) {
+// https://<CONNECT host> with the CONNECT's target. The request counts as
+// one open connection of the pool while it is carried: an idle
+// intercepted connection holds no proxy.
+func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
+	ic, ok := r.Context().Value(interceptedKey{}).(*interceptedConn)
+	if !ok {
+		http.Error(w, "proxyfleet gateway: not an intercepted connection", http.StatusInternalServerError)
+		return
+	}
 	if r.Method == http.MethodConnect {
 		http.Error(w, "proxyfleet gateway: CONNECT inside an intercepted tunnel is not carried", http.StatusMethodNotAllowed)
 		return
 	}
+	ps := s.stats.pool(ic.target.Pool)
+	ps.begin()
+	defer ps.end()
 	r.URL.Scheme = "https"
-	r.URL.Host = host
-	s.relay(w, r, target)
+	r.URL.Host = ic.host
+	s.relay(w, r, ic.target)
 }
 
 func (s *Server) issuer() (*intercept.Issuer, error) {
@@ -200,33 +213,92 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// oneConnListener hands an http.Server one connection, then blocks until
-// close, so Serve returns once that connection ends.
-type oneConnListener struct {
-	mu   sync.Mutex
-	conn net.Conn
-	addr net.Addr
-	done chan struct{}
-	once sync.Once
+// interceptedKey is the context key of a request's [interceptedConn].
+type interceptedKey struct{}
+
+// interceptedConn is a client's connection once its TLS is terminated,
+// with what its CONNECT said: the target (pool, session, client) and the
+// host of the URLs of its requests.
+type interceptedConn struct {
+	net.Conn // a *tls.Conn, handshake done
+	target   route.Target
+	host     string
 }
 
-func (l *oneConnListener) Accept() (net.Conn, error) {
-	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
-	l.mu.Unlock()
-	if c != nil {
-		return c, nil
+// interceptServer is a [Server]'s one http.Server of intercepted
+// connections, started with the first: intercept hands it each
+// connection once its handshake is done and returns, so an idle
+// intercepted connection holds one goroutine and net/http's buffers of
+// it, no more.
+type interceptServer struct {
+	mu     sync.Mutex
+	l      *chanListener
+	srv    *http.Server
+	closed bool
+}
+
+// listener returns the listener of the server newServer makes, starting
+// it the first time; ok is false once the server was closed.
+func (is *interceptServer) listener(newServer func() *http.Server) (l *chanListener, ok bool) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	if is.closed {
+		return nil, false
 	}
-	<-l.done
-	return nil, net.ErrClosed
+	if is.l == nil {
+		is.l = &chanListener{conns: make(chan net.Conn), done: make(chan struct{})}
+		is.srv = newServer()
+		go func() { _ = is.srv.Serve(is.l) }()
+	}
+	return is.l, true
 }
 
-func (l *oneConnListener) close() { l.once.Do(func() { close(l.done) }) }
+// close stops the server and closes every intercepted connection.
+func (is *interceptServer) close() {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	is.closed = true
+	if is.srv != nil {
+		_ = is.srv.Close()
+	}
+}
 
-func (l *oneConnListener) Close() error {
-	l.close()
+// chanListener is a listener whose connections are handed to it.
+type chanListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+// hand gives c to the server; false when the listener is closed.
+func (l *chanListener) hand(c net.Conn) bool {
+	select {
+	case l.conns <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.done) })
 	return nil
 }
 
-func (l *oneConnListener) Addr() net.Addr { return l.addr }
+func (l *chanListener) Addr() net.Addr { return interceptAddr{} }
+
+// interceptAddr is the address of the listener of intercepted
+// connections, which listens nowhere.
+type interceptAddr struct{}
+
+func (interceptAddr) Network() string { return "intercepted" }
+func (interceptAddr) String() string  { return "intercepted" }

@@ -151,7 +151,7 @@ func LoadOrCreateCA(ctx context.Context, kv jetstream.KeyValue, key nkeys.KeyPai
 	}
 	var box events.Sealed
 	if err := json.Unmarshal(sealed, &box); err != nil {
-		return nil, fmt.Errorf("%s %s: the sealed CA key does not decode; delete both keys of the bucket (nats kv del %s %s; nats kv del %s %s) and restart a gateway to make a new CA",
+		return nil, fmt.Errorf("%s %s: the sealed CA key does not decode; delete both keys of the bucket (nats kv del %s %s; nats kv del %s %s) and restart the gateways to make a new CA",
 			bus.BucketGatewayCA, CAKeyKey, bus.BucketGatewayCA, CAKeyKey, bus.BucketGatewayCA, CACertKey)
 	}
 	der, err := seal.Open(key, &box)

@@ -462,7 +462,9 @@ done
 
 # The gateway, started last: it routes to the proxies health finds ready.
 gateway_log_from=$(stat -c %s "$RUN/logs/gateway.log" 2>/dev/null || echo 0)
-start gateway --nats-context "$NATS_DIR/gateway.json" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" "${gateway_metrics[@]}" "${gateway_flags[@]}"
+# --ca-out: the gateway CA's certificate, which clients of pools with
+# gateway.intercept trust (docs/gateway.md#interception-https).
+start gateway --nats-context "$NATS_DIR/gateway.json" --data-dir "$RUN/gateway" --listen "$GATEWAY_ADDR" --ca-out "$RUN/gateway-ca.pem" "${gateway_metrics[@]}" "${gateway_flags[@]}"
 gateway_addr=""
 for _ in $(seq 1 600); do
 	gateway_addr=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
@@ -524,6 +526,8 @@ cmd "curl -x http://<address> $echo_url" "a request through one proxy (address f
 cmd "curl -x http://demo:x@$gateway_addr -i $echo_url" "through the gateway: X-Proxyfleet-Proxy names the proxy"
 cmd "curl -x http://demo.session-abc:x@$gateway_addr -i $echo_url" "a sticky session: one proxy for session abc"
 cmd "nats req fleet.gateway.$gateway_name.stats ''" "the gateway's counters per pool and proxy"
+cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3,\"gateway\":{\"intercept\":true}}'" "HTTPS interception for demo"
+cmd "curl --cacert $RUN/gateway-ca.pem -x http://demo:x@$gateway_addr -i https://example.com/" "HTTPS seen by the gateway: X-Proxyfleet-Proxy per request (CA: $RUN/gateway-ca.pem)"
 cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":1}'" "scale down"
 cmd "nats req fleet.api.pool.delete '{\"name\":\"demo\"}'"
 cmd "nats sub --stream FLEET_EVENTS --all -T --raw" "the event log, the source of truth (JSON lines)"

@@ -35,6 +35,11 @@ const (
 	// gateway's cooldown rule (events.GatewayCooldown under
 	// events.CooldownKey), shared by every gateway.
 	BucketGatewayCooldowns = "fleet-gateway-cooldowns"
+	// BucketGatewayCA holds the fleet's gateway CA, which signs the
+	// certificates of intercepted HTTPS: key "cert" its certificate (PEM,
+	// public), key "key" its private key sealed to the gateways' curve
+	// key. The first gateway to start creates both.
+	BucketGatewayCA = "fleet-gateway-ca"
 	// BucketDemand holds the demand each gateway sees per pool
 	// (events.GatewayDemand under events.DemandKey), read by the planner
 	// to size autoscaled pools.
@@ -122,6 +127,7 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCreds, Description: "pool proxy passwords sealed to the gateway's curve key; the gateway's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCooldowns, Description: "proxies kept off a site by a gateway's cooldown rule, shared by every gateway; each entry ends at its until", History: 1, TTL: GatewayCooldownTTL, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketGatewayCA, Description: "the gateways' CA for intercepted HTTPS: its certificate under cert, its key sealed to the gateways' curve key under key", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketDemand, Description: "per-pool demand each gateway sees, read by the planner to autoscale pools", History: 1, TTL: DemandTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},

@@ -102,6 +102,13 @@ type GatewaySpec struct {
 	// RetireAfterSitesWindow is the span RetireAfterSites counts sites
 	// over (default 1h, 1m to 24h).
 	RetireAfterSitesWindow Duration `json:"retireAfterSitesWindow,omitempty"`
+	// Intercept has the gateway terminate its clients' CONNECT tunnels
+	// itself, with a certificate of the fleet's gateway CA for the host,
+	// and carry each HTTPS request inside as it carries plain HTTP: per
+	// request routing, sessions, ban rules (bodies included), retries and
+	// stats. Clients must trust the gateway CA. Off by default: tunnels
+	// are opaque.
+	Intercept bool `json:"intercept,omitempty"`
 }
 
 // BanRule matches responses that show the proxy's address is banned. A

@@ -22,7 +22,8 @@ func TestGatewaySpecValidate(t *testing.T) {
 		want []string // the exact validation messages, none when valid
 	}{
 		{"empty", events.GatewaySpec{}, nil},
-		{"full", events.GatewaySpec{Strategy: events.StrategyLeastConnections, SessionTTL: events.Duration(time.Minute), Retries: &three,
+		{"intercept", events.GatewaySpec{Intercept: true}, nil},
+		{"full", events.GatewaySpec{Strategy: events.StrategyLeastConnections, SessionTTL: events.Duration(time.Minute), Retries: &three, Intercept: true,
 			BanRules: []events.BanRule{{Name: "too-many", Status: []int{429, 403}}, {Name: "captcha", Body: "(?i)captcha", Threshold: 2, Window: events.Duration(30 * time.Second)}}}, nil},
 		{"strategy", events.GatewaySpec{Strategy: "fastest"}, []string{`gateway.strategy: must be round-robin, least-connections or random (got "fastest")`}},
 		{"retries", events.GatewaySpec{Retries: &eleven}, []string{`gateway.retries: must be between 0 and 10 (got "11")`}},
@@ -121,16 +122,25 @@ func TestGatewaySpecDefaults(t *testing.T) {
 func TestGatewaySpecRoundTrip(t *testing.T) {
 	one := 1
 	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "u", Password: "secret"},
-		Gateway: &events.GatewaySpec{Strategy: events.StrategyRandom, Retries: &one, BanRules: []events.BanRule{{Name: "x", Status: []int{429}}}}}
+		Gateway: &events.GatewaySpec{Strategy: events.StrategyRandom, Retries: &one, BanRules: []events.BanRule{{Name: "x", Status: []int{429}}}, Intercept: true}}
 	pub := spec.Public()
+	if !pub.Gateway.Intercept || !spec.Gateway.Clone().Intercept {
+		t.Errorf("intercept lost in the copy: %+v", pub.Gateway)
+	}
 	*pub.Gateway.Retries = 5
 	pub.Gateway.BanRules[0].Status[0] = 403
 	if *spec.Gateway.Retries != 1 || spec.Gateway.BanRules[0].Status[0] != 429 {
 		t.Fatalf("Public shares the gateway spec with the original: %+v", spec.Gateway)
 	}
 	raw, back := jsonRoundTrip(t, spec.Public())
-	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 {
+	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 || !back.Gateway.Intercept {
 		t.Errorf("round trip: %s", raw)
+	}
+	if !strings.Contains(string(raw), `"intercept":true`) {
+		t.Errorf("round trip: %s; want \"intercept\":true", raw)
+	}
+	if raw, _ := json.Marshal(events.GatewaySpec{Strategy: events.StrategyRandom}); strings.Contains(string(raw), "intercept") {
+		t.Errorf("a gateway spec without interception writes the field: %s", raw)
 	}
 	if raw, _ := json.Marshal(events.PoolSpec{Name: "demo", Provider: "local"}); strings.Contains(string(raw), "gateway") {
 		t.Errorf("a spec without gateway writes one: %s", raw)

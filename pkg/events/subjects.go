@@ -52,11 +52,14 @@ func AgentGroup(entry, target string) string { return agentPrefix + entry + "." 
 const (
 	GatewayInfo  = "info"
 	GatewayStats = "stats"
+	// GatewayCA answers the PEM of the fleet's gateway CA, the
+	// certificate clients of intercepting pools trust.
+	GatewayCA = "ca"
 )
 
 // GatewaySubject returns "fleet.gateway.<name>.<endpoint>", e.g.
-// "fleet.gateway.gw1.info": an endpoint of one gateway (endpoint is info
-// or stats).
+// "fleet.gateway.gw1.info": an endpoint of one gateway (endpoint is info,
+// stats or ca).
 func GatewaySubject(name, endpoint string) string { return GatewayGroup(name) + "." + endpoint }
 
 // GatewayGroup returns "fleet.gateway.<name>", the micro service group of

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -70,6 +71,10 @@ type flags struct {
 	loginFailures     int
 	loginFailureEvery time.Duration
 	loginCache        int
+
+	caOut       string
+	originCA    string
+	originRoots *x509.CertPool
 }
 
 func parse(args []string) (*flags, error) {
@@ -93,6 +98,8 @@ func parse(args []string) (*flags, error) {
 	fs.IntVar(&f.loginFailures, "login-failures", clients.DefaultFailureBurst, "failed logins one client address may make in a row before it is throttled (429 with Retry-After); with --clients-file")
 	fs.DurationVar(&f.loginFailureEvery, "login-failure-every", clients.DefaultFailureEvery, "how often a throttled client address gets one more try")
 	fs.IntVar(&f.loginCache, "login-cache", clients.DefaultCacheSize, "login verdicts (right and wrong) remembered for 5 minutes, so a repeated password costs no bcrypt; keyed by a keyed hash, never the password")
+	fs.StringVar(&f.caOut, "ca-out", "", "file to write the gateway CA's certificate (PEM, mode 0644) to once it is loaded: what clients of pools with gateway.intercept trust (curl --cacert FILE)")
+	fs.StringVar(&f.originCA, "origin-ca", "", "PEM bundle of CA certificates that origins' certificates are verified against besides the system's roots (https:// requests, intercepted ones included)")
 	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -130,6 +137,9 @@ func parse(args []string) (*flags, error) {
 		if err := fleet.CheckName(f.name); err != nil {
 			return nil, fmt.Errorf("--name: %w", err)
 		}
+	}
+	if f.originRoots, err = forward.OriginRoots(f.originCA); err != nil {
+		return nil, fmt.Errorf("--origin-ca: %w", err)
 	}
 	return &f, nil
 }
@@ -186,7 +196,7 @@ func run(f *flags) error {
 	table := route.NewTable(route.Limits{SessionsPerPool: f.sessionsPerPool, SessionsPerClient: f.sessionsPerClient}, nil)
 	cooldowns := cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
 	view, err := fleet.New(base.Conn, table, fleet.Config{
-		Name: f.name, Key: key, DemandInterval: f.demandInterval, Listen: addr, Version: buildinfo.Version,
+		Name: f.name, Key: key, DemandInterval: f.demandInterval, Listen: addr, Version: buildinfo.Version, CAOut: f.caOut,
 		Cooldowns: cooldowns,
 	}, log)
 	if err != nil {
@@ -197,6 +207,7 @@ func run(f *flags) error {
 		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout, Cooldown: f.cooldown,
 		BodyTimeout: f.bodyTimeout, TunnelIdleTimeout: f.tunnelIdle,
 		Cooldowns: cooldowns,
+		CA:        view, OriginRoots: f.originRoots,
 	})
 	defer srv.Close()
 
@@ -228,6 +239,7 @@ func run(f *flags) error {
 		}
 		log.Info("gateway serving", "listen", addr, "name", f.name, "auth", authMode,
 			"info", events.GatewaySubject(f.name, events.GatewayInfo), "stats", events.GatewaySubject(f.name, events.GatewayStats),
+			"ca", events.GatewaySubject(f.name, events.GatewayCA),
 			"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 		return serveHTTP(ctx)
 	}

@@ -4,8 +4,9 @@
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
 // to the planner (through an [api.Client]), shares the per-site cooldowns
 // of proxies with the other gateways in fleet-gateway-cooldowns, writes
-// each pool's demand into fleet-demand, and serves the fleet-gateway micro
-// service (info, stats).
+// each pool's demand into fleet-demand, loads (or creates) the fleet's
+// gateway CA for intercepting pools from fleet-gateway-ca, and serves the
+// fleet-gateway micro service (info, stats, ca).
 package fleet
 
 import (
@@ -61,6 +62,9 @@ type Config struct {
 	// (forward.Config.Cooldowns); the Fleet adds the other gateways' to it
 	// (nil: a set of its own).
 	Cooldowns *cooldown.Set
+	// CAOut is a file the gateway CA's certificate (PEM) is written to,
+	// mode 0644, once it is loaded ("": none).
+	CAOut string
 }
 
 // Fleet is the gateway's view of the fleet. Create it with [New], give
@@ -93,6 +97,8 @@ type Fleet struct {
 	cooldowns     *cooldown.Set
 	cools         chan cooldown.Entry
 	cooldownRetry time.Duration
+	// ca is the gateway CA of intercepting pools (ca.go).
+	ca gatewayCA
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -340,6 +346,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 	}()
 	wg.Go(func() { f.reportBans(ctx) })
 	wg.Go(func() { f.runCooldowns(ctx) })
+	wg.Go(func() { f.runCA(ctx) })
 	wg.Wait()
 	return nil
 }

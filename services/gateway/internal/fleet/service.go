@@ -89,6 +89,17 @@ func (f *Fleet) info() Info {
 	return out
 }
 
+// serveCA answers the gateway CA's certificate, PEM, or a 503 saying why
+// it is not known.
+func (f *Fleet) serveCA(req micro.Request) {
+	pem, err := f.CAPEM()
+	if err != nil {
+		_ = req.Error("503", err.Error(), nil)
+		return
+	}
+	_ = req.Respond(pem)
+}
+
 func (f *Fleet) stats() Stats {
 	return Stats{Name: f.cfg.Name, Pools: f.srv.Stats().Snapshot()}
 }
@@ -108,6 +119,9 @@ func (f *Fleet) startService() (micro.Service, error) {
 		return nil, err
 	}
 	if err := g.AddEndpoint(events.GatewayStats, micro.HandlerFunc(func(req micro.Request) { _ = req.RespondJSON(f.stats()) })); err != nil {
+		return nil, err
+	}
+	if err := g.AddEndpoint(events.GatewayCA, micro.HandlerFunc(f.serveCA)); err != nil {
 		return nil, err
 	}
 	return svc, nil

@@ -16,6 +16,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -133,11 +135,19 @@ type Config struct {
 	// arriving before the request is answered 408 (idle.Body); 0: unbounded.
 	BodyTimeout time.Duration
 	// TunnelIdleTimeout closes a CONNECT tunnel that carried nothing
-	// either way for as long (idle.Tunnel); 0: unbounded.
+	// either way for as long (idle.Tunnel), and an intercepted one that
+	// waited as long for its next request; 0: unbounded.
 	TunnelIdleTimeout time.Duration
 	// Cooldowns are the proxies kept off a site, shared with the Fleet
 	// (nil: a set of this server's own).
 	Cooldowns *cooldown.Set
+	// CA signs the certificates of intercepting pools' connections
+	// (gateway.intercept); nil: such pools are answered 503.
+	CA CA
+	// OriginRoots verifies the certificates of https:// origins (an
+	// absolute-form https:// request, or one inside an intercepted
+	// tunnel); nil: the system's roots ([OriginRoots]).
+	OriginRoots *x509.CertPool
 }
 
 // Server is the gateway's http.Handler.
@@ -146,6 +156,8 @@ type Server struct {
 	transport *http.Transport
 	detector  *ban.Detector
 	stats     *Stats
+	// intercepted serves intercepted connections (intercept.go).
+	intercepted interceptServer
 }
 
 type upstreamKey struct{}
@@ -217,6 +229,10 @@ func New(cfg Config) *Server {
 				}
 				return nil
 			},
+			// HTTP/1.1 to origins (no ForceAttemptHTTP2), verified
+			// against the system's roots and --origin-ca.
+			TLSClientConfig:       &tls.Config{RootCAs: cfg.OriginRoots, MinVersion: tls.VersionTLS12},
+			TLSHandshakeTimeout:   cfg.ResponseTimeout,
 			MaxIdleConns:          4096,
 			MaxIdleConnsPerHost:   256,
 			IdleConnTimeout:       90 * time.Second,
@@ -240,8 +256,12 @@ func (s *Server) Forget(id string) {
 // reach the planner.
 func (s *Server) Rearm(id string) { s.detector.Forget(id) }
 
-// Close releases idle connections to the proxies.
-func (s *Server) Close() { s.transport.CloseIdleConnections() }
+// Close releases idle connections to the proxies and closes intercepted
+// connections.
+func (s *Server) Close() {
+	s.intercepted.close()
+	s.transport.CloseIdleConnections()
+}
 
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.
@@ -691,6 +711,14 @@ func (s *Server) unreachable(w http.ResponseWriter, r *http.Request, x route.Pro
 		s.limited(w, x, err, start)
 		return true
 	}
+	if cerr := originCertError(err); cerr != nil {
+		// The origin's certificate failed verification: the origin's
+		// doing (or the path's), the same through any proxy. No other
+		// proxy is tried and none is blamed.
+		s.fail(x.Pool, x.ID, "origin_tls", start)
+		http.Error(w, fmt.Sprintf("proxyfleet gateway: origin certificate for host %s: %v", r.URL.Hostname(), cerr), http.StatusBadGateway)
+		return true
+	}
 	s.suspect(x, "gateway: "+err.Error())
 	s.fail(x.Pool, x.ID, "proxy_unreachable", start)
 	if !last {
@@ -736,6 +764,10 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 	start := time.Now()
 	if _, port, err := net.SplitHostPort(r.Host); err != nil || port == "" {
 		http.Error(w, fmt.Sprintf("proxyfleet gateway: CONNECT %q: want host:port", r.Host), http.StatusBadRequest)
+		return
+	}
+	if s.intercepts(target.Pool) {
+		s.intercept(w, r, target)
 		return
 	}
 	hj, ok := w.(http.Hijacker)

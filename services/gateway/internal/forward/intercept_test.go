@@ -205,7 +205,11 @@ func TestInterceptedSessionPinsAndBanRuleSeesTheBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &recordingFleet{rules: rules}
-	h := newInterceptHarness(t, f, nil, gwCA, originCA, newUpstream(t, ""), newUpstream(t, ""), newUpstream(t, ""))
+	// No retries: every proxy gets the captcha here, and a retried ban
+	// page would count against each of them.
+	noRetries := 0
+	spec := &events.GatewaySpec{Intercept: true, Retries: &noRetries}
+	h := newInterceptHarness(t, f, spec, gwCA, originCA, newUpstream(t, ""), newUpstream(t, ""), newUpstream(t, ""))
 	c := h.trusting("p.session-abc", gwCA.pool)
 	var pinned string
 	for i := range 5 {
@@ -223,8 +227,8 @@ func TestInterceptedSessionPinsAndBanRuleSeesTheBody(t *testing.T) {
 		t.Fatal("no proxy named")
 	}
 	for range 2 {
-		if code, body, _ := get(t, c, site.URL+"/captcha"); code != 200 || !strings.Contains(body, "CAPTCHA") {
-			t.Fatalf("captcha page: %d %q; want it relayed whole", code, body)
+		if code, body, hdr := get(t, c, site.URL+"/captcha"); code != 200 || !strings.Contains(body, "CAPTCHA") || hdr.Get("X-Proxyfleet-Banned") != "captcha" {
+			t.Fatalf("captcha page: %d %q (X-Proxyfleet-Banned %q); want it relayed whole, marked by its rule", code, body, hdr.Get("X-Proxyfleet-Banned"))
 		}
 	}
 	f.mu.Lock()

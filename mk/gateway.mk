@@ -32,3 +32,34 @@ test-gateway-scrapy: scrapy-install $(BIN)/nats ## Scrapy crawls a local site of
 
 TEST_ALL_TIERS += test-gateway-scrapy
 TIER_NEEDS_test-gateway-scrapy := debian-packages nats-cli
+
+# HTTPS tier: Scrapy (Debian) and Crawlee (npm, pinned by
+# e2e/testdata/crawlee/package-lock.json) crawl a local HTTPS site through
+# make run's gateway with interception, while the site bans one proxy's
+# source address. Crawlee's modules are installed once per lock file into
+# the cache (about 40 MB, 10-20 s); node and npm come from the machine, or
+# from Debian's nodejs and npm packages when missing.
+CRAWLEE_SRC  := e2e/testdata/crawlee
+CRAWLEE_HASH := $(shell sha256sum $(CRAWLEE_SRC)/package-lock.json 2>/dev/null | cut -c1-12)
+CRAWLEE_DIR  := $(CACHE_DIR)/crawlee-$(CRAWLEE_HASH)
+
+.PHONY: crawlee-install
+crawlee-install: ## install Crawlee (pinned) into the cache for the HTTPS gateway tier (root when node/npm are missing)
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then $(APT_INSTALL) nodejs npm; fi
+	@if [ -e $(CRAWLEE_DIR)/.installed ]; then echo "crawlee present: $(CRAWLEE_DIR)"; exit 0; fi; \
+	mkdir -p $(CACHE_DIR); tmp=$$(mktemp -d $(CACHE_DIR)/.crawlee.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+	cp $(CRAWLEE_SRC)/package.json $(CRAWLEE_SRC)/package-lock.json "$$tmp"/ && \
+	(cd "$$tmp" && npm ci --no-audit --no-fund --omit=optional --loglevel=error) && \
+	touch "$$tmp/.installed" && rm -rf $(CRAWLEE_DIR) && mv "$$tmp" $(CRAWLEE_DIR) && echo "crawlee installed: $(CRAWLEE_DIR)"
+
+PREREQS += crawlee
+PREREQ_TARGET_crawlee := crawlee-install
+PREREQ_CHECK_crawlee  := test -e $(CRAWLEE_DIR)/.installed
+
+.PHONY: test-gateway-https
+test-gateway-https: scrapy-install crawlee-install $(BIN)/nats ## Scrapy and Crawlee crawl a local HTTPS site through make run's intercepting gateway while the site bans a proxy (root; installs python3-scrapy, Crawlee)
+	cd e2e && PROXYFLEET_SCRAPY=$(SCRAPY) PROXYFLEET_CRAWLEE_DIR=$(CRAWLEE_DIR) PROXYFLEET_REQUIRE_INTEGRATION=1 \
+		$(GO) test $(GOTEST_FLAGS) -run TestGatewayHTTPSCrawl ./...
+
+TEST_ALL_TIERS += test-gateway-https
+TIER_NEEDS_test-gateway-https := debian-packages nats-cli crawlee

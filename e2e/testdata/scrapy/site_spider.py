@@ -1,6 +1,7 @@
 """Crawls a site from its start page, following every link on it, and
 yields one item per page: its URL, status and the X-Proxyfleet-Proxy header
-the crawler gateway set (the proxy that carried the response).
+the crawler gateway set (the proxy that carried the response) and its
+X-Proxyfleet-Attempts (how many proxies it tried).
 
 TestGatewayScrapy runs it with HTTP_PROXY naming the gateway:
 
@@ -40,6 +41,7 @@ class SiteSpider(scrapy.Spider):
 
     def parse(self, response):
         proxy = response.headers.get("X-Proxyfleet-Proxy", b"").decode()
-        yield {"url": response.url, "status": response.status, "proxy": proxy}
+        attempts = int(response.headers.get("X-Proxyfleet-Attempts", b"0"))
+        yield {"url": response.url, "status": response.status, "proxy": proxy, "attempts": attempts}
         for href in response.css("a::attr(href)").getall():
             yield response.follow(href, callback=self.parse)

@@ -107,10 +107,23 @@ func ensureRequestLog(ctx context.Context, c *Conn) error {
 
 // SetRequestLogLimits creates or updates [RequestLogStream] with limits l
 // (`planner bootstrap --request-log-max-age ... --request-log-max-bytes
-// ...`). Records past the new bounds are dropped at once.
+// ...`); a zero limit keeps the stream's current one. Records past the new
+// bounds are dropped at once.
 func SetRequestLogLimits(ctx context.Context, c *Conn, l RequestLogLimits) error {
 	if err := l.Check(); err != nil {
 		return err
+	}
+	if s, err := c.JS.Stream(ctx, RequestLogStream); err == nil {
+		have := s.CachedInfo().Config
+		if l.MaxAge == 0 {
+			l.MaxAge = have.MaxAge
+		}
+		if l.MaxBytes == 0 {
+			l.MaxBytes = have.MaxBytes
+		}
+		if l.MaxMsgs == 0 {
+			l.MaxMsgs = have.MaxMsgs
+		}
 	}
 	if _, err := c.JS.CreateOrUpdateStream(ctx, RequestLogConfig(l, c.replicas)); err != nil {
 		return fmt.Errorf("stream %s: %w", RequestLogStream, err)

@@ -33,6 +33,7 @@ import (
 	"proxyfleet/pkg/hop"
 	"proxyfleet/pkg/idle"
 	"proxyfleet/services/gateway/internal/ban"
+	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
 
@@ -109,6 +110,8 @@ type Config struct {
 	// TunnelIdleTimeout closes a CONNECT tunnel that carried nothing
 	// either way for as long (idle.Tunnel); 0: unbounded.
 	TunnelIdleTimeout time.Duration
+	// RequestLog records each client request (nil: none).
+	RequestLog *reqlog.Logger
 }
 
 // Server is the gateway's http.Handler.
@@ -214,6 +217,8 @@ func (s *Server) Close() { s.transport.CloseIdleConnections() }
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec, w, r := s.cfg.RequestLog.Start(w, r)
+	defer s.cfg.RequestLog.Finish(rec)
 	if r.Method != http.MethodConnect && !r.URL.IsAbs() {
 		http.Error(w, "proxyfleet gateway: this is a forward proxy; send absolute-form requests (GET http://host/path) or CONNECT host:port, with Proxy-Authorization naming the pool", http.StatusBadRequest)
 		return
@@ -229,6 +234,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target.Client = clientHost(r.RemoteAddr)
+	rec.Target(target.Pool, target.Session)
 	allowed, err := s.cfg.Auth(target.Client, target.Pool, password)
 	if th, ok := errors.AsType[Throttled](err); ok {
 		secs := int((th.RetryAfter() + time.Second - 1) / time.Second)
@@ -377,6 +383,7 @@ func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries 
 			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		reqlog.Tried(w, x.ID)
 		done := once(x, attempt >= retries)
 		s.cfg.Table.Done(x)
 		if done {
@@ -435,6 +442,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		}
 		if v, banned := s.detector.Observe(x.ID, rules, resp.StatusCode, resp.Header, head); banned {
 			s.stats.ban(x, v.Rule)
+			reqlog.Banned(w, v.Rule)
 			s.cfg.Log.Info("proxy banned by rule", "proxy", x.ID, "pool", x.Pool, "rule", v.Rule, "matches", v.Matches)
 			s.cfg.Fleet.Banned(x.Pool, v)
 		}
@@ -590,6 +598,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	// unused.
 	sent, received, _ := idle.Tunnel(client, up, s.cfg.TunnelIdleTimeout, false)
 	s.stats.done(x, "ok", upN+sent, received, time.Since(start))
+	reqlog.Tunneled(w, upN+sent, received)
 	return true
 }
 

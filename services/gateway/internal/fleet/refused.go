@@ -11,15 +11,24 @@ import (
 )
 
 // refused explains err, the failure of a publish or subscription on
-// subject, when the server refused it: under deploy/nats each gateway is
+// subject (or on a subject subject begins, when it ends with '.'), when
+// the server refused it: under deploy/nats each gateway is
 // its own identity gateway-<name>, allowed only its own subjects, so a
 // --name other than its identity's shows as a refusal naming the subject.
 func (f *Fleet) refused(subject string, err error) error {
 	last := f.conn.NC.LastError()
-	if !errors.Is(last, nats.ErrPermissionViolation) || !strings.Contains(last.Error(), `"`+subject+`"`) {
+	quoted := `"` + subject
+	if !strings.HasSuffix(subject, ".") {
+		quoted += `"`
+	}
+	if !errors.Is(last, nats.ErrPermissionViolation) || !strings.Contains(last.Error(), quoted) {
 		return err
 	}
-	return fmt.Errorf("the NATS server refuses this gateway %s on %s (%w): under deploy/nats a gateway may use only the subjects of its own identity gateway-<name>; start it with --name set to that name and its own seed (make deploy-secrets GATEWAYS=... writes one per gateway)", f.cfg.Name, subject, last)
+	shown := subject
+	if strings.HasSuffix(shown, ".") {
+		shown += "*"
+	}
+	return fmt.Errorf("the NATS server refuses gateway %s %s (%w): under deploy/nats a gateway may use only the subjects of its own identity gateway-<name>; start it with --name set to that name and its own seed (make deploy-secrets GATEWAYS=... writes one per gateway)", f.cfg.Name, shown, last)
 }
 
 // checkIdentity fails when the server refused the gateway's own endpoint
@@ -28,9 +37,5 @@ func (f *Fleet) checkIdentity() error {
 	if err := f.conn.NC.Flush(); err != nil {
 		return nil // not a refusal; the connection reports itself
 	}
-	subject := events.GatewaySubject(f.cfg.Name, events.GatewayInfo)
-	if err := f.refused(subject, nil); err != nil {
-		return err
-	}
-	return nil
+	return f.refused(events.GatewayGroup(f.cfg.Name)+".", nil)
 }

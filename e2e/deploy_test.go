@@ -379,8 +379,13 @@ func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, ad
 	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCooldowns, "example_com.p1", "--raw"); err != nil || !strings.Contains(out, "x") {
 		t.Fatalf("operator CLI: nats kv get %s: %v\n%s", deploykeys.BucketGatewayCooldowns, err, out)
 	}
-	if out, err := d.cli(t, "stream", "view", bus.RequestLogStream, "--raw"); err != nil || !strings.Contains(out, `"gateway":"gw-1"`) {
-		t.Fatalf("operator CLI: nats stream view %s: %v\n%s", bus.RequestLogStream, err, out)
+	// The running gateway recorded the crawler's requests (nats stream
+	// view pages interactively only, so the test gets messages).
+	if out, err := d.cli(t, "stream", "get", bus.RequestLogStream, "1"); err != nil || !strings.Contains(out, `"gateway":"gw-1"`) || !strings.Contains(out, `"pool":"dep"`) {
+		t.Fatalf("operator CLI: nats stream get %s 1: %v; want the gateway's record of a request to pool dep\n%s", bus.RequestLogStream, err, out)
+	}
+	if out, err := d.cli(t, "stream", "get", bus.RequestLogStream, "-S", events.GatewayLogSubject("gw-1")); err != nil || !strings.Contains(out, `{"gateway":"gw-1"}`) {
+		t.Fatalf("operator CLI: nats stream get %s -S %s: %v\n%s", bus.RequestLogStream, events.GatewayLogSubject("gw-1"), err, out)
 	}
 	if err := subscribeErr(operator, events.GatewayLogAll); err != nil {
 		t.Fatalf("the operator may not follow the request log: %v", err)

@@ -392,9 +392,6 @@ func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, ad
 	}
 }
 
-// gatewayNamed finds the gateway's name in its serving line.
-var gatewayNamed = regexp.MustCompile(`"msg":"gateway serving"[^\n]*?"name":"([^"]+)"`)
-
 // throughGateway is a crawler's view of the gateway at addr under its
 // shipped identity: with the clients file's password, a GET of target goes
 // through one of the pool's ready proxies (the gateway opened the pool's

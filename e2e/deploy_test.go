@@ -47,8 +47,10 @@ func TestDeployShipped(t *testing.T) {
 	testgate.Need(t, natsServer != "", "no nats-server: make test-deploy builds the pinned one and sets PROXYFLEET_NATS_SERVER")
 	needBinaries(t)
 
+	// Two gateways, each its own identity: gw-1 runs from its unit, gw-2
+	// is the other gateway whose subjects gw-1 must not touch.
 	secrets := t.TempDir()
-	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}, Gateways: []string{"gw-1", "gw-2"}}); err != nil {
 		t.Fatal(err)
 	}
 	d := startDeployServer(t, natsServer, secrets)
@@ -102,8 +104,8 @@ func TestDeployShipped(t *testing.T) {
 
 	// Each service as its unit starts it; the extra flags tune timing and
 	// ports for a test and carry no NATS or credential flag.
-	vars := map[string]string{"NATS_URL": d.url, "METRICS_PORT": "0", "AGENT_TARGET": "t1", "GATEWAY_LISTEN": "127.0.0.1:0"}
-	creds := map[string]string{"local-agent.nk": "agent-local-t1.nk"}
+	vars := map[string]string{"NATS_URL": d.url, "METRICS_PORT": "0", "AGENT_TARGET": "t1", "GATEWAY_LISTEN": "127.0.0.1:0", "GATEWAY_NAME": "gw-1"}
+	creds := map[string]string{"local-agent.nk": "agent-local-t1.nk", "gateway.nk": deploykeys.GatewayIdentity("gw-1") + ".nk"}
 	// The gateway's clients file: crawler "dep" (the pool's name) with its
 	// own password, as `htpasswd -B` writes it.
 	const clientPassword = "deploy-client-password"
@@ -135,6 +137,9 @@ func TestDeployShipped(t *testing.T) {
 		gatewayAddr, gatewayName = m[1], n[1]
 		return true
 	})
+	if gatewayName != "gw-1" {
+		t.Fatalf("the gateway serves as %q, want its unit's GATEWAY_NAME gw-1", gatewayName)
+	}
 
 	// A pool lifecycle through the operator identity. The proxies demand
 	// a password: health probes with the one the planner sealed to it, the
@@ -164,7 +169,7 @@ func TestDeployShipped(t *testing.T) {
 	health := d.connect(t, ctx, "health", "_INBOX_health")
 	agent := d.connect(t, ctx, "agent-local-t1", "_INBOX_agent-local-t1")
 	planner := d.connect(t, ctx, "planner", "_INBOX_planner")
-	gateway := d.connect(t, ctx, "gateway", "_INBOX_gateway")
+	gateway := d.connect(t, ctx, deploykeys.GatewayIdentity("gw-1"), deploykeys.GatewayInbox("gw-1"))
 
 	// The services ran the lifecycle without one permission violation: a
 	// subject a service needs and lacks shows here, even where the
@@ -287,10 +292,105 @@ func TestDeployShipped(t *testing.T) {
 	}
 
 	d.gatewayRefusals(t, admin, gateway, operator)
+	d.otherGatewayRefused(t, ctx, admin, gateway, operator)
 }
 
-// gatewayNamed finds the gateway's name in its serving line.
-var gatewayNamed = regexp.MustCompile(`"msg":"gateway serving"[^\n]*?"name":"([^"]+)"`)
+// otherGatewayRefused: gateway gw-1 (the running one's identity) may not
+// write gw-2's demand keys or request log, serve gw-2's endpoints or read
+// its replies, while its own still work; the gateways' shared state (CA,
+// cooldowns, sessions) is theirs to read and write, and the operator reads
+// the CA's certificate, never its key, and the request log. The shared
+// buckets are created here as admin where the topology does not declare
+// them (yet).
+func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, admin, gw1, operator *bus.Conn) {
+	t.Helper()
+	ensureGatewayBuckets(t, ctx, admin)
+	for _, subj := range []string{"$KV." + bus.BucketDemand + "." + events.DemandKey("dep", "gw-2"), events.GatewayLogSubject("gw-2")} {
+		d.refused(t, "gw-1 publishes "+subj, subj, func(ctx context.Context) error {
+			_, err := gw1.JS.Publish(ctx, subj, []byte(`{}`))
+			return err
+		})
+	}
+	if n := countSubject(t, admin, "$KV."+bus.BucketDemand+"."+events.DemandKey("*", "gw-2")); n != 0 {
+		t.Fatalf("gw-1's refused write reached gw-2's demand (%d messages)", n)
+	}
+	for _, subj := range []string{
+		events.GatewaySubject("gw-2", events.GatewayInfo), events.GatewaySubject("gw-2", events.GatewayStats),
+		events.GatewaySubject("gw-2", deploykeys.GatewayCAEndpoint), deploykeys.GatewayInbox("gw-2") + ".>",
+	} {
+		d.refused(t, "gw-1 subscribes to "+subj, subj, func(ctx context.Context) error { return subscribeErr(gw1, subj) })
+	}
+	// Its own still pass.
+	demand, err := gw1.JS.KeyValue(ctx, bus.BucketDemand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := demand.Put(ctx, events.DemandKey("own", "gw-1"), []byte(`{}`)); err != nil {
+		t.Fatalf("gw-1 writes its own demand: %v", err)
+	}
+	if _, err := gw1.JS.Publish(ctx, events.GatewayLogSubject("gw-1"), []byte(`{"gateway":"gw-1"}`)); err != nil {
+		t.Fatalf("gw-1 publishes its own request log: %v", err)
+	}
+	if err := subscribeErr(gw1, events.GatewaySubject("gw-1", deploykeys.GatewayCAEndpoint)); err != nil {
+		t.Fatalf("gw-1 may not serve its own ca endpoint: %v", err)
+	}
+	ca, err := gw1.JS.KeyValue(ctx, deploykeys.BucketGatewayCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const caKey = "deploy-test-ca-key"
+	for k, v := range map[string]string{"cert": "deploy-test-ca-cert", "key": caKey} {
+		if _, err := ca.Create(ctx, k, []byte(v)); err != nil {
+			t.Fatalf("gw-1 creates the CA's %s: %v", k, err)
+		}
+		if e, err := ca.Get(ctx, k); err != nil || string(e.Value()) != v {
+			t.Fatalf("gw-1 reads the CA's %s: %v", k, err)
+		}
+	}
+	for _, b := range []string{deploykeys.BucketGatewayCooldowns, deploykeys.BucketGatewaySessions} {
+		kv, err := gw1.JS.KeyValue(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "example_com.p1", []byte("x")); err != nil {
+			t.Fatalf("gw-1 writes %s: %v", b, err)
+		}
+	}
+	caStream := "KV_" + deploykeys.BucketGatewayCA
+	caKeySubj := "$KV." + deploykeys.BucketGatewayCA + ".key"
+	d.refused(t, "operator direct-gets the CA key", "$JS.API.DIRECT.GET."+caStream+"."+caKeySubj, func(ctx context.Context) error {
+		_, err := operator.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+caStream+"."+caKeySubj, nil)
+		return err
+	})
+	d.refused(t, "operator gets a CA message", "$JS.API.STREAM.MSG.GET."+caStream, func(ctx context.Context) error {
+		_, err := operator.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+caStream, []byte(`{"last_by_subj":"`+caKeySubj+`"}`))
+		return err
+	})
+
+	// The operator with the nats CLI: the CA's certificate, not its key;
+	// cooldowns; the request log, stored and live.
+	out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCA, "cert", "--raw")
+	if err != nil || !strings.Contains(out, "deploy-test-ca-cert") {
+		t.Fatalf("operator CLI: nats kv get %s cert: %v\n%s", deploykeys.BucketGatewayCA, err, out)
+	}
+	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCA, "key", "--raw"); err == nil || strings.Contains(out, caKey) {
+		t.Fatalf("operator CLI read the gateways' CA key: %v\n%s", err, out)
+	}
+	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCooldowns, "example_com.p1", "--raw"); err != nil || !strings.Contains(out, "x") {
+		t.Fatalf("operator CLI: nats kv get %s: %v\n%s", deploykeys.BucketGatewayCooldowns, err, out)
+	}
+	// The running gateway recorded the crawler's requests (nats stream
+	// view pages interactively only, so the test gets messages).
+	if out, err := d.cli(t, "stream", "get", bus.RequestLogStream, "1"); err != nil || !strings.Contains(out, `"gateway":"gw-1"`) || !strings.Contains(out, `"pool":"dep"`) {
+		t.Fatalf("operator CLI: nats stream get %s 1: %v; want the gateway's record of a request to pool dep\n%s", bus.RequestLogStream, err, out)
+	}
+	if out, err := d.cli(t, "stream", "get", bus.RequestLogStream, "-S", events.GatewayLogSubject("gw-1")); err != nil || !strings.Contains(out, `{"gateway":"gw-1"}`) {
+		t.Fatalf("operator CLI: nats stream get %s -S %s: %v\n%s", bus.RequestLogStream, events.GatewayLogSubject("gw-1"), err, out)
+	}
+	if err := subscribeErr(operator, events.GatewayLogAll); err != nil {
+		t.Fatalf("the operator may not follow the request log: %v", err)
+	}
+}
 
 // throughGateway is a crawler's view of the gateway at addr under its
 // shipped identity: with the clients file's password, a GET of target goes
@@ -413,11 +513,23 @@ type deployServer struct {
 
 func startDeployServer(t *testing.T, bin, secrets string) *deployServer {
 	t.Helper()
-	conf, err := filepath.Abs(filepath.Join("..", "deploy", "nats", "nats-server.conf"))
-	if err != nil {
+	// The shipped nats-server.conf and permissions.conf as they are, with
+	// the accounts.conf deploy-secrets wrote for these identities.
+	run := t.TempDir()
+	confDir := filepath.Join(run, "conf")
+	if err := os.Mkdir(confDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	run := t.TempDir()
+	for _, f := range []string{filepath.Join("..", "deploy", "nats", "nats-server.conf"), filepath.Join("..", "deploy", "nats", "permissions.conf"), filepath.Join(secrets, deploykeys.AccountsFile)} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(confDir, filepath.Base(f)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(confDir, "nats-server.conf")
 	env := os.Environ()
 	b, err := os.ReadFile(filepath.Join(secrets, deploykeys.EnvFile))
 	if err != nil {
@@ -633,19 +745,7 @@ func (d *deployServer) secretRefused(t *testing.T, name string, c *bus.Conn, sec
 // topology do not.
 func (d *deployServer) operatorCLI(t *testing.T, secret string) {
 	t.Helper()
-	cli := os.Getenv("PROXYFLEET_NATS_CLI")
-	if cli == "" {
-		cli, _ = exec.LookPath("nats")
-	}
-	testgate.Need(t, cli != "", "no nats CLI: make test-deploy links the pinned one and sets PROXYFLEET_NATS_CLI")
-	home := t.TempDir() // no saved context of the machine's user applies
-	run := func(args ...string) (string, error) {
-		cmd := exec.Command(cli, append([]string{"--server", d.url, "--nkey", filepath.Join(d.dir, "operator.nk"),
-			"--tlsca", d.ca, "--inbox-prefix", "_INBOX_operator", "--timeout", "2s"}, args...)...)
-		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	run := func(args ...string) (string, error) { return d.cli(t, args...) }
 	if out, err := run("req", "fleet.api.pool.list", "{}"); err != nil || !strings.Contains(out, "pools") {
 		t.Fatalf("operator CLI: nats req fleet.api.pool.list: %v\n%s", err, out)
 	}
@@ -658,6 +758,23 @@ func (d *deployServer) operatorCLI(t *testing.T, secret string) {
 	if out, err := run("stream", "rm", bus.EventsStream, "-f"); err == nil {
 		t.Fatalf("operator CLI removed %s:\n%s", bus.EventsStream, out)
 	}
+}
+
+// cli runs the nats CLI as an operator would, with the operator's nkey
+// and inbox prefix.
+func (d *deployServer) cli(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cli := os.Getenv("PROXYFLEET_NATS_CLI")
+	if cli == "" {
+		cli, _ = exec.LookPath("nats")
+	}
+	testgate.Need(t, cli != "", "no nats CLI: make test-deploy links the pinned one and sets PROXYFLEET_NATS_CLI")
+	home := t.TempDir() // no saved context of the machine's user applies
+	cmd := exec.Command(cli, append([]string{"--server", d.url, "--nkey", filepath.Join(d.dir, "operator.nk"),
+		"--tlsca", d.ca, "--inbox-prefix", "_INBOX_operator", "--timeout", "2s"}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // subscribeErr subscribes to subject and reports the server's refusal.

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -21,6 +23,9 @@ import (
 
 // gatewayServing finds the gateway's client address in its log.
 var gatewayServing = regexp.MustCompile(`"msg":"gateway serving"[^\n]*?"listen":"([^"]+)"`)
+
+// gatewayNamed finds the gateway's name in its serving line.
+var gatewayNamed = regexp.MustCompile(`"msg":"gateway serving"[^\n]*?"name":"([^"]+)"`)
 
 // startGateway starts the gateway on a port from the kernel and returns
 // its address once it serves.
@@ -104,6 +109,18 @@ func TestGatewayUnderMakeRun(t *testing.T) {
 	if d := distinct(out); len(d) != 1 {
 		t.Errorf("10 requests of session abc named %v; want one proxy", d)
 	}
+
+	// Each request left a record in the request log (docs/gateway.md),
+	// the session's with its id.
+	waitFor(t, 10*time.Second, "the session's records in the request log", func() bool {
+		b, _ := os.ReadFile(filepath.Join(r.runDir, "logs", "gateway.log"))
+		name := gatewayNamed.FindSubmatch(b)
+		if name == nil {
+			return false
+		}
+		out, err := r.shell(env + " && nats stream get FLEET_GATEWAY_LOG -S fleet.gateway.log." + string(name[1]))
+		return err == nil && strings.Contains(out, `"pool":"demo"`) && strings.Contains(out, `"session":"abc"`) && !strings.Contains(out, "x@")
+	})
 
 	// HTTPS: the client tunnels through the gateway with CONNECT.
 	code, body, _, err := viaGateway(gatewayClient(t, gateway, "demo"), site.URL+"/")

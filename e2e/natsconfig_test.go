@@ -3,13 +3,15 @@ package e2e_test
 import (
 	"context"
 	"errors"
-
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/agent/agenttest"
@@ -28,39 +30,12 @@ import (
 // whole system against the real nats-server binary.
 func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	secrets := t.TempDir()
-	pubs, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}})
-	if err != nil {
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
 		t.Fatal(err)
 	}
-	for id, pub := range pubs {
-		t.Setenv(deploykeys.EnvName(id), pub)
-	}
-	for k, v := range map[string]string{
-		"SERVER_NAME": "pf-test", "NATS_LISTEN": "127.0.0.1:-1", "NATS_MONITOR": "127.0.0.1:-1",
-		"NATS_STORE_DIR": t.TempDir(),
-		"NATS_TLS_CERT":  filepath.Join(secrets, deploykeys.ServerCert), "NATS_TLS_KEY": filepath.Join(secrets, deploykeys.ServerKey),
-		"NATS_TLS_CA": filepath.Join(secrets, deploykeys.CACert),
-	} {
-		t.Setenv(k, v)
-	}
-	opts, err := server.ProcessConfigFile(filepath.Join("..", "deploy", "nats", "nats-server.conf"))
-	if err != nil {
-		t.Fatalf("deploy/nats/nats-server.conf does not parse: %v", err)
-	}
-	srv := bustest.Server(t, opts)
-
+	srv := startConfigServer(t, filepath.Join("..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	connect := func(id string) *bus.Conn {
-		t.Helper()
-		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), Name: id, Replicas: 1,
-			NKeyFile: filepath.Join(secrets, id+".nk"), CAFile: filepath.Join(secrets, deploykeys.CACert),
-			InboxPrefix: "_INBOX_" + id, NoCreate: id != "admin"}, nil)
-		if err != nil {
-			t.Fatalf("connect as %s: %v", id, err)
-		}
-		t.Cleanup(c.Close)
-		return c
-	}
+	connect := func(id string) *bus.Conn { return connectAs(t, ctx, srv.ClientURL(), secrets, id) }
 	planner := connect("planner")
 	ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ecancel()
@@ -138,4 +113,250 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if err == nil && (perr == nil || !errors.Is(perr, nats.ErrPermissionViolation)) {
 		t.Fatalf("the agent user could subscribe to the operator API (err %v)", perr)
 	}
+}
+
+// startConfigServer starts an in-process server from dir's
+// nats-server.conf with the keys and certificates in secrets.
+func startConfigServer(t *testing.T, dir, secrets string) *server.Server {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(secrets, deploykeys.EnvFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			t.Setenv(k, v)
+		}
+	}
+	for k, v := range map[string]string{
+		"SERVER_NAME": "pf-test", "NATS_LISTEN": "127.0.0.1:-1", "NATS_MONITOR": "127.0.0.1:-1",
+		"NATS_STORE_DIR": t.TempDir(),
+		"NATS_TLS_CERT":  filepath.Join(secrets, deploykeys.ServerCert), "NATS_TLS_KEY": filepath.Join(secrets, deploykeys.ServerKey),
+		"NATS_TLS_CA": filepath.Join(secrets, deploykeys.CACert),
+	} {
+		t.Setenv(k, v)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats-server.conf"))
+	if err != nil {
+		t.Fatalf("%s/nats-server.conf does not parse: %v", dir, err)
+	}
+	return bustest.Server(t, opts)
+}
+
+// connectAs connects to url as identity id with its seed in secrets and
+// its own inbox prefix, as a service started with --ensure-topology=false
+// (admin excepted).
+func connectAs(t *testing.T, ctx context.Context, url, secrets, id string) *bus.Conn {
+	t.Helper()
+	c, err := bus.Connect(ctx, bus.Config{URL: url, Name: id, Replicas: 1,
+		NKeyFile: filepath.Join(secrets, id+".nk"), CAFile: filepath.Join(secrets, deploykeys.CACert),
+		InboxPrefix: "_INBOX_" + id, NoCreate: id != "admin"}, nil)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", id, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// TestDeployAccountsShippedIsGenerated: deploy/nats/accounts.conf is what
+// `make deploy-secrets` writes for the defaults (agent local/t1, gateway
+// gw-1), so the shipped gateway permissions are the generated ones.
+func TestDeployAccountsShippedIsGenerated(t *testing.T) {
+	shipped, err := os.ReadFile(filepath.Join("..", "deploy", "nats", deploykeys.AccountsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := deploykeys.Accounts([]string{"agent-local-t1"}, []string{deploykeys.DefaultGateway})
+	if string(shipped) != want {
+		t.Fatalf("deploy/nats/%s differs from what deploy-secrets writes for agent local/t1 and gateway %s; write it again from deploykeys.Accounts:\n%s",
+			deploykeys.AccountsFile, deploykeys.DefaultGateway, want)
+	}
+}
+
+// TestDeployNATSConfigGatewayIdentities runs deploy/nats with the accounts
+// deploy-secrets writes for two gateways, gw-1 and gw-2: each writes its
+// own demand keys and request log and serves its own endpoints, and is
+// refused the other's; the operator reads the gateways' CA certificate
+// but not its key. (The buckets the gateways share are created here as
+// admin when the topology does not declare them yet.)
+func TestDeployNATSConfigGatewayIdentities(t *testing.T) {
+	secrets := t.TempDir()
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}, Gateways: []string{"gw-1", "gw-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	conf := t.TempDir()
+	for _, f := range []string{filepath.Join("..", "deploy", "nats", "nats-server.conf"), filepath.Join("..", "deploy", "nats", "permissions.conf"), filepath.Join(secrets, deploykeys.AccountsFile)} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(conf, filepath.Base(f)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := startConfigServer(t, conf, secrets)
+	ctx := testwait.Context(t, 60*time.Second)
+	admin := connectAs(t, ctx, srv.ClientURL(), secrets, "admin")
+	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
+		t.Fatal(err)
+	}
+	ensureGatewayBuckets(t, ctx, admin)
+	gw1 := connectAs(t, ctx, srv.ClientURL(), secrets, deploykeys.GatewayIdentity("gw-1"))
+	operator := connectAs(t, ctx, srv.ClientURL(), secrets, "operator")
+	violations := permissionErrors(gw1)
+	opViolations := permissionErrors(operator)
+
+	// Its own: demand, request log (stored), endpoints, shared state.
+	demand, err := gw1.JS.KeyValue(ctx, bus.BucketDemand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := demand.Put(ctx, events.DemandKey("dep", "gw-1"), []byte(`{}`)); err != nil {
+		t.Fatalf("gw-1 writes its own demand: %v", err)
+	}
+	if _, err := gw1.JS.Publish(ctx, events.GatewayLogSubject("gw-1"), []byte(`{}`)); err != nil {
+		t.Fatalf("gw-1 publishes its request log: %v", err)
+	}
+	for _, ep := range []string{events.GatewayInfo, events.GatewayStats, deploykeys.GatewayCAEndpoint} {
+		if err := subscribeRefused(gw1, violations, events.GatewaySubject("gw-1", ep)); err != nil {
+			t.Fatalf("gw-1 may not serve its own %s: %v", ep, err)
+		}
+	}
+	ca, err := gw1.JS.KeyValue(ctx, deploykeys.BucketGatewayCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"cert", "key"} {
+		if _, err := ca.Create(ctx, k, []byte("ca-"+k)); err != nil {
+			t.Fatalf("gw-1 creates the CA's %s: %v", k, err)
+		}
+		if e, err := ca.Get(ctx, k); err != nil || string(e.Value()) != "ca-"+k {
+			t.Fatalf("gw-1 reads the CA's %s: %v", k, err)
+		}
+	}
+	for _, b := range []string{deploykeys.BucketGatewayCooldowns, deploykeys.BucketGatewaySessions} {
+		kv, err := gw1.JS.KeyValue(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "example_com.p1", []byte("x")); err != nil {
+			t.Fatalf("gw-1 writes %s: %v", b, err)
+		}
+		okv, err := operator.JS.KeyValue(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := okv.Get(ctx, "example_com.p1"); err != nil {
+			t.Fatalf("the operator reads %s: %v", b, err)
+		}
+	}
+
+	// The other gateway's: refused, and nothing reached the streams.
+	for _, subj := range []string{"$KV." + bus.BucketDemand + "." + events.DemandKey("dep", "gw-2"), events.GatewayLogSubject("gw-2")} {
+		if err := publishRefused(ctx, gw1, violations, subj); err != nil {
+			t.Errorf("gw-1 publishes %s: %v", subj, err)
+		}
+	}
+	adminDemand, err := admin.JS.KeyValue(ctx, bus.BucketDemand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminDemand.Get(ctx, events.DemandKey("dep", "gw-2")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("gw-2's demand key after gw-1's refused write: %v, want not found", err)
+	}
+	for _, subj := range []string{
+		events.GatewaySubject("gw-2", events.GatewayInfo), events.GatewaySubject("gw-2", events.GatewayStats),
+		events.GatewaySubject("gw-2", deploykeys.GatewayCAEndpoint), deploykeys.GatewayInbox("gw-2") + ".>", "fleet.gateway.>",
+	} {
+		if err := subscribeRefused(gw1, violations, subj); err == nil {
+			t.Errorf("gw-1 may subscribe to %s", subj)
+		}
+	}
+
+	// The operator reads the CA's certificate, never its key.
+	ocert, err := operator.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+deploykeys.BucketGatewayCA+".$KV."+deploykeys.BucketGatewayCA+".cert", nil)
+	if err != nil || string(ocert.Data) != "ca-cert" {
+		t.Fatalf("the operator direct-gets the CA certificate: %v", err)
+	}
+	for _, subj := range []string{
+		"$JS.API.DIRECT.GET.KV_" + deploykeys.BucketGatewayCA + ".$KV." + deploykeys.BucketGatewayCA + ".key",
+		"$JS.API.STREAM.MSG.GET.KV_" + deploykeys.BucketGatewayCA,
+		"$JS.API.CONSUMER.CREATE.KV_" + deploykeys.BucketGatewayCA + ".spy.$KV." + deploykeys.BucketGatewayCA + ".key",
+	} {
+		if err := publishRefused(ctx, operator, opViolations, subj); err != nil {
+			t.Errorf("operator: %v", err)
+		}
+	}
+	if err := subscribeRefused(operator, opViolations, events.GatewayLogAll); err != nil {
+		t.Errorf("the operator may not follow the request log: %v", err)
+	}
+}
+
+// ensureGatewayBuckets creates, as admin, the gateways' shared buckets the
+// topology does not declare (yet).
+func ensureGatewayBuckets(t *testing.T, ctx context.Context, admin *bus.Conn) {
+	t.Helper()
+	for _, b := range []string{deploykeys.BucketGatewayCA, deploykeys.BucketGatewayCooldowns, deploykeys.BucketGatewaySessions} {
+		if _, err := admin.JS.KeyValue(ctx, b); err == nil {
+			continue
+		}
+		if _, err := admin.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1}); err != nil {
+			t.Fatalf("bucket %s: %v", b, err)
+		}
+	}
+}
+
+// permissionErrors collects c's permission violations.
+func permissionErrors(c *bus.Conn) <-chan error {
+	ch := make(chan error, 64)
+	c.NC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			select {
+			case ch <- err:
+			default:
+			}
+		}
+	})
+	return ch
+}
+
+// violation waits for the server's permission violation naming subject;
+// nil when none came.
+func violation(errs <-chan error, subject string) error {
+	deadline := time.After(2 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if strings.Contains(err.Error(), `"`+subject+`"`) {
+				return err
+			}
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
+// subscribeRefused subscribes c to subject and returns the server's
+// refusal (nil: allowed).
+func subscribeRefused(c *bus.Conn, errs <-chan error, subject string) error {
+	sub, err := c.NC.SubscribeSync(subject)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = c.NC.Flush()
+	return violation(errs, subject)
+}
+
+// publishRefused publishes to subject as c, which the server must refuse.
+func publishRefused(ctx context.Context, c *bus.Conn, errs <-chan error, subject string) error {
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := c.NC.RequestWithContext(short, subject, []byte(`{}`)); err == nil {
+		return errors.New("allowed, want refused")
+	}
+	if violation(errs, subject) == nil {
+		return errors.New("failed without the server's permission violation")
+	}
+	return nil
 }

@@ -1,9 +1,10 @@
 # Deployment credentials and the deploy tier (docs/deploy.md).
 #
-# `make deploy-secrets DIR=... [AGENTS="local/t1 kvm/host1"] [HOSTS=...]`
-# writes one nkey seed per identity, nkeys.env (the public keys
-# deploy/nats/nats-server.conf reads) and a CA with server and client
-# certificates, using Go's crypto (no openssl).
+# `make deploy-secrets DIR=... [AGENTS="local/t1 kvm/host1"] [GATEWAYS="gw-1 gw-2"] [HOSTS=...]`
+# writes one nkey seed per identity (gateway-<name> per gateway), nkeys.env
+# (the public keys deploy/nats reads), accounts.conf (the server's users,
+# each gateway with permissions naming only its own subjects) and a CA
+# with server and client certificates, using Go's crypto (no openssl).
 #
 # `make test-deploy` builds the pinned nats-server (the version pkg/go.mod
 # embeds) once into the cache directory, then runs e2e's deploy test: the
@@ -14,6 +15,7 @@
 # name it as a prerequisite (cluster.mk is read before this file).
 
 DEPLOY_AGENTS ?= local/t1
+DEPLOY_GATEWAYS ?= gw-1
 DEPLOY_HOSTS  ?= localhost,127.0.0.1,::1
 
 $(NATSSERVER_BIN):
@@ -33,9 +35,9 @@ PREREQ_TARGET_nats-server := nats-server
 PREREQ_CHECK_nats-server  := test -x $(NATSSERVER_BIN)
 
 .PHONY: deploy-secrets
-deploy-secrets: ## nkeys, nkeys.env and TLS certificates for deploy/nats: DIR=... [AGENTS="local/t1 kvm/host1"] [HOSTS=nats.example,10.0.0.5]
-	@if [ -z "$(DIR)" ]; then echo "usage: make deploy-secrets DIR=<new directory> [AGENTS=\"local/t1 ...\"] [HOSTS=host,ip,...]"; exit 2; fi
-	@cd pkg && $(GO) run ./deploykeys/cmd/deploy-secrets -dir "$(abspath $(DIR))" -agents "$(or $(AGENTS),$(DEPLOY_AGENTS))" -hosts "$(or $(HOSTS),$(DEPLOY_HOSTS))"
+deploy-secrets: ## nkeys, nkeys.env, accounts.conf and TLS certificates for deploy/nats: DIR=... [AGENTS="local/t1 kvm/host1"] [GATEWAYS="gw-1 gw-2"] [HOSTS=nats.example,10.0.0.5]
+	@if [ -z "$(DIR)" ]; then echo "usage: make deploy-secrets DIR=<new directory> [AGENTS=\"local/t1 ...\"] [GATEWAYS=\"gw-1 ...\"] [HOSTS=host,ip,...]"; exit 2; fi
+	@cd pkg && $(GO) run ./deploykeys/cmd/deploy-secrets -dir "$(abspath $(DIR))" -agents "$(or $(AGENTS),$(DEPLOY_AGENTS))" -gateways "$(or $(GATEWAYS),$(DEPLOY_GATEWAYS))" -hosts "$(or $(HOSTS),$(DEPLOY_HOSTS))"
 
 .PHONY: test-deploy
 test-deploy: $(NATSSERVER_BIN) $(NATSCLI_BIN) ## the shipped deploy/nats and systemd units against a real nats-server over TLS: lifecycle and every refusal

@@ -116,6 +116,9 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 			return fmt.Errorf("stream %s: %w", cfg.Name, err)
 		}
 	}
+	if err := ensureRequestLog(ctx, c); err != nil {
+		return err
+	}
 	buckets := []jetstream.KeyValueConfig{
 		{Bucket: BucketProxies, Description: "view: one key per proxy", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketPools, Description: "view: one key per pool", History: 1, Storage: jetstream.FileStorage, Replicas: r},

@@ -1,8 +1,9 @@
 // Package deploykeys generates the credentials of a deployment under
-// deploy/nats: one nkey per identity (a seed file each, and an env file of
-// the public keys the server configuration names), and a private CA with a
-// server certificate and a client certificate for TLS. `make
-// deploy-secrets` runs it.
+// deploy/nats: one nkey per identity (a seed file each, an env file of
+// the public keys the server configuration names, and the server's
+// accounts block naming those identities, with each gateway's own
+// permissions), and a private CA with a server certificate and a client
+// certificate for TLS. `make deploy-secrets` runs it.
 package deploykeys
 
 import (
@@ -25,10 +26,12 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
 )
 
-// Fixed identities of deploy/nats; agents add one each.
-var Fixed = []string{"admin", "planner", "health", "gateway", "operator"}
+// Fixed identities of deploy/nats; agents and gateways add one each
+// (agent-<entry>-<target>, [GatewayIdentity]).
+var Fixed = []string{"admin", "planner", "health", "operator"}
 
 // EnvFile is the file of public keys the server reads its variables from.
 const EnvFile = "nkeys.env"
@@ -49,6 +52,9 @@ type Options struct {
 	Dir string
 	// Agents are "entry/target", one identity agent-<entry>-<target> each.
 	Agents []string
+	// Gateways are the gateways' names (their --name), one identity
+	// gateway-<name> each (default: [DefaultGateway]).
+	Gateways []string
 	// Hosts are the DNS names and IP addresses of the NATS server
 	// certificate (default: localhost, 127.0.0.1, ::1).
 	Hosts []string
@@ -73,12 +79,31 @@ func Generate(o Options) (map[string]string, error) {
 		return nil, errors.New("no output directory (DIR=...)")
 	}
 	ids := append([]string(nil), Fixed...)
+	var agents []string
 	for _, a := range o.Agents {
 		entry, target, err := bus.ParseAgent(a)
 		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, Identity(entry, target))
+		agents = append(agents, Identity(entry, target))
+	}
+	ids = append(ids, agents...)
+	if len(o.Gateways) == 0 {
+		o.Gateways = []string{DefaultGateway}
+	}
+	for _, g := range o.Gateways {
+		if err := events.CheckGatewayName(g); err != nil {
+			return nil, err
+		}
+		ids = append(ids, GatewayIdentity(g))
+	}
+	// Two identities must not share a variable: gw-1 and gw_1 would.
+	vars := map[string]string{}
+	for _, id := range ids {
+		if other, dup := vars[EnvName(id)]; dup {
+			return nil, fmt.Errorf("identities %s and %s would share the variable %s: give each agent and gateway once, and gateway names that differ by more than '-' and '_'", other, id, EnvName(id))
+		}
+		vars[EnvName(id)] = id
 	}
 	if len(o.Hosts) == 0 {
 		o.Hosts = []string{"localhost", "127.0.0.1", "::1"}
@@ -88,6 +113,9 @@ func Generate(o Options) (map[string]string, error) {
 	}
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(o.Dir, AccountsFile)); err == nil {
+		return nil, fmt.Errorf("%s already exists: remove the directory's old credentials first, or use another DIR", filepath.Join(o.Dir, AccountsFile))
 	}
 	for _, f := range append(append([]string{}, ids...), "ca", "server", "client") {
 		name := f + ".nk"
@@ -129,6 +157,9 @@ func Generate(o Options) (map[string]string, error) {
 		fmt.Fprintf(&env, "%s=%s\n", EnvName(id), pubs[id])
 	}
 	if err := write(o.Dir, EnvFile, []byte(env.String()), 0o644); err != nil {
+		return nil, err
+	}
+	if err := write(o.Dir, AccountsFile, []byte(Accounts(agents, o.Gateways)), 0o644); err != nil {
 		return nil, err
 	}
 	if err := certs(o); err != nil {

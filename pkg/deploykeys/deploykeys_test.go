@@ -27,7 +27,7 @@ func TestGenerate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"admin", "planner", "health", "gateway", "operator", "agent-local-t1", "agent-kvm-host-2"} {
+	for _, id := range []string{"admin", "planner", "health", "operator", "agent-local-t1", "agent-kvm-host-2", "gateway-gw-1"} {
 		b, err := os.ReadFile(filepath.Join(dir, id+".nk"))
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
@@ -115,5 +115,54 @@ func TestGenerateBadInput(t *testing.T) {
 	}
 	if _, err := deploykeys.Generate(deploykeys.Options{Dir: t.TempDir(), Agents: []string{"local.t1"}}); err == nil || !strings.Contains(err.Error(), "ENTRY/TARGET") {
 		t.Errorf("bad agent: %v", err)
+	}
+}
+
+func TestGenerateGateways(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: dir, Gateways: []string{"gw-1", "east_2"}}); err != nil {
+		t.Fatal(err)
+	}
+	accounts, err := os.ReadFile(filepath.Join(dir, deploykeys.AccountsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{"gw-1", "east_2"} {
+		if _, err := os.Stat(filepath.Join(dir, deploykeys.GatewayIdentity(g)+".nk")); err != nil {
+			t.Errorf("no seed for gateway %s: %v", g, err)
+		}
+		for _, want := range []string{"$" + deploykeys.EnvName(deploykeys.GatewayIdentity(g)), `"$KV.fleet-demand.*.` + g + `"`, `"fleet.gateway.log.` + g + `"`,
+			`"fleet.gateway.` + g + `.info"`, `"_INBOX_gateway-` + g + `.>"`} {
+			if !strings.Contains(string(accounts), want) {
+				t.Errorf("%s lacks %s", deploykeys.AccountsFile, want)
+			}
+		}
+	}
+	// No wildcard in a gateway's own tokens: each names only itself.
+	for _, wide := range []string{`"$KV.fleet-demand.*.*"`, `"fleet.gateway.*.`, `"fleet.gateway.log.*"`, `"fleet.gateway.log.>"`, `"_INBOX_gateway.>"`} {
+		if strings.Contains(string(accounts), wide) {
+			t.Errorf("%s grants a gateway %s", deploykeys.AccountsFile, wide)
+		}
+	}
+}
+
+func TestGenerateGatewaysBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		gateways []string
+		want     string
+	}{
+		{[]string{"gw.1"}, "letters, digits"},
+		{[]string{"log"}, "reserved"},
+		{[]string{"gw-1", "gw_1"}, "share the variable"},
+		{[]string{"gw-1", "gw-1"}, "share the variable"},
+	} {
+		dir := filepath.Join(t.TempDir(), "s")
+		_, err := deploykeys.Generate(deploykeys.Options{Dir: dir, Gateways: tc.gateways})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("gateways %v: %v, want an error saying %q", tc.gateways, err, tc.want)
+		}
+		if _, serr := os.Stat(dir); serr == nil {
+			t.Errorf("gateways %v: the refused run created %s", tc.gateways, dir)
+		}
 	}
 }

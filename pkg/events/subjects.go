@@ -62,6 +62,19 @@ const (
 // stats or ca).
 func GatewaySubject(name, endpoint string) string { return GatewayGroup(name) + "." + endpoint }
 
+// GatewayLogSubject returns "fleet.gateway.log.<name>", where gateway
+// name publishes its request log ([GatewayRequest]). "log" is therefore
+// no gateway's name ([GatewayLogToken]).
+func GatewayLogSubject(name string) string { return gatewayPrefix + GatewayLogToken + "." + name }
+
+// GatewayLogToken is the token after "fleet.gateway." of the request log's
+// subjects; a gateway named so would answer on them.
+const GatewayLogToken = "log"
+
+// GatewayLogAll is "fleet.gateway.log.*", the subjects of the gateways'
+// request log stream (FLEET_GATEWAY_LOG).
+const GatewayLogAll = gatewayPrefix + GatewayLogToken + ".*"
+
 // GatewayGroup returns "fleet.gateway.<name>", the micro service group of
 // one gateway.
 func GatewayGroup(name string) string { return gatewayPrefix + name }

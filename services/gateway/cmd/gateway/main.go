@@ -31,6 +31,7 @@ import (
 	"proxyfleet/services/gateway/internal/cooldown"
 	"proxyfleet/services/gateway/internal/fleet"
 	"proxyfleet/services/gateway/internal/forward"
+	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
 
@@ -72,9 +73,11 @@ type flags struct {
 	loginFailureEvery time.Duration
 	loginCache        int
 
-	caOut       string
-	originCA    string
-	originRoots *x509.CertPool
+	caOut            string
+	originCA         string
+	originRoots      *x509.CertPool
+	requestLogSample float64
+	requestLogQuery  bool
 }
 
 func parse(args []string) (*flags, error) {
@@ -100,11 +103,16 @@ func parse(args []string) (*flags, error) {
 	fs.IntVar(&f.loginCache, "login-cache", clients.DefaultCacheSize, "login verdicts (right and wrong) remembered for 5 minutes, so a repeated password costs no bcrypt; keyed by a keyed hash, never the password")
 	fs.StringVar(&f.caOut, "ca-out", "", "file to write the gateway CA's certificate (PEM, mode 0644) to once it is loaded: what clients of pools with gateway.intercept trust (curl --cacert FILE)")
 	fs.StringVar(&f.originCA, "origin-ca", "", "PEM bundle of CA certificates that origins' certificates are verified against besides the system's roots (https:// requests, intercepted ones included)")
+	fs.Float64Var(&f.requestLogSample, "request-log-sample", 1, "share (0..1) of plain successful requests recorded in the request log (stream FLEET_GATEWAY_LOG, subject fleet.gateway.log.<name>); errors, bans and failed-over requests are always recorded; 0 turns the log off")
+	fs.BoolVar(&f.requestLogQuery, "request-log-query", false, "keep the query string in the request log's paths (it may carry tokens; off by default)")
 	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if f.demandInterval <= 0 || f.demandInterval > 10*time.Second {
 		return nil, fmt.Errorf("--demand-interval %s: want more than 0 and at most 10s", f.demandInterval)
+	}
+	if f.requestLogSample < 0 || f.requestLogSample > 1 {
+		return nil, fmt.Errorf("--request-log-sample %v: want a share from 0 (off) to 1 (every request)", f.requestLogSample)
 	}
 	if f.dialTimeout <= 0 || f.responseTimeout <= 0 || f.cooldown <= 0 {
 		return nil, errors.New("--dial-timeout, --response-timeout and --cooldown must be more than 0")
@@ -202,12 +210,20 @@ func run(f *flags) error {
 	if err != nil {
 		return err
 	}
+	requests, err := reqlog.New(base.Conn.NC, reqlog.Config{Gateway: f.name, Sample: f.requestLogSample, KeepQuery: f.requestLogQuery, Log: log})
+	if err != nil {
+		return fmt.Errorf("request log: %w", err)
+	}
+	if err := requests.RegisterMetrics(base.Tel.Meter); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	srv := forward.New(forward.Config{
 		Table: table, Fleet: view, Auth: auth, Log: log, Metrics: metrics,
 		DialTimeout: f.dialTimeout, ResponseTimeout: f.responseTimeout, Cooldown: f.cooldown,
 		BodyTimeout: f.bodyTimeout, TunnelIdleTimeout: f.tunnelIdle,
 		Cooldowns: cooldowns,
 		CA:        view, OriginRoots: f.originRoots,
+		RequestLog: requests,
 	})
 	defer srv.Close()
 
@@ -216,6 +232,9 @@ func run(f *flags) error {
 	// before they do.
 	g := rungroup.Group{Log: log}
 	g.Go("fleet", func(ctx context.Context) error { return view.Run(ctx, srv) })
+	// Added before the server: it stops after it, publishing the last
+	// requests' records.
+	g.Go("request-log", requests.Run)
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: nil}
 	serve := rungroup.HTTP("serve", hs, ln, 5*time.Second)
 	serveHTTP := serve.Run

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"time"
 
@@ -33,17 +32,9 @@ import (
 	"proxyfleet/services/gateway/internal/route"
 )
 
-// nameRE is what a gateway name may hold: it is the last token of its
-// fleet-demand keys and of its micro service subjects.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-// CheckName reports why name cannot name a gateway, or nil.
-func CheckName(name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("gateway name %q: want 1-64 letters, digits, '-' or '_'", name)
-	}
-	return nil
-}
+// CheckName reports why name cannot name a gateway, or nil
+// ([events.CheckGatewayName]).
+func CheckName(name string) error { return events.CheckGatewayName(name) }
 
 // Config configures a [Fleet].
 type Config struct {
@@ -322,6 +313,9 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		return fmt.Errorf("fleet-gateway service: %w", err)
 	}
 	defer func() { _ = svc.Stop() }()
+	if err := f.checkIdentity(); err != nil {
+		return err
+	}
 
 	var wg sync.WaitGroup
 	for name, w := range map[string]struct {
@@ -573,7 +567,7 @@ func (f *Fleet) writeDemand(ctx context.Context, kv jetstream.KeyValue, period t
 		}
 		b, _ := json.Marshal(v)
 		if _, err := kv.Put(ctx, events.DemandKey(pool, f.cfg.Name), b); err != nil && ctx.Err() == nil {
-			f.log.Warn("write demand", "pool", pool, "err", err)
+			f.log.Warn("write demand", "pool", pool, "err", f.refused("$KV."+bus.BucketDemand+"."+events.DemandKey(pool, f.cfg.Name), err))
 		}
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"proxyfleet/pkg/idle"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/cooldown"
+	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 	"proxyfleet/services/gateway/internal/site"
 )
@@ -148,6 +149,8 @@ type Config struct {
 	// absolute-form https:// request, or one inside an intercepted
 	// tunnel); nil: the system's roots ([OriginRoots]).
 	OriginRoots *x509.CertPool
+	// RequestLog records each client request (nil: none).
+	RequestLog *reqlog.Logger
 }
 
 // Server is the gateway's http.Handler.
@@ -266,6 +269,8 @@ func (s *Server) Close() {
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
 // absolute-form request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec, w, r := s.cfg.RequestLog.Start(w, r)
+	defer s.cfg.RequestLog.Finish(rec)
 	if r.Method != http.MethodConnect {
 		// Refused before any attempt; relay counts them from here.
 		w.Header().Set(AttemptsHeader, "0")
@@ -285,6 +290,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target.Client = clientHost(r.RemoteAddr)
+	rec.Target(target.Pool, target.Session)
 	allowed, err := s.cfg.Auth(target.Client, target.Pool, password)
 	if th, ok := errors.AsType[Throttled](err); ok {
 		secs := int((th.RetryAfter() + time.Second - 1) / time.Second)
@@ -496,6 +502,7 @@ func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, site str
 			s.noProxy(w, target, site, cooled, until, err, start)
 			return
 		}
+		reqlog.Tried(w, x.ID)
 		done := once(x, attempt >= retries)
 		s.cfg.Table.Done(x)
 		if done {
@@ -589,6 +596,9 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		match, v, verdict := s.detector.Observe(x.ID, a.site, rules, resp.StatusCode, resp.Header, head)
 		if verdict {
 			s.verdict(x, v)
+		}
+		if match != "" {
+			reqlog.Banned(w, match)
 		}
 		if match != "" && !last && s.otherProxy(x.Pool, a) {
 			a.hold(x, match, resp, head, listed.Fields())
@@ -830,6 +840,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 	// unused.
 	sent, received, _ := idle.Tunnel(client, up, s.cfg.TunnelIdleTimeout, false)
 	s.stats.done(x, "ok", upN+sent, received, time.Since(start))
+	reqlog.Tunneled(w, upN+sent, received)
 	return true
 }
 

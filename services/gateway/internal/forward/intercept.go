@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"proxyfleet/services/gateway/internal/intercept"
+	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
 
@@ -115,6 +116,9 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, target route.
 		s.cfg.Log.Debug("an intercepted client's TLS handshake failed (does it trust the gateway CA?)", "pool", target.Pool, "client", target.Client, "err", err)
 		return
 	}
+	// The CONNECT's record says the tunnel opened; each request inside
+	// has a record of its own (serveIntercepted).
+	reqlog.Tunneled(w, 0, 0)
 	l, ok := s.intercepted.listener(s.newInterceptServer)
 	if !ok || !l.hand(&interceptedConn{Conn: tc, target: target, host: urlHost}) {
 		_ = tc.Close() // the gateway is stopping
@@ -155,6 +159,9 @@ func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	defer ps.end()
 	r.URL.Scheme = "https"
 	r.URL.Host = ic.host
+	rec, w, r := s.cfg.RequestLog.Start(w, r)
+	rec.Target(ic.target.Pool, ic.target.Session)
+	defer s.cfg.RequestLog.Finish(rec)
 	s.relay(w, r, ic.target)
 }
 

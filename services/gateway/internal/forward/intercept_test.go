@@ -22,6 +22,7 @@ import (
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/intercept"
+	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
 
@@ -93,6 +94,12 @@ type interceptHarness struct {
 
 func newInterceptHarness(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, gwCA CA, originCA *testCA, ups ...*upstream) *interceptHarness {
 	t.Helper()
+	return newInterceptHarnessLogged(t, fleet, spec, gwCA, originCA, nil, ups...)
+}
+
+// newInterceptHarnessLogged is newInterceptHarness with a request log.
+func newInterceptHarnessLogged(t *testing.T, fleet *recordingFleet, spec *events.GatewaySpec, gwCA CA, originCA *testCA, log *reqlog.Logger, ups ...*upstream) *interceptHarness {
+	t.Helper()
 	if spec == nil {
 		spec = &events.GatewaySpec{Intercept: true}
 	}
@@ -106,7 +113,7 @@ func newInterceptHarness(t *testing.T, fleet *recordingFleet, spec *events.Gatew
 	}
 	h.srv = New(Config{Table: h.table, Fleet: fleet, Auth: func(_, _, pw string) (bool, error) { return pw != "wrong", nil },
 		DialTimeout: 2 * time.Second, ResponseTimeout: 10 * time.Second, TunnelIdleTimeout: time.Minute,
-		CA: gwCA, OriginRoots: originCA.pool})
+		CA: gwCA, OriginRoots: originCA.pool, RequestLog: log})
 	h.gw = httptest.NewUnstartedServer(h.srv)
 	h.gw.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {

@@ -207,8 +207,15 @@ func bootstrap(args []string) int {
 	common.Register(fs, "planner-bootstrap")
 	var agents agentList
 	fs.Var(&agents, "agent", "an agent's ENTRY/TARGET whose command consumer to create (repeatable), e.g. local/t1")
+	var logLimits bus.RequestLogLimits
+	fs.DurationVar(&logLimits.MaxAge, "request-log-max-age", 0, "set the gateways' request log (stream FLEET_GATEWAY_LOG) to drop records older than this (default 24h; kept as set when not given)")
+	fs.Int64Var(&logLimits.MaxBytes, "request-log-max-bytes", 0, "set the gateways' request log to drop its oldest records past this size in bytes (default 1 GiB; kept as set when not given)")
 	if code, ok := service.ParseArgs(fs, args, os.Stderr); !ok {
 		return code
+	}
+	if err := logLimits.Check(); err != nil {
+		fmt.Fprintf(os.Stderr, "planner bootstrap: %v\n", err)
+		return 2
 	}
 	// Everything is created below, once.
 	common.EnsureTopology = false
@@ -225,6 +232,12 @@ func bootstrap(args []string) int {
 	if err := bus.Bootstrap(bctx, base.Conn, agents); err != nil {
 		base.Log.Error("bootstrap failed", "err", err)
 		return 1
+	}
+	if logLimits != (bus.RequestLogLimits{}) {
+		if err := bus.SetRequestLogLimits(bctx, base.Conn, logLimits); err != nil {
+			base.Log.Error("bootstrap failed", "err", err)
+			return 1
+		}
 	}
 	base.Log.Info("topology ready", "agents", agents.String(), "replicas", base.Conn.Replicas())
 	return 0

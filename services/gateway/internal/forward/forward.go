@@ -34,6 +34,7 @@ import (
 	"proxyfleet/pkg/idle"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/route"
+	"proxyfleet/services/gateway/internal/site"
 )
 
 // ProxyHeader names the proxy that carried a plain HTTP response (and a
@@ -229,6 +230,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target.Client = clientHost(r.RemoteAddr)
+	target.Site = requestSite(r)
 	allowed, err := s.cfg.Auth(target.Client, target.Pool, password)
 	if th, ok := errors.AsType[Throttled](err); ok {
 		secs := int((th.RetryAfter() + time.Second - 1) / time.Second)
@@ -252,6 +254,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay(w, r, target)
+}
+
+// requestSite is the site of a request, which the pool's per-site limits
+// apply to: that of a CONNECT's host or of an absolute URL's.
+func requestSite(r *http.Request) string {
+	if r.Method == http.MethodConnect {
+		return site.Key(r.Host)
+	}
+	return site.Key(r.URL.Host)
 }
 
 // clientHost is the IP of a client's address, whom sessions and failed
@@ -358,7 +369,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 	if !replayable {
 		retries = 0
 	}
-	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
+	s.tryProxies(r.Context(), w, target, retries, start, func(x route.Proxy, last bool) bool {
 		return s.relayOnce(w, r, x, body, stream, last, start)
 	})
 }
@@ -367,11 +378,14 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 // returns false (the attempt failed and another may be made), with
 // another proxy not tried yet, up to retries times more; last tells once
 // that no attempt follows. Without a proxy to try, the request fails with
-// 503.
-func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries int, start time.Time, once func(x route.Proxy, last bool) bool) {
+// 503; when every proxy stays at its per-site limit, with 429.
+func (s *Server) tryProxies(ctx context.Context, w http.ResponseWriter, target route.Target, retries int, start time.Time, once func(x route.Proxy, last bool) bool) {
 	var tried []string
 	for attempt := 0; ; attempt++ {
-		x, err := s.cfg.Table.Pick(target, tried...)
+		x, err := s.cfg.Table.Acquire(ctx, target, tried...)
+		if s.atLimit(w, target, err, start) {
+			return
+		}
 		if err != nil {
 			s.fail(target.Pool, "", "no_proxy", start)
 			http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
@@ -384,6 +398,24 @@ func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, retries 
 		}
 		tried = append(tried, x.ID)
 	}
+}
+
+// atLimit answers a request no proxy could take under the pool's per-site
+// limits (429, with Retry-After), or whose client left while it waited;
+// false for any other outcome of [route.Table.Acquire].
+func (s *Server) atLimit(w http.ResponseWriter, target route.Target, err error, start time.Time) bool {
+	if lerr, ok := errors.AsType[*route.LimitError](err); ok {
+		s.fail(target.Pool, "", "site_limit", start)
+		secs := int((lerr.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+		http.Error(w, "proxyfleet gateway: "+lerr.Error()+"; slow down or retry later", http.StatusTooManyRequests)
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		s.fail(target.Pool, "", "client_gone", start)
+		return true
+	}
+	return false
 }
 
 // relayOnce makes one attempt through x. It returns false when the attempt
@@ -536,7 +568,7 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 		return
 	}
 	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	s.tryProxies(w, target, retries, start, func(x route.Proxy, last bool) bool {
+	s.tryProxies(r.Context(), w, target, retries, start, func(x route.Proxy, last bool) bool {
 		return s.tunnelOnce(w, hj, r, x, last, start)
 	})
 }

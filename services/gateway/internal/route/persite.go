@@ -34,12 +34,12 @@ type LimitError struct {
 func (e *LimitError) Error() string {
 	var limits []string
 	if e.Limits.Concurrency > 0 {
-		limits = append(limits, fmt.Sprintf("%d requests at once", e.Limits.Concurrency))
+		limits = append(limits, fmt.Sprintf("perSite.concurrency %d", e.Limits.Concurrency))
 	}
 	if e.Limits.Rate > 0 {
-		limits = append(limits, fmt.Sprintf("%g requests per second", e.Limits.Rate))
+		limits = append(limits, fmt.Sprintf("perSite.rate %g/s", e.Limits.Rate))
 	}
-	return fmt.Sprintf("pool %q: every usable proxy is at its limit for site %s (%s per proxy)", e.Pool, e.Site, strings.Join(limits, ", "))
+	return fmt.Sprintf("pool %q: every usable proxy is at its limit for site %s (%s, per proxy)", e.Pool, e.Site, strings.Join(limits, ", "))
 }
 
 // Unwrap makes a LimitError match [ErrAtLimit].

@@ -40,7 +40,7 @@ func TestPerSiteConcurrency(t *testing.T) {
 	if !ok || !errors.Is(err, ErrAtLimit) || lerr.Site != "a.example" || lerr.RetryAfter != time.Second {
 		t.Fatalf("7th pick: %v; want a LimitError for a.example with RetryAfter 1s", err)
 	}
-	if want := `pool "demo": every usable proxy is at its limit for site a.example (2 requests at once per proxy)`; err.Error() != want {
+	if want := `pool "demo": every usable proxy is at its limit for site a.example (perSite.concurrency 2, per proxy)`; err.Error() != want {
 		t.Errorf("error %q, want %q", err, want)
 	}
 	// Another site is not held by a.example's load.

@@ -31,6 +31,12 @@ const (
 	// BucketGatewayCreds holds each pool's proxy password sealed to the
 	// gateway's curve key, as BucketProbeCreds does for health.
 	BucketGatewayCreds = "fleet-gateway-creds"
+	// BucketGatewaySessions holds the gateways' sticky sessions under
+	// "<pool>.<session id>", so every gateway serves a session on the same
+	// proxy and a restarted one keeps serving it there. Each entry
+	// expires on its own (a per-message TTL: the session's TTL from its
+	// last use); the bucket allows message TTLs for it.
+	BucketGatewaySessions = "fleet-gateway-sessions"
 	// BucketDemand holds the demand each gateway sees per pool
 	// (events.GatewayDemand under events.DemandKey), read by the planner
 	// to size autoscaled pools.
@@ -63,6 +69,9 @@ const (
 	// DemandTTL is how long a gateway's demand report stays in
 	// fleet-demand: a gateway that stopped no longer counts after it.
 	DemandTTL = 15 * time.Second
+	// SessionMarkerTTL is how long fleet-gateway-sessions keeps the marker
+	// of a session that expired, which tells the gateways' watchers.
+	SessionMarkerTTL = time.Minute
 )
 
 // EnsureTopology creates or updates every stream and bucket. It is safe to
@@ -113,6 +122,8 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketSecrets, Description: "pool secrets (user-data, proxy passwords), never in the event log", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketProbeCreds, Description: "pool probe passwords sealed to the health service's curve key; health's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCreds, Description: "pool proxy passwords sealed to the gateway's curve key; the gateway's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketGatewaySessions, Description: "the gateways' sticky sessions (pool, id: proxy, uses, pinned at, last used), each expiring with its session TTL",
+			History: 1, LimitMarkerTTL: SessionMarkerTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketDemand, Description: "per-pool demand each gateway sees, read by the planner to autoscale pools", History: 1, TTL: DemandTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},

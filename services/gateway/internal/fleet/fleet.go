@@ -3,7 +3,9 @@
 // passwords the planner sealed to the gateway's key in
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
 // to the planner (through an [api.Client]), writes each pool's demand into
-// fleet-demand, and serves the fleet-gateway micro service (info, stats).
+// fleet-demand, shares sticky sessions with the other gateways in
+// fleet-gateway-sessions (sessions.go), and serves the fleet-gateway micro
+// service (info, stats).
 package fleet
 
 import (
@@ -78,6 +80,10 @@ type Fleet struct {
 	planner    *api.Client
 	bans       chan banReport
 	banBackoff time.Duration
+
+	// sessions shares the table's sessions with the other gateways
+	// (sessions.go).
+	sessions *sessions
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -127,12 +133,13 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 		cfg.Version = buildinfo.Version
 	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
-		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 3,
-		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff}, nil
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 4,
+		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff,
+		sessions: newSessions(table, cfg.Name, log)}, nil
 }
 
-// Synced is closed once the gateway loaded the ready proxies, the pools
-// and the credentials present when it started.
+// Synced is closed once the gateway loaded the ready proxies, the pools,
+// the credentials and the shared sessions present when it started.
 func (f *Fleet) Synced() <-chan struct{} { return f.synced }
 
 func (f *Fleet) markSynced() {
@@ -313,6 +320,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 		f.demandLoop(ctx, demand, creds)
 	}()
 	wg.Go(func() { f.reportBans(ctx) })
+	wg.Go(func() { f.sessions.run(ctx, f.conn.JS, f.markSynced) })
 	wg.Wait()
 	return nil
 }

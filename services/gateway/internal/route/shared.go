@@ -127,3 +127,19 @@ func insertByUse(lru *list.List, s *session) *list.Element {
 	}
 	return lru.PushBack(s)
 }
+
+// Session returns the state of a live session of pool, for reading
+// ([Table.TakeSession] is the sharer's); false when there is none.
+func (t *Table) Session(pool, id string) (SessionState, bool) {
+	p := t.pool(pool)
+	if p == nil {
+		return SessionState{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.sessions[id]
+	if s == nil || t.now().After(s.used.Add(p.spec.SessionTTLOrDefault())) {
+		return SessionState{}, false
+	}
+	return SessionState{Proxy: s.proxy, Pinned: s.pinned, Used: s.used, Uses: s.uses}, true
+}

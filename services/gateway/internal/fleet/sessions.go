@@ -51,6 +51,10 @@ const (
 	sessionQueue = 65536
 	// sessionWriteTimeout bounds one flush's wait for its writes.
 	sessionWriteTimeout = 5 * time.Second
+	// sessionOpenTimeout bounds each attempt to open the bucket,
+	// sessionLoadTimeout the wait for its sessions before serving.
+	sessionOpenTimeout = 2 * time.Second
+	sessionLoadTimeout = 5 * time.Second
 )
 
 // sessionValue is a fleet-gateway-sessions value.
@@ -122,8 +126,12 @@ func (s *sessions) run(ctx context.Context, js jetstream.JetStream, synced func(
 	delay := time.Second
 	var kv jetstream.KeyValue
 	for {
+		// A gateway the servers do not let near the bucket waits at most
+		// sessionOpenTimeout for the answer before it serves.
+		octx, cancel := context.WithTimeout(ctx, sessionOpenTimeout)
 		var err error
-		kv, err = js.KeyValue(ctx, bus.BucketGatewaySessions)
+		kv, err = js.KeyValue(octx, bus.BucketGatewaySessions)
+		cancel()
 		if err == nil {
 			break
 		}
@@ -140,6 +148,15 @@ func (s *sessions) run(ctx context.Context, js jetstream.JetStream, synced func(
 		}
 		delay = min(2*delay, 30*time.Second)
 	}
+	// A watch the servers refuse may neither fail nor load: the gateway
+	// serves after sessionLoadTimeout all the same.
+	loading := time.AfterFunc(sessionLoadTimeout, func() {
+		once.Do(func() {
+			s.log.Warn("the shared sessions did not load in time; serving, and applying them as they come", "bucket", bus.BucketGatewaySessions, "after", sessionLoadTimeout.String())
+			synced()
+		})
+	})
+	defer loading.Stop()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.follow(ctx, kv, ready) })
 	s.write(ctx, js)
@@ -166,6 +183,8 @@ func (s *sessions) follow(ctx context.Context, kv jetstream.KeyValue, ready func
 		if ctx.Err() != nil {
 			return
 		}
+		// Serve without the others' sessions rather than not at all.
+		ready()
 		s.log.Warn("watch failed; watching again", "bucket", bus.BucketGatewaySessions, "err", err, "in", delay.String())
 		select {
 		case <-ctx.Done():

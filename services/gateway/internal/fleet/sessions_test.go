@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/bus"
@@ -225,4 +226,44 @@ func jsonField(b []byte, name string) string {
 	}
 	s, _ := m[name].(string)
 	return s
+}
+
+// TestGatewayServesWithoutTheSessionsBucket: a gateway the servers keep
+// from fleet-gateway-sessions (refused outright, or allowed to open it
+// but not to watch it) still syncs and serves sessions of its own.
+func TestGatewayServesWithoutTheSessionsBucket(t *testing.T) {
+	kvAPI := "KV_" + bus.BucketGatewaySessions
+	for name, deny := range map[string][]string{
+		"bucket refused": {"$JS.API.STREAM.INFO." + kvAPI, "$JS.API.CONSUMER.*." + kvAPI + ".>", "$KV." + bus.BucketGatewaySessions + ".>"},
+		"watch refused":  {"$JS.API.CONSUMER.CREATE." + kvAPI + ".>", "$JS.API.CONSUMER.CREATE." + kvAPI, "$KV." + bus.BucketGatewaySessions + ".>"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := testwait.Context(t, 60*time.Second)
+			srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+				Users: []*server.User{{Username: "admin", Password: "admin-pw"},
+					{Username: "gateway", Password: "gateway-pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny}}}}})
+			dial := func(user, password string) *bus.Conn {
+				t.Helper()
+				c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), User: user, Password: password, Name: user}, nil)
+				if err != nil {
+					t.Fatalf("connect as %s: %v", user, err)
+				}
+				t.Cleanup(c.Close)
+				return c
+			}
+			admin := dial("admin", "admin-pw")
+			if err := bus.EnsureTopology(ctx, admin); err != nil {
+				t.Fatal(err)
+			}
+			sessionFleet(t, admin, nil)
+			gw := startGateway(t, dial("gateway", "gateway-pw"), "gw1")
+			first := gw.pick(t, session)
+			if x := gw.pick(t, session); x != first {
+				t.Fatalf("session moved from %s to %s without its bucket", first, x)
+			}
+			if _, err := bucket(t, admin, bus.BucketGatewaySessions).Get(ctx, "p.s1"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+				t.Fatalf("a gateway refused the bucket wrote to it: %v", err)
+			}
+		})
+	}
 }

@@ -26,7 +26,9 @@ import (
 //     request waiting for the write;
 //   - a use only counts in the table; the uses made since the last write
 //     are written together at the next flush ([sessionFlush]), so a busy
-//     session costs one write per flush, not one per request;
+//     session costs one write per flush, not one per request; without
+//     maxRequests only a use a quarter of the TTL after the last write is
+//     (see [route.SessionHook]), to renew the others' copy;
 //   - every gateway watches the bucket and applies what the others write
 //     ([route.Table.ApplySession]): for the same pin the uses add up, of
 //     two pins the later wins, so gateways that moved a session at once

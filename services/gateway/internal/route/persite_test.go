@@ -308,4 +308,20 @@ func TestApplySession(t *testing.T) {
 	if len(hooks) != 2 || !hooks[0].moved || hooks[1].moved {
 		t.Fatalf("hooks of a pin and a use: %v", hooks)
 	}
+	// Without maxRequests a use is told only once the others' copy is a
+	// quarter of the TTL old.
+	tb.SetSpec("demo", &events.GatewaySpec{SessionTTL: events.Duration(time.Minute)})
+	tb.TakeSession("demo", "new")
+	hooks = nil
+	tb.Pick(Target{Pool: "demo", Session: "new", Client: "c"})
+	now = now.Add(14 * time.Second)
+	tb.Pick(Target{Pool: "demo", Session: "new", Client: "c"})
+	if len(hooks) != 0 {
+		t.Fatalf("uses within a quarter of the TTL of the last share were told: %v", hooks)
+	}
+	now = now.Add(time.Second)
+	tb.Pick(Target{Pool: "demo", Session: "new", Client: "c"})
+	if len(hooks) != 1 || hooks[0].moved {
+		t.Fatalf("a use a quarter of the TTL after the last share: hooks %v; want one use told", hooks)
+	}
 }

@@ -169,6 +169,9 @@ type session struct {
 	// already knows (see [Table.ApplySession]).
 	pinned       time.Time
 	uses, synced int
+	// shared is when the session was last shared with (or learnt from)
+	// the other gateways.
+	shared time.Time
 	// remote is a session learnt from another gateway and not used by a
 	// client here yet: it counts against no client.
 	remote bool
@@ -393,7 +396,10 @@ func (t *Table) pick(target Target, exclude []string) (Proxy, int, error) {
 					lim.take(s.proxy)
 					p.open[x.ID]++
 					x.Site = lim.site()
-					return x, sessionUsed, nil
+					if shareUse(p.spec, s, now) {
+						return x, sessionUsed, nil
+					}
+					return x, sessionSame, nil
 				}
 				avoid = s.proxy
 			}
@@ -485,6 +491,16 @@ func rotationDue(spec *events.GatewaySpec, s *session, now time.Time) bool {
 	}
 	r := spec.Session
 	return r.MaxRequests > 0 && s.uses >= r.MaxRequests || r.MaxAge > 0 && !now.Before(s.pinned.Add(time.Duration(r.MaxAge)))
+}
+
+// shareUse reports whether a use of s is worth telling the other gateways
+// of: its uses count towards rotation, or their copy of its last use is
+// a quarter of the TTL old (they would forget it).
+func shareUse(spec *events.GatewaySpec, s *session, now time.Time) bool {
+	if spec != nil && spec.Session != nil && spec.Session.MaxRequests > 0 {
+		return true
+	}
+	return now.Sub(s.shared) >= spec.SessionTTLOrDefault()/4
 }
 
 // allCoolingLocked reports whether every proxy of p not in exclude is

@@ -6,7 +6,10 @@ import (
 )
 
 // SessionHook is told that session id of pool changed: moved is true when
-// it was pinned or moved to a proxy, false when it was only used. The
+// it was pinned or moved to a proxy, false when it was used. A use is
+// told when its count matters (the pool rotates sessions after
+// maxRequests) or when the other gateways last heard of the session a
+// quarter of its TTL ago, so they do not forget it while it is used here. The
 // caller that shares sessions with other gateways reads the change with
 // [Table.TakeSession]. It is called without the table's locks held, on
 // the request's path: it must not block.
@@ -53,6 +56,7 @@ func (t *Table) TakeSession(pool, id string) (SessionState, bool) {
 		return SessionState{}, false
 	}
 	s.synced = s.uses
+	s.shared = t.now()
 	return SessionState{Proxy: s.proxy, Pinned: s.pinned, Used: s.used, Uses: s.uses}, true
 }
 
@@ -93,15 +97,16 @@ func (t *Table) applySession(p *pool, id string, st SessionState) bool {
 		if p.lru.Len() >= t.limits.SessionsPerPool {
 			p.dropLocked(p.lru.Back().Value.(*session))
 		}
-		s = &session{id: id, proxy: st.Proxy, pinned: st.Pinned, used: st.Used, uses: st.Uses, synced: st.Uses, remote: true}
+		s = &session{id: id, proxy: st.Proxy, pinned: st.Pinned, used: st.Used, uses: st.Uses, synced: st.Uses, shared: now, remote: true}
 		s.inPool = insertByUse(p.lru, s)
 		p.sessions[id] = s
 		return false
 	case s.proxy == st.Proxy && s.pinned.Equal(st.Pinned):
 		s.uses = st.Uses + max(s.uses-s.synced, 0)
 		s.synced = st.Uses
+		s.shared = now
 	case st.Pinned.After(s.pinned) || st.Pinned.Equal(s.pinned) && st.Proxy > s.proxy:
-		s.proxy, s.pinned, s.uses, s.synced = st.Proxy, st.Pinned, st.Uses, st.Uses
+		s.proxy, s.pinned, s.uses, s.synced, s.shared = st.Proxy, st.Pinned, st.Uses, st.Uses, now
 	default:
 		return true
 	}

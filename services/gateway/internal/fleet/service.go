@@ -29,6 +29,10 @@ type PoolInfo struct {
 	Strategy string   `json:"strategy"`
 	Sessions int      `json:"sessions"`
 	BanRules []string `json:"banRules,omitempty"`
+	// PerSite and Session are the pool's politeness and session rotation
+	// (absent when not set).
+	PerSite *events.PerSite         `json:"perSite,omitempty"`
+	Session *events.SessionRotation `json:"session,omitempty"`
 	// Credentials is "none", "ok" or why the password does not open.
 	Credentials string `json:"credentials"`
 }
@@ -44,7 +48,11 @@ type Stats struct {
 func (f *Fleet) info() Info {
 	out := Info{Name: f.cfg.Name, Version: f.cfg.Version, Listen: f.cfg.Listen, Key: seal.Public(f.cfg.Key), Pools: map[string]PoolInfo{}}
 	for _, name := range f.poolNames() {
-		pi := PoolInfo{Ready: []string{}, Strategy: f.table.Spec(name).StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none"}
+		spec := f.table.Spec(name)
+		pi := PoolInfo{Ready: []string{}, Strategy: spec.StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none"}
+		if spec != nil {
+			pi.PerSite, pi.Session = spec.PerSite, spec.Session
+		}
 		for _, x := range f.table.Ready(name) {
 			pi.Ready = append(pi.Ready, x.ID)
 		}

@@ -167,6 +167,16 @@ func TestTwoGatewaysServeOneSessionOnOneProxy(t *testing.T) {
 		t.Fatalf("the 11th use of s1 stayed on %s; want a rotation after 10 uses across both gateways", moved)
 	}
 	gw1.sessionOn(t, "gw1 to follow the rotation", "s1", rotated)
+
+	// The info endpoint shows the rotation and the session.
+	m, err := conn.NC.Request(events.GatewaySubject("gw1", events.GatewayInfo), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info Info
+	if err := json.Unmarshal(m.Data, &info); err != nil || info.Pools["p"].Session == nil || info.Pools["p"].Session.MaxRequests != 10 || info.Pools["p"].Sessions != 1 {
+		t.Errorf("info: %s", m.Data)
+	}
 }
 
 // TestRestartedGatewayKeepsItsSessions: a gateway started again loads the

@@ -44,7 +44,13 @@ import (
 //
 // Each value carries the session's last use; a gateway forgets a session
 // a session TTL after it, as the table does its own, and the entry
-// expires from the bucket then (a per-message TTL from the write).
+// expires from the bucket then: each write carries a message TTL of the
+// rest of the session's life (Nats-TTL; the bucket allows message TTLs,
+// and its limit markers tell the watchers). KeyValue.Put takes no TTL
+// (jetstream.KeyTTL is Create's alone, and a session is written again and
+// again), so a write is a publish to the key's subject, which is what Put
+// does, with the TTL. A bucket-wide MaxAge could not follow each pool's
+// own sessionTTL.
 const (
 	// sessionFlush is how often used sessions are written.
 	sessionFlush = time.Second

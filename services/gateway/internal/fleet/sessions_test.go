@@ -277,3 +277,52 @@ func TestGatewayServesWithoutTheSessionsBucket(t *testing.T) {
 		})
 	}
 }
+
+// sessionPermissions is every subject a gateway publishes to for
+// fleet-gateway-sessions: bind the bucket, watch it (an ordered consumer,
+// its flow control, deleted when the watch stops) and write its keys
+// "<pool>.<session id>". No read by key.
+var sessionPermissions = []string{
+	"$JS.API.STREAM.INFO.KV_" + bus.BucketGatewaySessions,
+	"$JS.API.CONSUMER.CREATE.KV_" + bus.BucketGatewaySessions + ".>",
+	"$JS.API.CONSUMER.DELETE.KV_" + bus.BucketGatewaySessions + ".*",
+	"$JS.FC.KV_" + bus.BucketGatewaySessions + ".>",
+	"$KV." + bus.BucketGatewaySessions + ".*.*",
+}
+
+// TestSessionsNeedOnlyTheirPermissions: two gateways allowed no more of
+// fleet-gateway-sessions than sessionPermissions share a session.
+func TestSessionsNeedOnlyTheirPermissions(t *testing.T) {
+	ctx := testwait.Context(t, 60*time.Second)
+	allow := []string{"fleet.>", "$SRV.>", "_INBOX.>", "$JS.API.INFO"}
+	for _, b := range []string{bus.BucketProxies, bus.BucketPools, bus.BucketGatewayCreds, bus.BucketDemand} {
+		allow = append(allow, "$JS.API.STREAM.INFO.KV_"+b, "$JS.API.CONSUMER.CREATE.KV_"+b+".>", "$JS.API.CONSUMER.DELETE.KV_"+b+".*",
+			"$JS.API.DIRECT.GET.KV_"+b, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b, "$JS.FC.KV_"+b+".>", "$KV."+b+".>")
+	}
+	allow = append(allow, sessionPermissions...)
+	srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Users: []*server.User{{Username: "admin", Password: "admin-pw"},
+			{Username: "gateway", Password: "gateway-pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: allow}}}}})
+	dial := func(user, password string) *bus.Conn {
+		t.Helper()
+		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), User: user, Password: password, Name: user}, nil)
+		if err != nil {
+			t.Fatalf("connect as %s: %v", user, err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	admin := dial("admin", "admin-pw")
+	if err := bus.EnsureTopology(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	sessionFleet(t, admin, nil)
+	gw1 := startGateway(t, dial("gateway", "gateway-pw"), "gw1")
+	gw2 := startGateway(t, dial("gateway", "gateway-pw"), "gw2")
+	gw1.pick(t, plain)
+	if x := gw1.pick(t, session); x != "p-b" {
+		t.Fatalf("gw1 pinned s1 to %s, want p-b", x)
+	}
+	storedSession(t, bucket(t, admin, bus.BucketGatewaySessions), "s1", "p-b")
+	gw2.sessionOn(t, "gw2 to learn s1 on p-b", "s1", "p-b")
+}

@@ -40,6 +40,12 @@ const (
 	// public), key "key" its private key sealed to the gateways' curve
 	// key. The first gateway to start creates both.
 	BucketGatewayCA = "fleet-gateway-ca"
+	// BucketGatewaySessions holds the gateways' sticky sessions under
+	// "<pool>.<session id>", so every gateway serves a session on the same
+	// proxy and a restarted one keeps serving it there. Each entry
+	// expires on its own (a per-message TTL: the session's TTL from its
+	// last use); the bucket allows message TTLs for it.
+	BucketGatewaySessions = "fleet-gateway-sessions"
 	// BucketDemand holds the demand each gateway sees per pool
 	// (events.GatewayDemand under events.DemandKey), read by the planner
 	// to size autoscaled pools.
@@ -76,6 +82,9 @@ const (
 	// entry: the longest cooldown and the longest span retireAfterSites
 	// counts over. Each entry's own "until" ends its cooldown exactly.
 	GatewayCooldownTTL = 24 * time.Hour
+	// SessionMarkerTTL is how long fleet-gateway-sessions keeps the marker
+	// of a session that expired, which tells the gateways' watchers.
+	SessionMarkerTTL = time.Minute
 )
 
 // EnsureTopology creates or updates every stream and bucket. It is safe to
@@ -131,6 +140,8 @@ func EnsureTopology(ctx context.Context, c *Conn) error {
 		{Bucket: BucketGatewayCreds, Description: "pool proxy passwords sealed to the gateway's curve key; the gateway's public key under _recipient", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCooldowns, Description: "proxies kept off a site by a gateway's cooldown rule, shared by every gateway; each entry ends at its until", History: 1, TTL: GatewayCooldownTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketGatewayCA, Description: "the gateways' CA for intercepted HTTPS: its certificate under cert, its key sealed to the gateways' curve key under key", History: 1, Storage: jetstream.FileStorage, Replicas: r},
+		{Bucket: BucketGatewaySessions, Description: "the gateways' sticky sessions (pool, id: proxy, uses, pinned at, last used), each expiring with its session TTL",
+			History: 1, LimitMarkerTTL: SessionMarkerTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketDemand, Description: "per-pool demand each gateway sees, read by the planner to autoscale pools", History: 1, TTL: DemandTTL, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketVMIDs, Description: "Proxmox VMID reservations", History: 1, Storage: jetstream.FileStorage, Replicas: r},
 		{Bucket: BucketHealth, Description: "live health replicas, which split the probing between them", History: 1, TTL: HealthMemberTTL, Storage: jetstream.FileStorage, Replicas: r},

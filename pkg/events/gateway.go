@@ -3,6 +3,7 @@ package events
 import (
 	"encoding/base64"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -47,6 +48,18 @@ const (
 	DefaultScaleDownAfter = 5 * time.Minute
 	// MinScaleDownAfter is the shortest scaleDownAfter a pool may ask for.
 	MinScaleDownAfter = 10 * time.Second
+	// DefaultQueueTimeout is how long a request waits for a proxy under
+	// its per-site limits ([PerSite.QueueTimeout]) when the pool names
+	// none; MaxQueueTimeout bounds what a pool may name.
+	DefaultQueueTimeout = 5 * time.Second
+	MaxQueueTimeout     = time.Minute
+	// MaxSiteConcurrency and MaxSiteRate bound [PerSite]'s limits;
+	// MinSiteRate is the slowest rate (one request per 100 s).
+	MaxSiteConcurrency = 10_000
+	MaxSiteRate        = 10_000
+	MinSiteRate        = 0.01
+	// MaxSessionRequests bounds [SessionRotation.MaxRequests].
+	MaxSessionRequests = 1_000_000
 
 	// DefaultBanCooldown is how long a cooldown rule keeps a proxy off
 	// the site that banned it; MinBanCooldown and MaxBanCooldown bound a
@@ -109,6 +122,84 @@ type GatewaySpec struct {
 	// stats. Clients must trust the gateway CA. Off by default: tunnels
 	// are opaque.
 	Intercept bool `json:"intercept,omitempty"`
+	// PerSite holds each proxy to limits per site (nil: none).
+	PerSite *PerSite `json:"perSite,omitempty"`
+	// Session rotates sessions to another proxy (nil: a session stays on
+	// its proxy while it is ready).
+	Session *SessionRotation `json:"session,omitempty"`
+}
+
+// PerSite is the politeness of a pool's proxies towards each site (a
+// registrable domain): how many requests one proxy carries to one site at
+// once and how fast it starts them. A request waits up to QueueTimeout for
+// a proxy under both limits, then is answered 429. A CONNECT tunnel counts
+// as one request for its whole life. Zero limits are unlimited; at least
+// one must be set.
+type PerSite struct {
+	// Concurrency bounds the requests in flight at once per proxy per
+	// site.
+	Concurrency int `json:"concurrency,omitempty"`
+	// Rate bounds the requests started per second per proxy per site: a
+	// token bucket refilled at Rate that holds at most [PerSite.Burst]
+	// tokens.
+	Rate float64 `json:"rate,omitempty"`
+	// QueueTimeout is how long a request waits for a proxy under its
+	// limits (default [DefaultQueueTimeout], at most [MaxQueueTimeout]; a
+	// negative value is refused, 0 takes the default).
+	QueueTimeout Duration `json:"queueTimeout,omitempty"`
+}
+
+// Burst is how many requests a proxy may start at once towards one site
+// after being idle there: a quarter second's worth of Rate, at least one.
+// A small burst keeps the requests spread as the rate says.
+func (p *PerSite) Burst() int {
+	return max(1, int(math.Ceil(p.Rate/4)))
+}
+
+// QueueTimeoutOrDefault is the queue timeout or [DefaultQueueTimeout].
+func (p *PerSite) QueueTimeoutOrDefault() time.Duration {
+	if p == nil || p.QueueTimeout <= 0 {
+		return DefaultQueueTimeout
+	}
+	return time.Duration(p.QueueTimeout)
+}
+
+func (p *PerSite) validate(v *ValidationError, prefix string) {
+	if p.Concurrency == 0 && p.Rate == 0 {
+		v.Add(prefix, "must set concurrency or rate (or be left out)", "")
+	}
+	if p.Concurrency < 0 || p.Concurrency > MaxSiteConcurrency {
+		v.Add(prefix+".concurrency", fmt.Sprintf("must be between 1 and %d requests at once (0 or absent: unlimited)", MaxSiteConcurrency), fmt.Sprint(p.Concurrency))
+	}
+	if p.Rate != 0 && !(p.Rate >= MinSiteRate && p.Rate <= MaxSiteRate) {
+		v.Add(prefix+".rate", fmt.Sprintf("must be between %g and %d requests per second (0 or absent: unlimited)", MinSiteRate, MaxSiteRate), fmt.Sprint(p.Rate))
+	}
+	if p.QueueTimeout < 0 || time.Duration(p.QueueTimeout) > MaxQueueTimeout {
+		v.Add(prefix+".queueTimeout", "must be between 0 (the default, "+DefaultQueueTimeout.String()+") and "+MaxQueueTimeout.String(), time.Duration(p.QueueTimeout).String())
+	}
+}
+
+// SessionRotation moves a session to another ready proxy once it has been
+// used MaxRequests times, or is MaxAge old, on its current proxy (each
+// plain HTTP request and each CONNECT tunnel is one use). Zero values do
+// not rotate; at least one must be set.
+type SessionRotation struct {
+	MaxRequests int      `json:"maxRequests,omitempty"`
+	MaxAge      Duration `json:"maxAge,omitempty"`
+}
+
+func (s *SessionRotation) validate(v *ValidationError, prefix string) {
+	if s.MaxRequests == 0 && s.MaxAge == 0 {
+		v.Add(prefix, "must set maxRequests or maxAge (or be left out)", "")
+	}
+	if s.MaxRequests < 0 || s.MaxRequests > MaxSessionRequests {
+		v.Add(prefix+".maxRequests", fmt.Sprintf("must be between 1 and %d (0 or absent: no limit)", MaxSessionRequests), fmt.Sprint(s.MaxRequests))
+	}
+	if s.MaxAge < 0 {
+		v.Add(prefix+".maxAge", "must not be negative", time.Duration(s.MaxAge).String())
+	} else if s.MaxAge > 0 && time.Duration(s.MaxAge) < time.Second {
+		v.Add(prefix+".maxAge", "must be at least 1s", time.Duration(s.MaxAge).String())
+	}
 }
 
 // BanRule matches responses that show the proxy's address is banned. A
@@ -232,6 +323,12 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 		v.Add(prefix+".retireAfterSites", fmt.Sprintf("must be between 0 (never) and %d", MaxRetireAfterSites), fmt.Sprint(*g.RetireAfterSites))
 	}
 	checkSpan(v, prefix+".retireAfterSitesWindow", time.Duration(g.RetireAfterSitesWindow), MinRetireAfterSitesWindow, MaxRetireAfterSitesWindow)
+	if g.PerSite != nil {
+		g.PerSite.validate(v, prefix+".perSite")
+	}
+	if g.Session != nil {
+		g.Session.validate(v, prefix+".session")
+	}
 	if len(g.BanRules) > MaxBanRules {
 		v.Add(prefix+".banRules", fmt.Sprintf("may hold at most %d rules", MaxBanRules), fmt.Sprint(len(g.BanRules)))
 	}
@@ -349,6 +446,14 @@ func (g *GatewaySpec) Clone() *GatewaySpec {
 	}
 	if g.BanRules == nil {
 		out.BanRules = nil
+	}
+	if g.PerSite != nil {
+		p := *g.PerSite
+		out.PerSite = &p
+	}
+	if g.Session != nil {
+		r := *g.Session
+		out.Session = &r
 	}
 	return &out
 }

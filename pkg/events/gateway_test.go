@@ -58,6 +58,23 @@ func TestGatewaySpecValidate(t *testing.T) {
 				`gateway.banRules[2].cooldown: must be between 1s and 24h0m0s (got "-1s")`}},
 		{"retire after sites", events.GatewaySpec{RetireAfterSites: &minus, RetireAfterSitesWindow: events.Duration(time.Second)},
 			[]string{`gateway.retireAfterSites: must be between 0 (never) and 1000 (got "-1")`, `gateway.retireAfterSitesWindow: must be between 1m0s and 24h0m0s (got "1s")`}},
+		{"politeness", events.GatewaySpec{PerSite: &events.PerSite{Concurrency: 2, Rate: 0.5, QueueTimeout: events.Duration(10 * time.Second)}}, nil},
+		{"politeness without limits", events.GatewaySpec{PerSite: &events.PerSite{}}, []string{`gateway.perSite: must set concurrency or rate (or be left out)`}},
+		{"politeness out of bounds", events.GatewaySpec{PerSite: &events.PerSite{Concurrency: -1, Rate: 0.001, QueueTimeout: events.Duration(2 * time.Minute)}}, []string{
+			`gateway.perSite.concurrency: must be between 1 and 10000 requests at once (0 or absent: unlimited) (got "-1")`,
+			`gateway.perSite.rate: must be between 0.01 and 10000 requests per second (0 or absent: unlimited) (got "0.001")`,
+			`gateway.perSite.queueTimeout: must be between 0 (the default, 5s) and 1m0s (got "2m0s")`,
+		}},
+		{"politeness rate too high", events.GatewaySpec{PerSite: &events.PerSite{Rate: 20000, QueueTimeout: events.Duration(-time.Second)}}, []string{
+			`gateway.perSite.rate: must be between 0.01 and 10000 requests per second (0 or absent: unlimited) (got "20000")`,
+			`gateway.perSite.queueTimeout: must be between 0 (the default, 5s) and 1m0s (got "-1s")`,
+		}},
+		{"rotation", events.GatewaySpec{Session: &events.SessionRotation{MaxRequests: 10, MaxAge: events.Duration(time.Minute)}}, nil},
+		{"rotation without limits", events.GatewaySpec{Session: &events.SessionRotation{}}, []string{`gateway.session: must set maxRequests or maxAge (or be left out)`}},
+		{"rotation out of bounds", events.GatewaySpec{Session: &events.SessionRotation{MaxRequests: -2, MaxAge: events.Duration(time.Millisecond)}}, []string{
+			`gateway.session.maxRequests: must be between 1 and 1000000 (0 or absent: no limit) (got "-2")`,
+			`gateway.session.maxAge: must be at least 1s (got "1ms")`,
+		}},
 	}
 	for _, c := range cases {
 		spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Gateway: &c.gw}
@@ -115,6 +132,15 @@ func TestGatewaySpecDefaults(t *testing.T) {
 	if r.ThresholdOrDefault() != 5 || r.WindowOrDefault() != time.Minute {
 		t.Errorf("rule defaults: %d %s", r.ThresholdOrDefault(), r.WindowOrDefault())
 	}
+	var noSite *events.PerSite
+	if noSite.QueueTimeoutOrDefault() != 5*time.Second || (&events.PerSite{QueueTimeout: events.Duration(time.Second)}).QueueTimeoutOrDefault() != time.Second {
+		t.Errorf("queue timeout defaults: %s", noSite.QueueTimeoutOrDefault())
+	}
+	for rate, want := range map[float64]int{0.5: 1, 1: 1, 4: 1, 4.5: 2, 10: 3, 100: 25} {
+		if got := (&events.PerSite{Rate: rate}).Burst(); got != want {
+			t.Errorf("burst at rate %g: %d, want %d", rate, got, want)
+		}
+	}
 }
 
 // TestGatewaySpecRoundTrip: the gateway spec survives the public copy and
@@ -122,18 +148,22 @@ func TestGatewaySpecDefaults(t *testing.T) {
 func TestGatewaySpecRoundTrip(t *testing.T) {
 	one := 1
 	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "u", Password: "secret"},
-		Gateway: &events.GatewaySpec{Strategy: events.StrategyRandom, Retries: &one, BanRules: []events.BanRule{{Name: "x", Status: []int{429}}}, Intercept: true}}
+		Gateway: &events.GatewaySpec{Strategy: events.StrategyRandom, Retries: &one, BanRules: []events.BanRule{{Name: "x", Status: []int{429}}}, Intercept: true,
+			PerSite: &events.PerSite{Concurrency: 2, Rate: 1.5}, Session: &events.SessionRotation{MaxRequests: 10}}}
 	pub := spec.Public()
 	if !pub.Gateway.Intercept || !spec.Gateway.Clone().Intercept {
 		t.Errorf("intercept lost in the copy: %+v", pub.Gateway)
 	}
 	*pub.Gateway.Retries = 5
 	pub.Gateway.BanRules[0].Status[0] = 403
-	if *spec.Gateway.Retries != 1 || spec.Gateway.BanRules[0].Status[0] != 429 {
+	pub.Gateway.PerSite.Concurrency = 3
+	pub.Gateway.Session.MaxRequests = 11
+	if *spec.Gateway.Retries != 1 || spec.Gateway.BanRules[0].Status[0] != 429 || spec.Gateway.PerSite.Concurrency != 2 || spec.Gateway.Session.MaxRequests != 10 {
 		t.Fatalf("Public shares the gateway spec with the original: %+v", spec.Gateway)
 	}
 	raw, back := jsonRoundTrip(t, spec.Public())
-	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 || !back.Gateway.Intercept {
+	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 || !back.Gateway.Intercept ||
+		*back.Gateway.PerSite != (events.PerSite{Concurrency: 2, Rate: 1.5}) || *back.Gateway.Session != (events.SessionRotation{MaxRequests: 10}) {
 		t.Errorf("round trip: %s", raw)
 	}
 	if !strings.Contains(string(raw), `"intercept":true`) {
@@ -141,6 +171,9 @@ func TestGatewaySpecRoundTrip(t *testing.T) {
 	}
 	if raw, _ := json.Marshal(events.GatewaySpec{Strategy: events.StrategyRandom}); strings.Contains(string(raw), "intercept") {
 		t.Errorf("a gateway spec without interception writes the field: %s", raw)
+	}
+	if !strings.Contains(string(raw), `"perSite":{"concurrency":2,"rate":1.5}`) || !strings.Contains(string(raw), `"session":{"maxRequests":10}`) {
+		t.Errorf("json names of perSite and session: %s", raw)
 	}
 	if raw, _ := json.Marshal(events.PoolSpec{Name: "demo", Provider: "local"}); strings.Contains(string(raw), "gateway") {
 		t.Errorf("a spec without gateway writes one: %s", raw)

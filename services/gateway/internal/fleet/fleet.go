@@ -3,9 +3,10 @@
 // passwords the planner sealed to the gateway's key in
 // fleet-gateway-creds, reports suspect proxies to health and banned ones
 // to the planner (through an [api.Client]), shares the per-site cooldowns
-// of proxies with the other gateways in fleet-gateway-cooldowns, writes
-// each pool's demand into fleet-demand, loads (or creates) the fleet's
-// gateway CA for intercepting pools from fleet-gateway-ca, and serves the
+// of proxies with the other gateways in fleet-gateway-cooldowns and the
+// sticky sessions in fleet-gateway-sessions (sessions.go), writes each
+// pool's demand into fleet-demand, loads (or creates) the fleet's gateway
+// CA for intercepting pools from fleet-gateway-ca, and serves the
 // fleet-gateway micro service (info, stats, ca).
 package fleet
 
@@ -90,6 +91,9 @@ type Fleet struct {
 	cooldownRetry time.Duration
 	// ca is the gateway CA of intercepting pools (ca.go).
 	ca gatewayCA
+	// sessions shares the table's sessions with the other gateways
+	// (sessions.go).
+	sessions *sessions
 }
 
 // A ban report is sent at most banAttempts times, the nth retry
@@ -142,14 +146,15 @@ func New(conn *bus.Conn, table *route.Table, cfg Config, log *slog.Logger) (*Fle
 		cfg.Cooldowns = cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
 	}
 	return &Fleet{cfg: cfg, conn: conn, log: log, table: table,
-		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 4, counted: map[string]bool{},
+		pools: map[string]*poolInfo{}, creds: map[string]cred{}, synced: make(chan struct{}), pending: 5, counted: map[string]bool{},
 		planner: api.NewClient(conn.NC, api.WithTimeout(banRequestTimeout)), bans: make(chan banReport, banQueue), banBackoff: banBackoff,
-		cooldowns: cfg.Cooldowns, cools: make(chan cooldown.Entry, cooldownQueue), cooldownRetry: cooldownRetry}, nil
+		cooldowns: cfg.Cooldowns, cools: make(chan cooldown.Entry, cooldownQueue), cooldownRetry: cooldownRetry,
+		sessions: newSessions(table, cfg.Name, log)}, nil
 }
 
 // Synced is closed once the gateway loaded the ready proxies, the pools,
-// the credentials and the cooldowns present when it started (or found it
-// cannot open the cooldowns bucket).
+// the credentials, the cooldowns and the shared sessions present when it
+// started (or found it cannot open the cooldowns or sessions bucket).
 func (f *Fleet) Synced() <-chan struct{} { return f.synced }
 
 // markSynced counts the first load of bucket name toward synced.
@@ -341,6 +346,7 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 	wg.Go(func() { f.reportBans(ctx) })
 	wg.Go(func() { f.runCooldowns(ctx) })
 	wg.Go(func() { f.runCA(ctx) })
+	wg.Go(func() { f.sessions.run(ctx, f.conn.JS, func() { f.markSynced(bus.BucketGatewaySessions) }) })
 	wg.Wait()
 	return nil
 }

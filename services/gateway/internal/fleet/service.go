@@ -35,6 +35,10 @@ type PoolInfo struct {
 	// Cooled lists, per site, the proxies kept off it now (cooldown ban
 	// rules, every gateway's).
 	Cooled map[string][]string `json:"cooled,omitempty"`
+	// PerSite and Session are the pool's politeness and session rotation
+	// (absent when not set).
+	PerSite *events.PerSite         `json:"perSite,omitempty"`
+	Session *events.SessionRotation `json:"session,omitempty"`
 	// Credentials is "none", "ok" or why the password does not open.
 	Credentials string `json:"credentials"`
 }
@@ -61,7 +65,11 @@ func (f *Fleet) info() Info {
 		cooled[e.Pool][e.Site] = append(cooled[e.Pool][e.Site], e.Proxy)
 	}
 	for _, name := range f.poolNames() {
-		pi := PoolInfo{Ready: []string{}, Strategy: f.table.Spec(name).StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none", Cooled: cooled[name]}
+		spec := f.table.Spec(name)
+		pi := PoolInfo{Ready: []string{}, Strategy: spec.StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none", Cooled: cooled[name]}
+		if spec != nil {
+			pi.PerSite, pi.Session = spec.PerSite, spec.Session
+		}
 		for _, ids := range pi.Cooled {
 			slices.Sort(ids)
 		}

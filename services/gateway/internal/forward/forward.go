@@ -291,6 +291,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	target.Client = clientHost(r.RemoteAddr)
 	rec.Target(target.Pool, target.Session)
+	target.Site = requestSite(r)
 	allowed, err := s.cfg.Auth(target.Client, target.Pool, password)
 	if th, ok := errors.AsType[Throttled](err); ok {
 		secs := int((th.RetryAfter() + time.Second - 1) / time.Second)
@@ -314,6 +315,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relay(w, r, target)
+}
+
+// requestSite is the site of a request, which the pool's per-site limits
+// apply to: that of a CONNECT's host or of an absolute URL's.
+func requestSite(r *http.Request) string {
+	if r.Method == http.MethodConnect {
+		return site.Key(r.Host)
+	}
+	return site.Key(r.URL.Host)
 }
 
 // clientHost is the IP of a client's address, whom sessions and failed
@@ -427,7 +437,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 		host = r.Host
 	}
 	a := &attempts{site: site.Key(host)}
-	s.tryProxies(w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
+	s.tryProxies(r.Context(), w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
 		a.made++
 		a.tried = append(a.tried, x.ID)
 		w.Header().Set(AttemptsHeader, strconv.Itoa(a.made))
@@ -489,12 +499,19 @@ func (a *attempts) setHeaders(h http.Header, proxy, rule string) {
 // tells once that no attempt follows. When the attempts end without an
 // answer, held (when not nil) may answer with what an earlier attempt
 // held back; otherwise the request fails: 429 when the only proxies left
-// are cooled for site, 503 when none is ready.
-func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, site string, retries int, start time.Time, once func(x route.Proxy, last bool) bool, held func() bool) {
+// are cooled for site, or stay at their per-site limits (target.Site)
+// past the pool's queue timeout; 503 when none is ready.
+func (s *Server) tryProxies(ctx context.Context, w http.ResponseWriter, target route.Target, site string, retries int, start time.Time, once func(x route.Proxy, last bool) bool, held func() bool) {
 	var tried []string
 	for attempt := 0; attempt <= retries; attempt++ {
 		cooled, until := s.cfg.Cooldowns.Cooled(target.Pool, site)
-		x, err := s.cfg.Table.Pick(target, append(cooled, tried...)...)
+		x, err := s.cfg.Table.Acquire(ctx, target, append(cooled, tried...)...)
+		if err != nil && held != nil && held() {
+			return
+		}
+		if s.atLimit(w, target, err, start) {
+			return
+		}
 		if err != nil {
 			if held != nil && held() {
 				return
@@ -516,6 +533,24 @@ func (s *Server) tryProxies(w http.ResponseWriter, target route.Target, site str
 		s.fail(target.Pool, "", "no_proxy", start)
 		http.Error(w, "proxyfleet gateway: every attempt failed", http.StatusBadGateway)
 	}
+}
+
+// atLimit answers a request no proxy could take under the pool's per-site
+// limits (429, with Retry-After), or whose client left while it waited;
+// false for any other outcome of [route.Table.Acquire].
+func (s *Server) atLimit(w http.ResponseWriter, target route.Target, err error, start time.Time) bool {
+	if lerr, ok := errors.AsType[*route.LimitError](err); ok {
+		s.fail(target.Pool, "", "site_limit", start)
+		secs := int((lerr.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+		http.Error(w, "proxyfleet gateway: "+lerr.Error()+"; slow down or retry later", http.StatusTooManyRequests)
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		s.fail(target.Pool, "", "client_gone", start)
+		return true
+	}
+	return false
 }
 
 // noProxy answers a request no proxy is left to try for: 429 when ready
@@ -786,7 +821,7 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 		return
 	}
 	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	s.tryProxies(w, target, site.Key(r.Host), retries, start, func(x route.Proxy, last bool) bool {
+	s.tryProxies(r.Context(), w, target, site.Key(r.Host), retries, start, func(x route.Proxy, last bool) bool {
 		return s.tunnelOnce(w, hj, r, x, last, start)
 	}, nil)
 }

@@ -4,9 +4,17 @@
 // (round-robin, least-connections, random), and keeps sessions pinned to
 // one proxy while it stays ready and the session is used.
 //
+// It also holds each proxy to the pool's per-site limits (politeness:
+// requests in flight and requests per second per proxy per site, see
+// [Table.Acquire]) and rotates sessions after a number of uses or an age
+// ([events.SessionRotation]).
+//
 // It holds no I/O: the gateway feeds it the ready proxies it sees in the
 // fleet-proxies view ([Table.Set], [Table.Remove]) and asks it for a
-// proxy per connection ([Table.Pick]).
+// proxy per connection ([Table.Pick]). Sessions shared with other
+// gateways come and go through hooks ([Table.SetSessionHook],
+// [Table.ApplySession], [Table.TakeSession]); the NATS side is the
+// caller's.
 package route
 
 import (
@@ -17,6 +25,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"proxyfleet/pkg/events"
@@ -34,10 +43,15 @@ const MaxSessionID = 128
 // the client wants one proxy for a series of connections. Client, set by
 // the caller (the client's address), is whom the session counts against
 // ([Limits.SessionsPerClient]).
+//
+// Site, set by the caller (site.Key of the request's host, or of a
+// CONNECT's), is the site the pool's per-site limits apply to; "" for
+// none.
 type Target struct {
 	Pool    string
 	Session string
 	Client  string
+	Site    string
 }
 
 // ParseUser splits a Proxy-Authorization username into pool and session.
@@ -71,6 +85,9 @@ type Proxy struct {
 	// password is the pool's, which the gateway opens from
 	// fleet-gateway-creds.
 	Username string
+	// Site, in a Proxy [Table.Pick] returned, is the site the connection
+	// counts against until [Table.Done] ("" when it counts against none).
+	Site string
 }
 
 // ErrNoProxy is returned when a pool has no ready proxy to pick (beyond
@@ -106,6 +123,8 @@ type Limits struct {
 type Table struct {
 	now    func() time.Time
 	limits Limits
+	// hook is told of session changes to share (see [Table.SetSessionHook]).
+	hook atomic.Pointer[SessionHook]
 
 	mu    sync.RWMutex
 	pools map[string]*pool
@@ -134,6 +153,10 @@ type pool struct {
 	// cool holds the proxies that failed a request lately and until when
 	// new connections avoid them (see [Table.Cool]).
 	cool map[string]time.Time
+	// sites holds the per-site counts and token buckets of the pool's
+	// proxies (see persite.go); swept is when idle sites were last dropped.
+	sites map[string]*siteState
+	swept time.Time
 }
 
 type session struct {
@@ -141,8 +164,19 @@ type session struct {
 	client string
 	proxy  string
 	used   time.Time
+	// pinned is when the session was pinned to proxy; uses counts its
+	// uses since (rotation), synced the part of uses another gateway
+	// already knows (see [Table.ApplySession]).
+	pinned       time.Time
+	uses, synced int
+	// shared is when the session was last shared with (or learnt from)
+	// the other gateways.
+	shared time.Time
+	// remote is a session learnt from another gateway and not used by a
+	// client here yet: it counts against no client.
+	remote bool
 	// inPool and inClient are the session's elements in pool.lru and in
-	// its client's list.
+	// its client's list (inClient nil when remote).
 	inPool, inClient *list.Element
 }
 
@@ -168,6 +202,7 @@ func (t *Table) poolLocked(name string) *pool {
 		p = &pool{
 			proxies: map[string]Proxy{}, open: map[string]int{}, sessions: map[string]*session{},
 			lru: list.New(), byClient: map[string]*list.List{}, cool: map[string]time.Time{},
+			sites: map[string]*siteState{},
 		}
 		t.pools[name] = p
 	}
@@ -215,6 +250,9 @@ func (t *Table) Set(x Proxy) {
 	if _, ok := p.proxies[x.ID]; !ok {
 		i, _ := slices.BinarySearch(p.ids, x.ID)
 		p.ids = slices.Insert(p.ids, i, x.ID)
+		// Requests waiting for a proxy under its per-site limits may
+		// take this one.
+		p.wakeAllLocked()
 	}
 	p.proxies[x.ID] = x
 	t.byID[x.ID] = x.Pool
@@ -306,26 +344,64 @@ func (t *Table) Ready(name string) []Proxy {
 // of exclude (the proxies a failed attempt already tried). A session
 // keeps its proxy while that proxy is ready and not excluded, and is
 // pinned to the picked proxy otherwise; each pick renews it for the
-// pool's session TTL. The caller reports the connection's end with
-// [Table.Done].
+// pool's session TTL and counts one use of it, and a session due for
+// rotation ([events.SessionRotation]) moves to another proxy.
+//
+// With per-site limits ([events.PerSite]) and a target.Site, only a proxy
+// under its limits for that site is picked, and the pick counts against
+// them; when every usable proxy is at its limit (or a session's proxy
+// is), Pick returns a [*LimitError] at once ([Table.Acquire] waits). The
+// caller reports the connection's end with [Table.Done].
 func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
+	x, changed, err := t.pick(target, exclude)
+	if changed != sessionSame {
+		t.tell(target.Pool, target.Session, changed == sessionMoved)
+	}
+	return x, err
+}
+
+// What a pick did to its session, for [SessionHook].
+const (
+	sessionSame = iota
+	sessionUsed
+	sessionMoved
+)
+
+func (t *Table) pick(target Target, exclude []string) (Proxy, int, error) {
 	p := t.pool(target.Pool)
 	if p == nil {
-		return Proxy{}, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
+		return Proxy{}, sessionSame, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.ids) == 0 {
-		return Proxy{}, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
+		return Proxy{}, sessionSame, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
 	}
 	now := t.now()
+	lim := p.limiterLocked(target, now)
+	var avoid string
 	if target.Session != "" {
 		expireLocked(p, now)
 		if s := p.sessions[target.Session]; s != nil {
 			if x, ok := p.proxies[s.proxy]; ok && !slices.Contains(exclude, s.proxy) && (!coolingLocked(p, s.proxy, now) || t.allCoolingLocked(p, exclude, now)) {
-				p.touchLocked(s, now)
-				p.open[x.ID]++
-				return x, nil
+				if !rotationDue(p.spec, s, now) {
+					// A session waits for its own proxy rather than
+					// leave it for the site's load.
+					if !lim.under(s.proxy) {
+						return Proxy{}, sessionSame, lim.err()
+					}
+					t.adoptLocked(p, s, target.Client)
+					p.touchLocked(s, now)
+					s.uses++
+					lim.take(s.proxy)
+					p.open[x.ID]++
+					x.Site = lim.site()
+					if shareUse(p.spec, s, now) {
+						return x, sessionUsed, nil
+					}
+					return x, sessionSame, nil
+				}
+				avoid = s.proxy
 			}
 		}
 	}
@@ -336,43 +412,95 @@ func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 		}
 	}
 	if len(candidates) == 0 {
-		return Proxy{}, fmt.Errorf("pool %q: %w besides the %d tried", target.Pool, ErrNoProxy, len(exclude))
+		return Proxy{}, sessionSame, fmt.Errorf("pool %q: %w besides the %d tried", target.Pool, ErrNoProxy, len(exclude))
 	}
-	if len(p.cool) > 0 {
-		warm := candidates[:0:0]
-		for _, id := range candidates {
-			if !coolingLocked(p, id, now) {
-				warm = append(warm, id)
-			}
-		}
-		if len(warm) > 0 {
-			candidates = warm
-		}
+	if avoid != "" && !slices.ContainsFunc(candidates, func(id string) bool { return id != avoid }) {
+		avoid = "" // the session's proxy is the only one: it stays there
 	}
-	var id string
+	// usable: not the proxy a rotating session leaves, under the site's
+	// limits; warm ones first (see [Table.Cool]).
+	usable := func(id string, warm bool) bool {
+		return id != avoid && (!warm || !coolingLocked(p, id, now)) && lim.under(id)
+	}
+	id, ok := p.chooseLocked(candidates, func(id string) bool { return usable(id, true) })
+	if !ok {
+		id, ok = p.chooseLocked(candidates, func(id string) bool { return usable(id, false) })
+	}
+	if !ok {
+		return Proxy{}, sessionSame, lim.err()
+	}
+	changed := sessionSame
+	if target.Session != "" {
+		t.pinLocked(p, target, id, now)
+		changed = sessionMoved
+	}
+	lim.take(id)
+	p.open[id]++
+	x := p.proxies[id]
+	x.Site = lim.site()
+	return x, changed, nil
+}
+
+// chooseLocked picks one of candidates that ok accepts, by the pool's
+// strategy; false when ok accepts none.
+func (p *pool) chooseLocked(candidates []string, ok func(string) bool) (string, bool) {
+	n := len(candidates)
 	switch p.spec.StrategyOrDefault() {
 	case events.StrategyLeastConnections:
 		// Ties go round-robin, so an idle pool still spreads.
-		start := p.next % len(candidates)
-		id = candidates[start]
-		for i := range candidates {
-			c := candidates[(start+i)%len(candidates)]
-			if p.open[c] < p.open[id] {
+		start := p.next % n
+		id := ""
+		for i := range n {
+			c := candidates[(start+i)%n]
+			if ok(c) && (id == "" || p.open[c] < p.open[id]) {
 				id = c
 			}
 		}
+		if id == "" {
+			return "", false
+		}
 		p.next++
+		return id, true
 	case events.StrategyRandom:
-		id = candidates[rand.IntN(len(candidates))]
+		start := rand.IntN(n)
+		for i := range n {
+			if c := candidates[(start+i)%n]; ok(c) {
+				return c, true
+			}
+		}
+		return "", false
 	default:
-		id = candidates[p.next%len(candidates)]
-		p.next++
+		// In turn from the pool's position: a proxy skipped (at its
+		// limit, or the one a session leaves) keeps its turn for later.
+		start := p.next % n
+		for i := range n {
+			if c := candidates[(start+i)%n]; ok(c) {
+				p.next++
+				return c, true
+			}
+		}
+		return "", false
 	}
-	if target.Session != "" {
-		t.pinLocked(p, target, id, now)
+}
+
+// rotationDue reports whether session s must move to another proxy by the
+// pool's rotation settings.
+func rotationDue(spec *events.GatewaySpec, s *session, now time.Time) bool {
+	if spec == nil || spec.Session == nil {
+		return false
 	}
-	p.open[id]++
-	return p.proxies[id], nil
+	r := spec.Session
+	return r.MaxRequests > 0 && s.uses >= r.MaxRequests || r.MaxAge > 0 && !now.Before(s.pinned.Add(time.Duration(r.MaxAge)))
+}
+
+// shareUse reports whether a use of s is worth telling the other gateways
+// of: its uses count towards rotation, or their copy of its last use is
+// a quarter of the TTL old (they would forget it).
+func shareUse(spec *events.GatewaySpec, s *session, now time.Time) bool {
+	if spec != nil && spec.Session != nil && spec.Session.MaxRequests > 0 {
+		return true
+	}
+	return now.Sub(s.shared) >= spec.SessionTTLOrDefault()/4
 }
 
 // allCoolingLocked reports whether every proxy of p not in exclude is
@@ -403,20 +531,43 @@ func expireLocked(p *pool, now time.Time) {
 func (p *pool) touchLocked(s *session, now time.Time) {
 	s.used = now
 	p.lru.MoveToFront(s.inPool)
-	p.byClient[s.client].MoveToFront(s.inClient)
+	if s.inClient != nil {
+		p.byClient[s.client].MoveToFront(s.inClient)
+	}
+}
+
+// adoptLocked has a session learnt from another gateway count against the
+// client that uses it here.
+func (t *Table) adoptLocked(p *pool, s *session, client string) {
+	if !s.remote {
+		return
+	}
+	mine := p.byClient[client]
+	if mine != nil && mine.Len() >= t.limits.SessionsPerClient {
+		p.dropLocked(mine.Back().Value.(*session))
+		mine = p.byClient[client]
+	}
+	if mine == nil {
+		mine = list.New()
+		p.byClient[client] = mine
+	}
+	s.remote, s.client = false, client
+	s.inClient = mine.PushFront(s)
 }
 
 // pinLocked pins target's session to proxy id (a new session, or one that
 // moves), first forgetting the least recently used session of the pool
-// or of the client when a new one would pass [Limits].
+// or of the client when a new one would pass [Limits]. The pin is the
+// session's first use on id.
 func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
 	if s := p.sessions[target.Session]; s != nil {
-		if s.client == target.Client {
-			s.proxy = id
+		if s.client == target.Client && !s.remote {
+			s.proxy, s.pinned, s.uses, s.synced = id, now, 1, 0
 			p.touchLocked(s, now)
 			return
 		}
-		// Another client names the same session: it counts against the
+		// Another client names the same session (or a client here takes
+		// over one learnt from another gateway): it counts against the
 		// client that uses it now.
 		p.dropLocked(s)
 	}
@@ -433,7 +584,7 @@ func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
 		mine = list.New()
 		p.byClient[target.Client] = mine
 	}
-	s := &session{id: target.Session, client: target.Client, proxy: id, used: now}
+	s := &session{id: target.Session, client: target.Client, proxy: id, used: now, pinned: now, uses: 1}
 	s.inPool = p.lru.PushFront(s)
 	s.inClient = mine.PushFront(s)
 	p.sessions[s.id] = s
@@ -443,6 +594,9 @@ func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
 func (p *pool) dropLocked(s *session) {
 	delete(p.sessions, s.id)
 	p.lru.Remove(s.inPool)
+	if s.inClient == nil {
+		return
+	}
 	mine := p.byClient[s.client]
 	mine.Remove(s.inClient)
 	if mine.Len() == 0 {
@@ -450,7 +604,8 @@ func (p *pool) dropLocked(s *session) {
 	}
 }
 
-// Done records the end of a connection [Table.Pick] gave to proxy x.
+// Done records the end of a connection [Table.Pick] gave to proxy x: it
+// no longer counts against x's limits for its site.
 func (t *Table) Done(x Proxy) {
 	p := t.pool(x.Pool)
 	if p == nil {
@@ -458,6 +613,9 @@ func (t *Table) Done(x Proxy) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if x.Site != "" {
+		p.releaseLocked(x.ID, x.Site)
+	}
 	if p.open[x.ID] <= 1 {
 		delete(p.open, x.ID)
 		return

@@ -299,9 +299,7 @@ func TestDeployShipped(t *testing.T) {
 // write gw-2's demand keys or request log, serve gw-2's endpoints or read
 // its replies, while its own still work; the gateways' shared state (CA,
 // cooldowns, sessions) is theirs to read and write, and the operator reads
-// the CA's certificate, never its key, and the request log. The shared
-// buckets are created here as admin where the topology does not declare
-// them (yet).
+// the CA's certificate, never its key, and the request log.
 func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, admin, gw1, operator *bus.Conn) {
 	t.Helper()
 	ensureGatewayBuckets(t, ctx, admin)
@@ -316,7 +314,7 @@ func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, ad
 	}
 	for _, subj := range []string{
 		events.GatewaySubject("gw-2", events.GatewayInfo), events.GatewaySubject("gw-2", events.GatewayStats),
-		events.GatewaySubject("gw-2", deploykeys.GatewayCAEndpoint), deploykeys.GatewayInbox("gw-2") + ".>",
+		events.GatewaySubject("gw-2", events.GatewayCA), deploykeys.GatewayInbox("gw-2") + ".>",
 	} {
 		d.refused(t, "gw-1 subscribes to "+subj, subj, func(ctx context.Context) error { return subscribeErr(gw1, subj) })
 	}
@@ -331,20 +329,29 @@ func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, ad
 	if _, err := gw1.JS.Publish(ctx, events.GatewayLogSubject("gw-1"), []byte(`{"gateway":"gw-1"}`)); err != nil {
 		t.Fatalf("gw-1 publishes its own request log: %v", err)
 	}
-	if err := subscribeErr(gw1, events.GatewaySubject("gw-1", deploykeys.GatewayCAEndpoint)); err != nil {
+	if err := subscribeErr(gw1, events.GatewaySubject("gw-1", events.GatewayCA)); err != nil {
 		t.Fatalf("gw-1 may not serve its own ca endpoint: %v", err)
 	}
 	ca, err := gw1.JS.KeyValue(ctx, deploykeys.BucketGatewayCA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const caKey = "deploy-test-ca-key"
-	for k, v := range map[string]string{"cert": "deploy-test-ca-cert", "key": caKey} {
-		if _, err := ca.Create(ctx, k, []byte(v)); err != nil {
-			t.Fatalf("gw-1 creates the CA's %s: %v", k, err)
-		}
-		if e, err := ca.Get(ctx, k); err != nil || string(e.Value()) != v {
+	// The running gateway (gw-1) created the fleet's CA at its start: it
+	// reads both keys, and may create them (the server answers that they
+	// exist, not a permission violation).
+	waitFor(t, 30*time.Second, "the gateway to create the fleet's CA", func() bool {
+		_, err := ca.Get(ctx, "cert")
+		return err == nil
+	})
+	caVals := map[string]string{}
+	for _, k := range []string{"cert", "key"} {
+		e, err := ca.Get(ctx, k)
+		if err != nil || len(e.Value()) == 0 {
 			t.Fatalf("gw-1 reads the CA's %s: %v", k, err)
+		}
+		caVals[k] = string(e.Value())
+		if _, err := ca.Create(ctx, k, []byte("x")); !errors.Is(err, jetstream.ErrKeyExists) {
+			t.Fatalf("gw-1 creates the CA's %s again: %v, want the key to exist", k, err)
 		}
 	}
 	for _, b := range []string{deploykeys.BucketGatewayCooldowns, deploykeys.BucketGatewaySessions} {
@@ -370,10 +377,10 @@ func (d *deployServer) otherGatewayRefused(t *testing.T, ctx context.Context, ad
 	// The operator with the nats CLI: the CA's certificate, not its key;
 	// cooldowns; the request log, stored and live.
 	out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCA, "cert", "--raw")
-	if err != nil || !strings.Contains(out, "deploy-test-ca-cert") {
+	if err != nil || !strings.Contains(out, "BEGIN CERTIFICATE") {
 		t.Fatalf("operator CLI: nats kv get %s cert: %v\n%s", deploykeys.BucketGatewayCA, err, out)
 	}
-	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCA, "key", "--raw"); err == nil || strings.Contains(out, caKey) {
+	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCA, "key", "--raw"); err == nil || strings.Contains(out, caVals["key"]) {
 		t.Fatalf("operator CLI read the gateways' CA key: %v\n%s", err, out)
 	}
 	if out, err := d.cli(t, "kv", "get", deploykeys.BucketGatewayCooldowns, "example_com.p1", "--raw"); err != nil || !strings.Contains(out, "x") {

@@ -217,7 +217,7 @@ func TestDeployNATSConfigGatewayIdentities(t *testing.T) {
 	if _, err := gw1.JS.Publish(ctx, events.GatewayLogSubject("gw-1"), []byte(`{}`)); err != nil {
 		t.Fatalf("gw-1 publishes its request log: %v", err)
 	}
-	for _, ep := range []string{events.GatewayInfo, events.GatewayStats, deploykeys.GatewayCAEndpoint} {
+	for _, ep := range []string{events.GatewayInfo, events.GatewayStats, events.GatewayCA} {
 		if err := subscribeRefused(gw1, violations, events.GatewaySubject("gw-1", ep)); err != nil {
 			t.Fatalf("gw-1 may not serve its own %s: %v", ep, err)
 		}
@@ -266,7 +266,7 @@ func TestDeployNATSConfigGatewayIdentities(t *testing.T) {
 	}
 	for _, subj := range []string{
 		events.GatewaySubject("gw-2", events.GatewayInfo), events.GatewaySubject("gw-2", events.GatewayStats),
-		events.GatewaySubject("gw-2", deploykeys.GatewayCAEndpoint), deploykeys.GatewayInbox("gw-2") + ".>", "fleet.gateway.>",
+		events.GatewaySubject("gw-2", events.GatewayCA), deploykeys.GatewayInbox("gw-2") + ".>", "fleet.gateway.>",
 	} {
 		if err := subscribeRefused(gw1, violations, subj); err == nil {
 			t.Errorf("gw-1 may subscribe to %s", subj)
@@ -292,16 +292,13 @@ func TestDeployNATSConfigGatewayIdentities(t *testing.T) {
 	}
 }
 
-// ensureGatewayBuckets creates, as admin, the gateways' shared buckets the
-// topology does not declare (yet).
+// ensureGatewayBuckets checks that the topology made the gateways' shared
+// buckets (the CA, cooldowns, sessions) the permissions name.
 func ensureGatewayBuckets(t *testing.T, ctx context.Context, admin *bus.Conn) {
 	t.Helper()
 	for _, b := range []string{deploykeys.BucketGatewayCA, deploykeys.BucketGatewayCooldowns, deploykeys.BucketGatewaySessions} {
-		if _, err := admin.JS.KeyValue(ctx, b); err == nil {
-			continue
-		}
-		if _, err := admin.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1}); err != nil {
-			t.Fatalf("bucket %s: %v", b, err)
+		if _, err := admin.JS.KeyValue(ctx, b); err != nil {
+			t.Fatalf("bucket %s, which the gateways' permissions name: %v (the topology declares it)", b, err)
 		}
 	}
 }

@@ -80,20 +80,16 @@ func kvRead(bucket string) []string {
 	}
 }
 
-// Buckets of the gateways' shared state; pkg/bus declares them.
+// Buckets of the gateways' shared state (pkg/bus declares them).
 const (
 	// BucketGatewayCA holds the gateways' interception CA: "cert" (public)
 	// and "key" (sealed). Operators may read "cert" only.
-	BucketGatewayCA = "fleet-gateway-ca"
+	BucketGatewayCA = bus.BucketGatewayCA
 	// BucketGatewayCooldowns and BucketGatewaySessions are state every
 	// gateway reads and writes.
-	BucketGatewayCooldowns = "fleet-gateway-cooldowns"
-	BucketGatewaySessions  = "fleet-gateway-sessions"
+	BucketGatewayCooldowns = bus.BucketGatewayCooldowns
+	BucketGatewaySessions  = bus.BucketGatewaySessions
 )
-
-// GatewayCAEndpoint is the gateway's micro endpoint of its CA
-// certificate, beside info and stats.
-const GatewayCAEndpoint = "ca"
 
 // GatewayPublish is what gateway name may publish, and GatewaySubscribe
 // what it may subscribe to.
@@ -131,7 +127,7 @@ func GatewaySubscribe(name string) []string {
 	return []string{
 		GatewayInbox(name) + ".>",
 		events.GatewaySubject(name, events.GatewayInfo), events.GatewaySubject(name, events.GatewayStats),
-		events.GatewaySubject(name, GatewayCAEndpoint),
+		events.GatewaySubject(name, events.GatewayCA),
 		"$SRV.>",
 	}
 }

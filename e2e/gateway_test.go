@@ -235,13 +235,17 @@ func limitedSite(t *testing.T) *httptest.Server {
 // TestGatewayBanRuleRetiresAndReplaces is a local origin answering 429
 // on a path: past the pool's rule's threshold, the gateway reports the
 // proxy and the planner retires it with reason "banned: <rule>" and
-// replaces it.
+// replaces it. (The pool retries nothing, so the ban pages reach the
+// client; TestGatewayHTTPSCrawl has them retried.)
 func TestGatewayBanRuleRetiresAndReplaces(t *testing.T) {
 	site := limitedSite(t)
 	f := startFleet(t, site)
 	gw := f.startGateway()
+	// No retries: a ban page is otherwise retried on the other proxy,
+	// which the site answers 429 too, and both would be reported.
+	noRetries := 0
 	f.apply(events.PoolSpec{Name: "bans", Provider: "local", Size: 2,
-		Gateway: &events.GatewaySpec{BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
+		Gateway: &events.GatewaySpec{Retries: &noRetries, BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}, Threshold: 3, Window: events.Duration(time.Minute)}}}})
 	f.waitPool("bans", 2, "ready", 60*time.Second)
 	// One session: every request goes through the same proxy.
 	c := gatewayClient(t, gw, "bans.session-crawl1")

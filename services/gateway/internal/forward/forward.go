@@ -405,11 +405,17 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 	if !replayable {
 		retries = 0
 	}
-	host := r.URL.Host
-	if host == "" {
-		host = r.Host
+	// target.Site is site.Key of the URL's host (of the CONNECT's host
+	// for an intercepted request, which is the URL's): found once.
+	siteKey := target.Site
+	if siteKey == "" {
+		host := r.URL.Host
+		if host == "" {
+			host = r.Host
+		}
+		siteKey = site.Key(host)
 	}
-	a := &attempts{site: site.Key(host)}
+	a := &attempts{site: siteKey}
 	s.tryProxies(r.Context(), w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
 		a.made++
 		a.tried = append(a.tried, x.ID)
@@ -421,7 +427,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 // attempts is what the attempts of one plain HTTP request share.
 type attempts struct {
 	site string
-	made int
+	// header is the request's header without its hop-by-hop fields, which
+	// every attempt sends (made by the first).
+	header http.Header
+	made   int
 	// tried are the proxies tried so far, the current one included.
 	tried []string
 	// held is the last ban page whose request was retried, delivered
@@ -572,10 +581,16 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		ctx = context.WithValue(ctx, connectKey{}, answer)
 	}
 	ctx, listed := hop.Track(ctx)
-	out := r.Clone(ctx)
+	if a.header == nil {
+		a.header = r.Header.Clone()
+		hop.Remove(a.header)
+	}
+	// A shallow copy: the transport changes neither the URL nor the
+	// header it shares with r and the other attempts.
+	out := r.WithContext(ctx)
+	out.Header = a.header
 	out.RequestURI = ""
 	out.Close = false
-	hop.Remove(out.Header)
 	switch {
 	case stream != nil:
 		out.Body = io.NopCloser(stream)

@@ -95,24 +95,35 @@ func (c *conn) Read(p []byte) (int, error) {
 }
 
 // scan adds b to the head read so far and, once a final response's header
-// is complete, notes its Connection fields.
+// is complete, notes its Connection fields. A head that arrives whole in
+// one read (the usual case) is scanned where it lies, uncopied.
 func (c *conn) scan(b []byte) {
-	c.head = append(c.head, b...)
-	for !c.done {
-		end, size := headEnd(c.head)
+	data, kept := b, len(c.head) > 0
+	if kept {
+		c.head = append(c.head, b...)
+		data = c.head
+	}
+	for {
+		end, size := headEnd(data)
 		if end < 0 {
-			if len(c.head) > maxHead {
+			switch {
+			case len(data) > maxHead:
 				c.done, c.head = true, nil
+			case kept:
+				c.head = data
+			default:
+				c.head = append(c.head[:0], data...)
 			}
 			return
 		}
-		block := c.head[:end]
+		block := data[:end]
 		if informational(block) {
-			c.head = c.head[end+size:]
+			data = data[end+size:]
 			continue
 		}
 		c.listed = connectionFields(block)
 		c.done, c.head = true, c.head[:0]
+		return
 	}
 }
 
@@ -140,13 +151,15 @@ func informational(block []byte) bool {
 // header block list, "close" and "keep-alive" left out.
 func connectionFields(block []byte) []string {
 	var out []string
-	lines := bytes.Split(block, []byte("\n"))
-	for _, l := range lines[1:] {
+	_, lines, _ := bytes.Cut(block, []byte("\n")) // past the status line
+	for len(lines) > 0 {
+		var l []byte
+		l, lines, _ = bytes.Cut(lines, []byte("\n"))
 		name, value, ok := bytes.Cut(bytes.TrimRight(l, "\r"), []byte(":"))
-		if !ok || !strings.EqualFold(string(name), "Connection") {
+		if !ok || !bytes.EqualFold(name, []byte("Connection")) {
 			continue
 		}
-		for _, k := range strings.Split(string(value), ",") {
+		for k := range strings.SplitSeq(string(value), ",") {
 			k = strings.TrimSpace(k)
 			if k != "" && !strings.EqualFold(k, "close") && !strings.EqualFold(k, "keep-alive") {
 				out = append(out, k)

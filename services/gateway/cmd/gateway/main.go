@@ -31,6 +31,7 @@ import (
 	"proxyfleet/services/gateway/internal/cooldown"
 	"proxyfleet/services/gateway/internal/fleet"
 	"proxyfleet/services/gateway/internal/forward"
+	"proxyfleet/services/gateway/internal/gctarget"
 	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -155,6 +156,7 @@ func parse(args []string) (*flags, error) {
 func main() { os.Exit(service.Main("gateway", os.Args[1:], os.Stderr, parse, run)) }
 
 func run(f *flags) error {
+	gctarget.Apply()
 	auth := func(string, string, string) (bool, error) { return true, nil }
 	if f.clientsFile != "" {
 		file, err := clients.Load(f.clientsFile, clients.Limits{

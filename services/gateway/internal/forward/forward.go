@@ -16,7 +16,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
@@ -25,7 +24,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,15 +153,16 @@ type Config struct {
 
 // Server is the gateway's http.Handler.
 type Server struct {
-	cfg       Config
-	transport *http.Transport
-	detector  *ban.Detector
-	stats     *Stats
+	cfg      Config
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	detector *ban.Detector
+	stats    *Stats
+	// transports are the transports plain HTTP requests go through, one
+	// per proxy and the credentials it is sent (transports.go).
+	transports transports
 	// intercepted serves intercepted connections (intercept.go).
 	intercepted interceptServer
 }
-
-type upstreamKey struct{}
 
 // connectKey is the context key of a request's [connectAnswer].
 type connectKey struct{}
@@ -183,8 +182,12 @@ func (a *connectAnswer) set(resp *http.Response) {
 	a.status, a.text, a.header = resp.StatusCode, resp.Status, resp.Header.Clone()
 }
 
-// get returns the answer, or nil when the proxy answered none.
+// get returns the answer, or nil when the proxy answered none (or a is
+// nil: no CONNECT was sent).
 func (a *connectAnswer) get() *http.Response {
+	if a == nil {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.status == 0 {
@@ -211,39 +214,12 @@ func New(cfg Config) *Server {
 		cfg.Cooldowns = cooldown.NewSet(events.MaxRetireAfterSitesWindow, nil)
 	}
 	dialer := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
-	s := &Server{
+	return &Server{
 		cfg:      cfg,
+		dial:     hop.Dialer(dialer.DialContext),
 		detector: ban.NewDetector(nil),
 		stats:    newStats(cfg.Metrics),
-		transport: &http.Transport{
-			// Each request carries the proxy it goes through; the
-			// transport keeps idle connections per proxy.
-			Proxy: func(r *http.Request) (*url.URL, error) {
-				u, _ := r.Context().Value(upstreamKey{}).(*url.URL)
-				if u == nil {
-					return nil, errors.New("no proxy chosen")
-				}
-				return u, nil
-			},
-			DialContext: hop.Dialer(dialer.DialContext),
-			OnProxyConnectResponse: func(ctx context.Context, _ *url.URL, _ *http.Request, resp *http.Response) error {
-				if a, ok := ctx.Value(connectKey{}).(*connectAnswer); ok {
-					a.set(resp)
-				}
-				return nil
-			},
-			// HTTP/1.1 to origins (no ForceAttemptHTTP2), verified
-			// against the system's roots and --origin-ca.
-			TLSClientConfig:       &tls.Config{RootCAs: cfg.OriginRoots, MinVersion: tls.VersionTLS12},
-			TLSHandshakeTimeout:   cfg.ResponseTimeout,
-			MaxIdleConns:          4096,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			ResponseHeaderTimeout: cfg.ResponseTimeout,
-			DisableCompression:    true,
-		},
 	}
-	return s
 }
 
 // Stats returns the server's counters.
@@ -252,6 +228,7 @@ func (s *Server) Stats() *Stats { return s.stats }
 // Forget drops what the server holds of a proxy that left the fleet.
 func (s *Server) Forget(id string) {
 	s.detector.Forget(id)
+	s.transports.forget(id)
 	s.stats.forget(id)
 }
 
@@ -263,7 +240,7 @@ func (s *Server) Rearm(id string) { s.detector.Forget(id) }
 // connections.
 func (s *Server) Close() {
 	s.intercepted.close()
-	s.transport.CloseIdleConnections()
+	s.transports.closeIdle()
 }
 
 // ServeHTTP authenticates the client, then tunnels a CONNECT or relays an
@@ -376,18 +353,14 @@ func proxyFailed(resp *http.Response) bool {
 	return retryable(resp.StatusCode) && resp.Header.Get(events.ProxyErrorHeader) != ""
 }
 
-// upstreamURL is the proxy URL the transport dials for x, with the pool's
-// credentials when the proxy demands them.
-func (s *Server) upstreamURL(x route.Proxy) (*url.URL, error) {
-	u := &url.URL{Scheme: "http", Host: x.Address}
+// upstream returns the transport that carries requests through x, with
+// the pool's credentials when the proxy demands them.
+func (s *Server) upstream(x route.Proxy) (*http.Transport, error) {
 	user, pw, err := s.cfg.Fleet.Credentials(x)
 	if err != nil {
 		return nil, err
 	}
-	if user != "" {
-		u.User = url.UserPassword(user, pw)
-	}
-	return u, nil
+	return s.transports.get(x.ID, transportKey{address: x.Address, user: user, password: pw}, s.newTransport), nil
 }
 
 // replayBody reads r's body so it can be sent again; ok is false when it
@@ -432,11 +405,17 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 	if !replayable {
 		retries = 0
 	}
-	host := r.URL.Host
-	if host == "" {
-		host = r.Host
+	// target.Site is site.Key of the URL's host (of the CONNECT's host
+	// for an intercepted request, which is the URL's): found once.
+	siteKey := target.Site
+	if siteKey == "" {
+		host := r.URL.Host
+		if host == "" {
+			host = r.Host
+		}
+		siteKey = site.Key(host)
 	}
-	a := &attempts{site: site.Key(host)}
+	a := &attempts{site: siteKey}
 	s.tryProxies(r.Context(), w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
 		a.made++
 		a.tried = append(a.tried, x.ID)
@@ -448,7 +427,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 // attempts is what the attempts of one plain HTTP request share.
 type attempts struct {
 	site string
-	made int
+	// header is the request's header without its hop-by-hop fields, which
+	// every attempt sends (made by the first).
+	header http.Header
+	made   int
 	// tried are the proxies tried so far, the current one included.
 	tried []string
 	// held is the last ban page whose request was retried, delivered
@@ -584,19 +566,31 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	// final: no attempt follows, and none held a ban page back to answer
 	// with instead of this attempt's failure.
 	final := last && a.held == nil
-	u, err := s.upstreamURL(x)
+	transport, err := s.upstream(x)
 	if err != nil {
 		// Not the proxy's fault: every proxy of the pool shares it.
 		s.fail(x.Pool, x.ID, "no_credentials", start)
 		http.Error(w, "proxyfleet gateway: pool "+x.Pool+": "+err.Error(), http.StatusServiceUnavailable)
 		return true
 	}
-	answer := &connectAnswer{}
-	ctx, listed := hop.Track(context.WithValue(context.WithValue(r.Context(), upstreamKey{}, u), connectKey{}, answer))
-	out := r.Clone(ctx)
+	ctx := r.Context()
+	var answer *connectAnswer
+	if r.URL.Scheme == "https" {
+		// The transport sends a CONNECT first; its answer is kept.
+		answer = &connectAnswer{}
+		ctx = context.WithValue(ctx, connectKey{}, answer)
+	}
+	ctx, listed := hop.Track(ctx)
+	if a.header == nil {
+		a.header = r.Header.Clone()
+		hop.Remove(a.header)
+	}
+	// A shallow copy: the transport changes neither the URL nor the
+	// header it shares with r and the other attempts.
+	out := r.WithContext(ctx)
+	out.Header = a.header
 	out.RequestURI = ""
 	out.Close = false
-	hop.Remove(out.Header)
 	switch {
 	case stream != nil:
 		out.Body = io.NopCloser(stream)
@@ -606,7 +600,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 	default:
 		out.Body = nil
 	}
-	resp, err := s.transport.RoundTrip(out)
+	resp, err := transport.RoundTrip(out)
 	if err != nil {
 		if refusal := answer.get(); refusal != nil && refusal.StatusCode != http.StatusOK && r.Context().Err() == nil {
 			// The proxy answered the CONNECT for an https:// request

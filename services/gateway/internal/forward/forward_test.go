@@ -111,7 +111,17 @@ type recordingFleet struct {
 
 func (f *recordingFleet) Known(pool string) bool { return pool == "p" }
 func (f *recordingFleet) Credentials(route.Proxy) (string, string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return f.user, f.password, nil
+}
+
+// setCredentials changes the pool's credentials, as a new sealed password
+// would.
+func (f *recordingFleet) setCredentials(user, password string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.user, f.password = user, password
 }
 func (f *recordingFleet) Rules(string) []ban.Rule { return f.rules }
 func (f *recordingFleet) Suspect(id, _ string) {

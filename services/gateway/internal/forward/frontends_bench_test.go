@@ -52,7 +52,8 @@ const frontEndProxies = 3
 // Besides req/s it reports each request's latency at the client (p50-ms,
 // p99-ms) and the CPU the front end's process used per request
 // (fe-cpu-us/req), which the other work on a shared machine disturbs
-// less than the rate.
+// less than the rate, and the most it held resident since it started
+// (fe-peak-rss-mb).
 func BenchmarkFrontEndVsSquid(b *testing.B) {
 	squid := frontEndBinary(b, squidtest.EnvSquid, "/usr/sbin/squid", "install Debian's squid (make squid-install, or apt-get install squid)")
 	h := newFrontEnds(b)
@@ -289,6 +290,31 @@ func (h *frontEnds) throughput(b *testing.B, fe *frontEnd, c *http.Client) {
 	b.ReportMetric(ms(percentile(lat, 0.50)), "p50-ms")
 	b.ReportMetric(ms(percentile(lat, 0.99)), "p99-ms")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "fe-cpu-us/req")
+	b.ReportMetric(peakRSSMB(b, fe.pid), "fe-peak-rss-mb")
+}
+
+// peakRSSMB returns the most process pid held resident so far, in MiB,
+// from VmHWM in /proc/<pid>/status.
+func peakRSSMB(b *testing.B, pid int) float64 {
+	b.Helper()
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	st, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for l := range strings.Lines(string(st)) {
+		v, ok := strings.CutPrefix(l, "VmHWM:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		if err != nil {
+			b.Fatalf("%s: VmHWM %q: %v", path, v, err)
+		}
+		return kb / 1024
+	}
+	b.Fatalf("%s: no VmHWM line", path)
+	return 0
 }
 
 // percentile returns the p-quantile (0 < p ≤ 1) of sorted, 0 for none.

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"proxyfleet/services/gateway/internal/gctarget"
 )
 
 // benchTunnels is how many tunnels BenchmarkGatewayTunnels holds open at
@@ -233,6 +235,7 @@ func TestForwardHelperProcess(t *testing.T) {
 	case "upstream":
 		addr = serve(t, newUpstreamProxy(""))
 	case "gateway":
+		gctarget.Apply() // as cmd/gateway does
 		var fleet *benchFleet
 		addr, fleet = newGateway(t, strings.Split(os.Getenv(helperUpstreamEnv), ",")...)
 		defer func() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -76,6 +77,14 @@ const (
 	DefaultRetireAfterSitesWindow = time.Hour
 	MinRetireAfterSitesWindow     = time.Minute
 	MaxRetireAfterSitesWindow     = 24 * time.Hour
+	// MaxFallback bounds [GatewaySpec.Fallback]; DefaultTierMemory is how
+	// long a site that needed a fallback pool starts there
+	// ([GatewaySpec.TierMemory]), MinTierMemory and MaxTierMemory bound
+	// what a pool may ask for.
+	MaxFallback       = 4
+	DefaultTierMemory = 10 * time.Minute
+	MinTierMemory     = time.Second
+	MaxTierMemory     = 24 * time.Hour
 )
 
 // Ban rule actions ([BanRule.Action]): what a rule's verdict does to the
@@ -127,6 +136,27 @@ type GatewaySpec struct {
 	// Session rotates sessions to another proxy (nil: a session stays on
 	// its proxy while it is ready).
 	Session *SessionRotation `json:"session,omitempty"`
+	// Fallback names the pools (tiers) a request goes on to, in order,
+	// when no proxy of this pool may serve it: none ready (or none with
+	// the labels the client selected), all cooled for the site, all at
+	// their per-site limits past the queue timeout, every attempt failed
+	// or ended on a ban page. Each fallback pool serves with its own
+	// credentials, rules and settings, and its own fallbacks follow it;
+	// a client allowed to use this pool may be served by them. At most
+	// [MaxFallback] names, not this pool's. A cycle across pools is
+	// harmless: the gateway visits no pool twice for one request.
+	Fallback []string `json:"fallback,omitempty"`
+	// TierMemory is how long a site that needed a fallback pool starts
+	// at that pool for this pool's clients (default 10m, 1s to 24h).
+	TierMemory Duration `json:"tierMemory,omitempty"`
+}
+
+// TierMemoryOrDefault is the spec's tierMemory or [DefaultTierMemory].
+func (g *GatewaySpec) TierMemoryOrDefault() time.Duration {
+	if g == nil || g.TierMemory <= 0 {
+		return DefaultTierMemory
+	}
+	return time.Duration(g.TierMemory)
 }
 
 // PerSite is the politeness of a pool's proxies towards each site (a
@@ -305,7 +335,9 @@ func (g *GatewaySpec) RetriesOrDefault() int {
 	return *g.Retries
 }
 
-func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
+// validate checks g, the gateway spec of pool; fields are named under
+// prefix.
+func (g *GatewaySpec) validate(v *ValidationError, prefix, pool string) {
 	switch g.Strategy {
 	case "", StrategyRoundRobin, StrategyLeastConnections, StrategyRandom:
 	default:
@@ -323,6 +355,22 @@ func (g *GatewaySpec) validate(v *ValidationError, prefix string) {
 		v.Add(prefix+".retireAfterSites", fmt.Sprintf("must be between 0 (never) and %d", MaxRetireAfterSites), fmt.Sprint(*g.RetireAfterSites))
 	}
 	checkSpan(v, prefix+".retireAfterSitesWindow", time.Duration(g.RetireAfterSitesWindow), MinRetireAfterSitesWindow, MaxRetireAfterSitesWindow)
+	if len(g.Fallback) > MaxFallback {
+		v.Add(prefix+".fallback", fmt.Sprintf("may name at most %d pools", MaxFallback), fmt.Sprint(len(g.Fallback)))
+	}
+	fallbacks := map[string]bool{}
+	for i, name := range g.Fallback {
+		f := fmt.Sprintf("%s.fallback[%d]", prefix, i)
+		v.AddField(CheckIdentifier(f, name))
+		switch {
+		case name == pool:
+			v.Add(f, "names this pool itself; name other pools to fall back to", name)
+		case fallbacks[name]:
+			v.Add(f, "is named twice", name)
+		}
+		fallbacks[name] = true
+	}
+	checkSpan(v, prefix+".tierMemory", time.Duration(g.TierMemory), MinTierMemory, MaxTierMemory)
 	if g.PerSite != nil {
 		g.PerSite.validate(v, prefix+".perSite")
 	}
@@ -455,6 +503,7 @@ func (g *GatewaySpec) Clone() *GatewaySpec {
 		r := *g.Session
 		out.Session = &r
 	}
+	out.Fallback = slices.Clone(g.Fallback)
 	return &out
 }
 

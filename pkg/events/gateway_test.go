@@ -70,6 +70,16 @@ func TestGatewaySpecValidate(t *testing.T) {
 			`gateway.perSite.queueTimeout: must be between 0 (the default, 5s) and 1m0s (got "-1s")`,
 		}},
 		{"rotation", events.GatewaySpec{Session: &events.SessionRotation{MaxRequests: 10, MaxAge: events.Duration(time.Minute)}}, nil},
+		{"fallback", events.GatewaySpec{Fallback: []string{"cheap", "premium"}, TierMemory: events.Duration(time.Hour)}, nil},
+		{"fallback names", events.GatewaySpec{Fallback: []string{"demo", "Bad.Pool", "cheap", "cheap"}}, []string{
+			`gateway.fallback[0]: names this pool itself; name other pools to fall back to (got "demo")`,
+			`gateway.fallback[1]: must be ` + events.IdentifierRule + ` (got "Bad.Pool")`,
+			`gateway.fallback[3]: is named twice (got "cheap")`,
+		}},
+		{"fallback too long", events.GatewaySpec{Fallback: []string{"a", "b", "c", "d", "e"}}, []string{`gateway.fallback: may name at most 4 pools (got "5")`}},
+		{"tier memory bounds", events.GatewaySpec{TierMemory: events.Duration(time.Millisecond)}, []string{`gateway.tierMemory: must be between 1s and 24h0m0s (got "1ms")`}},
+		{"tier memory too long", events.GatewaySpec{TierMemory: events.Duration(25 * time.Hour)}, []string{`gateway.tierMemory: must be between 1s and 24h0m0s (got "25h0m0s")`}},
+		{"tier memory negative", events.GatewaySpec{TierMemory: events.Duration(-time.Second)}, []string{`gateway.tierMemory: must be between 1s and 24h0m0s (got "-1s")`}},
 		{"rotation without limits", events.GatewaySpec{Session: &events.SessionRotation{}}, []string{`gateway.session: must set maxRequests or maxAge (or be left out)`}},
 		{"rotation out of bounds", events.GatewaySpec{Session: &events.SessionRotation{MaxRequests: -2, MaxAge: events.Duration(time.Millisecond)}}, []string{
 			`gateway.session.maxRequests: must be between 1 and 1000000 (0 or absent: no limit) (got "-2")`,
@@ -149,7 +159,8 @@ func TestGatewaySpecRoundTrip(t *testing.T) {
 	one := 1
 	spec := events.PoolSpec{Name: "demo", Provider: "local", Size: 1, Auth: &events.ProxyAuth{Username: "u", Password: "secret"},
 		Gateway: &events.GatewaySpec{Strategy: events.StrategyRandom, Retries: &one, BanRules: []events.BanRule{{Name: "x", Status: []int{429}}}, Intercept: true,
-			PerSite: &events.PerSite{Concurrency: 2, Rate: 1.5}, Session: &events.SessionRotation{MaxRequests: 10}}}
+			PerSite: &events.PerSite{Concurrency: 2, Rate: 1.5}, Session: &events.SessionRotation{MaxRequests: 10},
+			Fallback: []string{"cheap", "premium"}, TierMemory: events.Duration(time.Hour)}}
 	pub := spec.Public()
 	if !pub.Gateway.Intercept || !spec.Gateway.Clone().Intercept {
 		t.Errorf("intercept lost in the copy: %+v", pub.Gateway)
@@ -158,6 +169,10 @@ func TestGatewaySpecRoundTrip(t *testing.T) {
 	pub.Gateway.BanRules[0].Status[0] = 403
 	pub.Gateway.PerSite.Concurrency = 3
 	pub.Gateway.Session.MaxRequests = 11
+	pub.Gateway.Fallback[0] = "other"
+	if spec.Gateway.Fallback[0] != "cheap" {
+		t.Fatalf("Public shares the fallback list with the original: %q", spec.Gateway.Fallback)
+	}
 	if *spec.Gateway.Retries != 1 || spec.Gateway.BanRules[0].Status[0] != 429 || spec.Gateway.PerSite.Concurrency != 2 || spec.Gateway.Session.MaxRequests != 10 {
 		t.Fatalf("Public shares the gateway spec with the original: %+v", spec.Gateway)
 	}
@@ -165,6 +180,12 @@ func TestGatewaySpecRoundTrip(t *testing.T) {
 	if back.Gateway == nil || back.Gateway.Strategy != events.StrategyRandom || *back.Gateway.Retries != 1 || back.Gateway.BanRules[0].Status[0] != 429 || !back.Gateway.Intercept ||
 		*back.Gateway.PerSite != (events.PerSite{Concurrency: 2, Rate: 1.5}) || *back.Gateway.Session != (events.SessionRotation{MaxRequests: 10}) {
 		t.Errorf("round trip: %s", raw)
+	}
+	if !slices.Equal(back.Gateway.Fallback, []string{"cheap", "premium"}) || back.Gateway.TierMemoryOrDefault() != time.Hour || !strings.Contains(string(raw), `"fallback":["cheap","premium"],"tierMemory":"1h0m0s"`) {
+		t.Errorf("round trip of fallback and tierMemory: %s", raw)
+	}
+	if (*events.GatewaySpec)(nil).TierMemoryOrDefault() != 10*time.Minute {
+		t.Errorf("default tierMemory: %s", (*events.GatewaySpec)(nil).TierMemoryOrDefault())
 	}
 	if !strings.Contains(string(raw), `"intercept":true`) {
 		t.Errorf("round trip: %s; want \"intercept\":true", raw)

@@ -78,6 +78,11 @@ type GatewayRequest struct {
 	// DurationMS is from arrival to the end of the answer (of a tunnel: to
 	// its close), in milliseconds.
 	DurationMS float64 `json:"durationMs"`
+	// Tier is the pool of the last proxy tried: the pool that served the
+	// request when Outcome is ok. It differs from Pool when the request
+	// went on to a fallback pool ([GatewaySpec.Fallback]); "" when no
+	// proxy was tried.
+	Tier string `json:"tier,omitempty"`
 	// Ban is the pool's ban rule the answer matched, if any.
 	Ban     string `json:"ban,omitempty"`
 	Outcome string `json:"outcome"`

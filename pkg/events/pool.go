@@ -246,7 +246,7 @@ func (p *PoolSpec) validate(recorded bool) error {
 		p.Egress.validate(&v, "egress", recorded)
 	}
 	if p.Gateway != nil {
-		p.Gateway.validate(&v, "gateway")
+		p.Gateway.validate(&v, "gateway", p.Name)
 	}
 	if p.Autoscale != nil {
 		p.Autoscale.Validate(&v, "autoscale")

@@ -37,6 +37,9 @@ type ProxyView struct {
 	// Username is the basic-auth user the proxy demands, if any (the
 	// password is never in the log; it lives in fleet-secrets).
 	Username string `json:"username,omitempty"`
+	// Labels are the labels of the proxy's target (region, country,
+	// provider, …), which gateway clients select proxies by.
+	Labels map[string]string `json:"labels,omitempty"`
 	// Replaces names the proxy this one was requested to replace.
 	Replaces string `json:"replaces,omitempty"`
 	// ReplacedBy names the proxy requested to replace this one, and

@@ -403,7 +403,7 @@ func (f *Fleet) applyProxy(e jetstream.KeyValueEntry) {
 		f.removeProxy(id)
 		return
 	}
-	f.table.Set(route.Proxy{ID: v.ID, Pool: v.Pool, Address: v.Address, Username: v.Username})
+	f.table.Set(route.Proxy{ID: v.ID, Pool: v.Pool, Address: v.Address, Username: v.Username, Labels: v.Labels})
 }
 
 func (f *Fleet) removeProxy(id string) {

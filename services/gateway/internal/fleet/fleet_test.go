@@ -66,7 +66,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	put(t, pools, "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 2,
 		Auth:    &events.ProxyAuth{Username: "crawl"},
 		Gateway: &events.GatewaySpec{Strategy: events.StrategyLeastConnections, BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}}}}}})
-	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:1"})
+	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:1", Labels: map[string]string{"region": "eu", "country": "de"}})
 	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyRunning, Address: "127.0.0.1:2"})
 	if _, err := creds.Put(ctx, events.ProbeRecipientKey, []byte("not-this-gateway")); err != nil {
 		t.Fatal(err)
@@ -89,6 +89,16 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	}
 	if ids := table.IDs(); len(ids) != 1 || ids[0] != "p-a" {
 		t.Errorf("routing table after sync: %v; want the ready p-a only", ids)
+	}
+	// The proxy's labels reach the table: a client selecting them is
+	// served by p-a, one selecting others by none.
+	if ready := table.Ready("p"); len(ready) != 1 || ready[0].Labels["region"] != "eu" || ready[0].Labels["country"] != "de" {
+		t.Errorf("p-a in the table: %+v; want its labels region=eu, country=de", ready)
+	}
+	if x, err := table.Pick(route.Target{Pool: "p", Labels: []route.Label{{Name: "region", Value: "eu"}}}); err != nil || x.ID != "p-a" {
+		t.Errorf("pick region=eu: %+v, %v; want p-a", x, err)
+	} else {
+		table.Done(x)
 	}
 	if !f.Known("p") || f.Known("q") || table.Spec("p").StrategyOrDefault() != events.StrategyLeastConnections || len(f.Rules("p")) != 1 {
 		t.Errorf("pool p not loaded with its gateway settings")

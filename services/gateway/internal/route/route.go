@@ -1,6 +1,7 @@
 // Package route decides which proxy of a pool carries a client's
-// connection: it parses the pool and session a client names in its
-// Proxy-Authorization username, picks a ready proxy by the pool's strategy
+// connection: it parses the pool, the proxy labels and the session a
+// client names in its Proxy-Authorization username ([UserGrammar]), picks
+// a ready proxy that carries those labels by the pool's strategy
 // (round-robin, least-connections, random), and keeps sessions pinned to
 // one proxy while it stays ready and the session is used.
 //
@@ -31,17 +32,39 @@ import (
 	"proxyfleet/pkg/events"
 )
 
-// SessionPrefix separates a pool from its session in a username:
-// "<pool>.session-<id>". Pool names cannot hold a '.', so the split is
-// unambiguous.
+// SessionPrefix separates a pool (or its last label) from its session in
+// a username: "<pool>.session-<id>". Pool names cannot hold a '.', so the
+// split is unambiguous.
 const SessionPrefix = ".session-"
 
 // MaxSessionID is the longest session id a client may name.
 const MaxSessionID = 128
 
-// Target is what a client's username selects: a pool, and a session when
-// the client wants one proxy for a series of connections. Client, set by
-// the caller (the client's address), is whom the session counts against
+// Bounds of the labels a username selects.
+const (
+	// MaxLabels is how many labels one username may select.
+	MaxLabels = 8
+	// MaxLabelName and MaxLabelValue bound a label's name and value.
+	MaxLabelName  = 32
+	MaxLabelValue = 64
+)
+
+// UserGrammar is the grammar of a client's username, quoted by every
+// error of [ParseUser].
+const UserGrammar = "<pool>[.<label>-<value>]...[.session-<id>]: labels in any order, each at most once, the session last"
+
+// Label is one label a client selects proxies by: a proxy serves it only
+// when its labels hold Name with Value.
+type Label struct {
+	Name, Value string
+}
+
+func (l Label) String() string { return l.Name + "=" + l.Value }
+
+// Target is what a client's username selects: a pool, the labels its
+// proxies must carry (sorted by name), and a session when the client wants
+// one proxy for a series of connections. Client, set by the caller (the
+// client's address), is whom the session counts against
 // ([Limits.SessionsPerClient]).
 //
 // Site, set by the caller (site.Key of the request's host, or of a
@@ -49,32 +72,116 @@ const MaxSessionID = 128
 // none.
 type Target struct {
 	Pool    string
+	Labels  []Label
 	Session string
 	Client  string
 	Site    string
 }
 
-// ParseUser splits a Proxy-Authorization username into pool and session.
-// The pool must be a valid pool name; a session id is 1 to
-// [MaxSessionID] characters of letters, digits, '-' and '_'.
-func ParseUser(user string) (Target, error) {
-	pool, session, hasSession := strings.Cut(user, SessionPrefix)
-	if !hasSession && strings.Contains(user, ".") {
-		return Target{}, fmt.Errorf("username %q: a '.' may only start %q", user, SessionPrefix)
+// SessionKey is the key of the target's session in its pool: the session
+// id, followed by ".<label>-<value>" per selected label in name order. A
+// session id named with two selections is two sessions, each kept within
+// its selection. "" without a session.
+func (t Target) SessionKey() string {
+	if t.Session == "" || len(t.Labels) == 0 {
+		return t.Session
 	}
-	if err := events.CheckIdentifier("pool", pool); err != nil {
-		return Target{}, fmt.Errorf("username %q: the pool name %s (username is <pool> or <pool>.session-<id>)", user, err.Reason)
+	var b strings.Builder
+	b.WriteString(t.Session)
+	for _, l := range t.Labels {
+		b.WriteString("." + l.Name + "-" + l.Value)
 	}
-	if !hasSession {
-		return Target{Pool: pool}, nil
-	}
-	if session == "" || len(session) > MaxSessionID || strings.IndexFunc(session, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
-	}) >= 0 {
-		return Target{}, fmt.Errorf("username %q: a session id is 1-%d letters, digits, '-' or '_'", user, MaxSessionID)
-	}
-	return Target{Pool: pool, Session: session}, nil
+	return b.String()
 }
+
+// Selection names the target's labels as "name=value", joined by " and "
+// ("" for none).
+func (t Target) Selection() string {
+	parts := make([]string, len(t.Labels))
+	for i, l := range t.Labels {
+		parts[i] = l.String()
+	}
+	return strings.Join(parts, " and ")
+}
+
+// Matches reports whether proxy x carries every label t selects.
+func (t Target) Matches(x Proxy) bool {
+	for _, l := range t.Labels {
+		if v, ok := x.Labels[l.Name]; !ok || v != l.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseUser parses a Proxy-Authorization username by [UserGrammar]: the
+// pool (a valid pool name), then any labels, "<label>-<value>" each (a
+// label name is 1 to [MaxLabelName] lowercase letters, digits or '_'; a
+// value 1 to [MaxLabelValue] letters, digits, '-' or '_', compared
+// exactly), then an optional session "session-<id>" (1 to [MaxSessionID]
+// letters, digits, '-' and '_'). "session" is no label name. The labels
+// come back sorted by name.
+func ParseUser(user string) (Target, error) {
+	parts := strings.Split(user, ".")
+	if err := events.CheckIdentifier("pool", parts[0]); err != nil {
+		return Target{}, fmt.Errorf("username %q: the pool name %s (username is %s)", user, err.Reason, UserGrammar)
+	}
+	t := Target{Pool: parts[0]}
+	for i, part := range parts[1:] {
+		name, value, ok := strings.Cut(part, "-")
+		if !ok || name == "" {
+			return Target{}, fmt.Errorf("username %q: %q is neither <label>-<value> nor session-<id> (username is %s)", user, part, UserGrammar)
+		}
+		if name == "session" {
+			if i != len(parts)-2 {
+				return Target{}, fmt.Errorf("username %q: the session comes last (username is %s)", user, UserGrammar)
+			}
+			if !validValue(value, MaxSessionID) {
+				return Target{}, fmt.Errorf("username %q: a session id is 1-%d letters, digits, '-' or '_' (username is %s)", user, MaxSessionID, UserGrammar)
+			}
+			t.Session = value
+			continue
+		}
+		if len(name) > MaxLabelName || strings.IndexFunc(name, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_')
+		}) >= 0 {
+			return Target{}, fmt.Errorf("username %q: the label name %q must be 1-%d lowercase letters, digits or '_' (username is %s)", user, name, MaxLabelName, UserGrammar)
+		}
+		if !validValue(value, MaxLabelValue) {
+			return Target{}, fmt.Errorf("username %q: the value of label %s must be 1-%d letters, digits, '-' or '_' (username is %s)", user, name, MaxLabelValue, UserGrammar)
+		}
+		if slices.ContainsFunc(t.Labels, func(l Label) bool { return l.Name == name }) {
+			return Target{}, fmt.Errorf("username %q: label %s is selected twice (username is %s)", user, name, UserGrammar)
+		}
+		if len(t.Labels) == MaxLabels {
+			return Target{}, fmt.Errorf("username %q: at most %d labels may be selected", user, MaxLabels)
+		}
+		t.Labels = append(t.Labels, Label{Name: name, Value: value})
+	}
+	slices.SortFunc(t.Labels, func(a, b Label) int { return strings.Compare(a.Name, b.Name) })
+	return t, nil
+}
+
+// validValue reports whether v is 1 to most letters, digits, '-' or '_'.
+func validValue(v string, most int) bool {
+	return v != "" && len(v) <= most && strings.IndexFunc(v, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+	}) < 0
+}
+
+// SelectionError says that no ready proxy of Pool carries the labels a
+// client selected. It matches [ErrNoProxy].
+type SelectionError struct {
+	Pool   string
+	Target Target
+}
+
+func (e *SelectionError) Error() string {
+	return fmt.Sprintf("no ready proxy of pool %q has %s", e.Pool, e.Target.Selection())
+}
+
+// Unwrap makes a SelectionError match [ErrNoProxy].
+func (e *SelectionError) Unwrap() error { return ErrNoProxy }
 
 // Proxy is one ready proxy as the gateway routes to it.
 type Proxy struct {
@@ -85,6 +192,9 @@ type Proxy struct {
 	// password is the pool's, which the gateway opens from
 	// fleet-gateway-creds.
 	Username string
+	// Labels are the labels of the proxy's target (region, country, …)
+	// that clients select it by.
+	Labels map[string]string
 	// Site, in a Proxy [Table.Pick] returned, is the site the connection
 	// counts against until [Table.Done] ("" when it counts against none).
 	Site string
@@ -355,7 +465,7 @@ func (t *Table) Ready(name string) []Proxy {
 func (t *Table) Pick(target Target, exclude ...string) (Proxy, error) {
 	x, changed, err := t.pick(target, exclude)
 	if changed != sessionSame {
-		t.tell(target.Pool, target.Session, changed == sessionMoved)
+		t.tell(target.Pool, target.SessionKey(), changed == sessionMoved)
 	}
 	return x, err
 }
@@ -377,13 +487,25 @@ func (t *Table) pick(target Target, exclude []string) (Proxy, int, error) {
 	if len(p.ids) == 0 {
 		return Proxy{}, sessionSame, fmt.Errorf("pool %q: %w", target.Pool, ErrNoProxy)
 	}
+	ids := p.ids
+	if len(target.Labels) > 0 {
+		ids = make([]string, 0, len(p.ids))
+		for _, id := range p.ids {
+			if target.Matches(p.proxies[id]) {
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == 0 {
+			return Proxy{}, sessionSame, &SelectionError{Pool: target.Pool, Target: target}
+		}
+	}
 	now := t.now()
 	lim := p.limiterLocked(target, now)
 	var avoid string
 	if target.Session != "" {
 		expireLocked(p, now)
-		if s := p.sessions[target.Session]; s != nil {
-			if x, ok := p.proxies[s.proxy]; ok && !slices.Contains(exclude, s.proxy) && (!coolingLocked(p, s.proxy, now) || t.allCoolingLocked(p, exclude, now)) {
+		if s := p.sessions[target.SessionKey()]; s != nil {
+			if x, ok := p.proxies[s.proxy]; ok && target.Matches(x) && !slices.Contains(exclude, s.proxy) && (!coolingLocked(p, s.proxy, now) || t.allCoolingLocked(p, ids, exclude, now)) {
 				if !rotationDue(p.spec, s, now) {
 					// A session waits for its own proxy rather than
 					// leave it for the site's load.
@@ -405,8 +527,8 @@ func (t *Table) pick(target Target, exclude []string) (Proxy, int, error) {
 			}
 		}
 	}
-	candidates := make([]string, 0, len(p.ids))
-	for _, id := range p.ids {
+	candidates := make([]string, 0, len(ids))
+	for _, id := range ids {
 		if !slices.Contains(exclude, id) {
 			candidates = append(candidates, id)
 		}
@@ -503,10 +625,10 @@ func shareUse(spec *events.GatewaySpec, s *session, now time.Time) bool {
 	return now.Sub(s.shared) >= spec.SessionTTLOrDefault()/4
 }
 
-// allCoolingLocked reports whether every proxy of p not in exclude is
-// cooling.
-func (t *Table) allCoolingLocked(p *pool, exclude []string, now time.Time) bool {
-	for _, id := range p.ids {
+// allCoolingLocked reports whether every proxy of ids (of p) not in
+// exclude is cooling.
+func (t *Table) allCoolingLocked(p *pool, ids, exclude []string, now time.Time) bool {
+	for _, id := range ids {
 		if !slices.Contains(exclude, id) && !coolingLocked(p, id, now) {
 			return false
 		}
@@ -560,7 +682,8 @@ func (t *Table) adoptLocked(p *pool, s *session, client string) {
 // or of the client when a new one would pass [Limits]. The pin is the
 // session's first use on id.
 func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
-	if s := p.sessions[target.Session]; s != nil {
+	key := target.SessionKey()
+	if s := p.sessions[key]; s != nil {
 		if s.client == target.Client && !s.remote {
 			s.proxy, s.pinned, s.uses, s.synced = id, now, 1, 0
 			p.touchLocked(s, now)
@@ -584,7 +707,7 @@ func (t *Table) pinLocked(p *pool, target Target, id string, now time.Time) {
 		mine = list.New()
 		p.byClient[target.Client] = mine
 	}
-	s := &session{id: target.Session, client: target.Client, proxy: id, used: now, pinned: now, uses: 1}
+	s := &session{id: key, client: target.Client, proxy: id, used: now, pinned: now, uses: 1}
 	s.inPool = p.lru.PushFront(s)
 	s.inClient = mine.PushFront(s)
 	p.sessions[s.id] = s

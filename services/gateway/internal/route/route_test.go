@@ -3,6 +3,7 @@ package route
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +21,21 @@ func TestParseUser(t *testing.T) {
 		{"demo", Target{Pool: "demo"}, ""},
 		{"demo.session-abc", Target{Pool: "demo", Session: "abc"}, ""},
 		{"demo.session-A_b-9", Target{Pool: "demo", Session: "A_b-9"}, ""},
-		{"demo.session-a.session-b", Target{}, "a session id is"},
+		{"demo.session-a.session-b", Target{}, "the session comes last"},
+		{"demo.country-de", Target{Pool: "demo", Labels: []Label{{"country", "de"}}}, ""},
+		{"demo.region-eu.session-s1", Target{Pool: "demo", Labels: []Label{{"region", "eu"}}, Session: "s1"}, ""},
+		{"demo.region-eu.country-de.session-s1", Target{Pool: "demo", Labels: []Label{{"country", "de"}, {"region", "eu"}}, Session: "s1"}, ""},
+		{"demo.country-de.region-eu-west-1", Target{Pool: "demo", Labels: []Label{{"country", "de"}, {"region", "eu-west-1"}}}, ""},
+		{"demo.session-s1.region-eu", Target{}, "the session comes last"},
+		{"demo.region-eu.region-us", Target{}, "label region is selected twice"},
+		{"demo.region-", Target{}, "the value of label region must be"},
+		{"demo.Region-eu", Target{}, `the label name "Region" must be`},
+		{"demo.-eu", Target{}, `"-eu" is neither <label>-<value> nor session-<id>`},
+		{"demo.", Target{}, `"" is neither`},
+		{"demo.a-1.b-1.c-1.d-1.e-1.f-1.g-1.h-1.i-1", Target{}, "at most 8 labels"},
 		{"demo.session-", Target{}, "a session id is"},
 		{"demo.session-" + long, Target{}, "a session id is"},
-		{"demo.other", Target{}, `a '.' may only start ".session-"`},
+		{"demo.other", Target{}, `"other" is neither <label>-<value> nor session-<id> (username is ` + UserGrammar + ")"},
 		{"Demo", Target{}, "the pool name must be"},
 		{"", Target{}, "the pool name is required"},
 		{".session-abc", Target{}, "the pool name is required"},
@@ -31,7 +43,7 @@ func TestParseUser(t *testing.T) {
 	for _, c := range cases {
 		got, err := ParseUser(c.user)
 		if c.wantErr == "" {
-			if err != nil || got != c.want {
+			if err != nil || !reflect.DeepEqual(got, c.want) {
 				t.Errorf("%q: got %+v, %v; want %+v", c.user, got, err, c.want)
 			}
 			continue

@@ -151,6 +151,14 @@ type GatewaySpec struct {
 	TierMemory Duration `json:"tierMemory,omitempty"`
 }
 
+// FallbackPools is the spec's fallback pools (g may be nil).
+func (g *GatewaySpec) FallbackPools() []string {
+	if g == nil {
+		return nil
+	}
+	return g.Fallback
+}
+
 // TierMemoryOrDefault is the spec's tierMemory or [DefaultTierMemory].
 func (g *GatewaySpec) TierMemoryOrDefault() time.Duration {
 	if g == nil || g.TierMemory <= 0 {

@@ -149,6 +149,8 @@ type Config struct {
 	OriginRoots *x509.CertPool
 	// RequestLog records each client request (nil: none).
 	RequestLog *reqlog.Logger
+	// Now is the clock of the tier memory (nil: time.Now).
+	Now func() time.Time
 }
 
 // Server is the gateway's http.Handler.
@@ -162,6 +164,8 @@ type Server struct {
 	transports transports
 	// intercepted serves intercepted connections (intercept.go).
 	intercepted interceptServer
+	// tierMemory holds the fallback pools sites needed lately (tiers.go).
+	tierMemory tierMemory
 }
 
 // connectKey is the context key of a request's [connectAnswer].
@@ -258,7 +262,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	user, password, ok := proxyAuth(r.Header.Get("Proxy-Authorization"))
 	if !ok {
-		denied(w, "proxy authentication required: use the username <pool> or <pool>.session-<id>")
+		denied(w, "proxy authentication required: use the username "+route.UserGrammar)
 		return
 	}
 	target, err := route.ParseUser(user)
@@ -401,10 +405,6 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 		http.Error(w, "proxyfleet gateway: reading the request body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	if !replayable {
-		retries = 0
-	}
 	// target.Site is site.Key of the URL's host (of the CONNECT's host
 	// for an intercepted request, which is the URL's): found once.
 	siteKey := target.Site
@@ -415,18 +415,44 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, target route.Targ
 		}
 		siteKey = site.Key(host)
 	}
-	a := &attempts{site: siteKey}
-	s.tryProxies(r.Context(), w, target, a.site, retries, start, func(x route.Proxy, last bool) bool {
-		a.made++
-		a.tried = append(a.tried, x.ID)
-		w.Header().Set(AttemptsHeader, strconv.Itoa(a.made))
-		return s.relayOnce(w, r, x, body, stream, last, start, a)
-	}, func() bool { return a.deliverHeld(w) })
+	tiers := s.tiers(target, siteKey)
+	if !replayable {
+		// The body is sent once: no other pool can be tried.
+		tiers = tiers[:1]
+	}
+	a := &attempts{site: siteKey, target: target}
+	for i, pool := range tiers {
+		tier := target
+		tier.Pool = pool
+		a.moreTiers = i < len(tiers)-1
+		retries := s.cfg.Table.Spec(pool).RetriesOrDefault()
+		if !replayable {
+			retries = 0
+		}
+		answered := s.tryProxies(r.Context(), w, tier, a.site, retries, !a.moreTiers, start, func(x route.Proxy, last bool) bool {
+			a.made++
+			a.tried = append(a.tried, x.ID)
+			w.Header().Set(AttemptsHeader, strconv.Itoa(a.made))
+			return s.relayOnce(w, r, x, body, stream, last, start, a)
+		}, func() bool { return a.deliverHeld(w) })
+		if answered {
+			s.served(target, siteKey, a.served, tiers[0])
+			return
+		}
+	}
 }
 
 // attempts is what the attempts of one plain HTTP request share.
 type attempts struct {
 	site string
+	// target is the client's target (its labels select the proxies of
+	// every tier).
+	target route.Target
+	// moreTiers is set while a fallback pool follows the one tried.
+	moreTiers bool
+	// served is the pool whose proxy's answer, not a ban page, reached
+	// the client.
+	served string
 	// header is the request's header without its hop-by-hop fields, which
 	// every attempt sends (made by the first).
 	header http.Header
@@ -441,6 +467,7 @@ type attempts struct {
 // heldBan is a ban page kept whole while its request is retried.
 type heldBan struct {
 	proxy  string
+	pool   string
 	rule   string
 	status int
 	header http.Header
@@ -456,17 +483,18 @@ func (a *attempts) deliverHeld(w http.ResponseWriter) bool {
 	for k, vs := range a.held.header {
 		h[k] = vs
 	}
-	a.setHeaders(h, a.held.proxy, a.held.rule)
+	a.setHeaders(h, a.held.proxy, a.held.pool, a.held.rule)
 	w.WriteHeader(a.held.status)
 	_, _ = w.Write(a.held.body)
 	return true
 }
 
 // setHeaders sets the gateway's own headers on a relayed response (over
-// any copy the origin sent): the proxy, the attempts and, for a ban page,
-// the rule it matched.
-func (a *attempts) setHeaders(h http.Header, proxy, rule string) {
+// any copy the origin sent): the proxy and its pool, the attempts and, for
+// a ban page, the rule it matched.
+func (a *attempts) setHeaders(h http.Header, proxy, pool, rule string) {
 	h.Set(ProxyHeader, proxy)
+	h.Set(PoolHeader, pool)
 	h.Set(AttemptsHeader, strconv.Itoa(a.made))
 	h.Del(BannedHeader)
 	if rule != "" {
@@ -478,36 +506,47 @@ func (a *attempts) setHeaders(h http.Header, proxy, rule string) {
 // for site (site.Key of the request's host), then, while once returns
 // false (the attempt failed, or relayed a ban page, and another may be
 // made), with another proxy not tried yet, up to retries times more; last
-// tells once that no attempt follows. When the attempts end without an
-// answer, held (when not nil) may answer with what an earlier attempt
-// held back; otherwise the request fails: 429 when the only proxies left
-// are cooled for site, or stay at their per-site limits (target.Site)
-// past the pool's queue timeout; 503 when none is ready.
-func (s *Server) tryProxies(ctx context.Context, w http.ResponseWriter, target route.Target, site string, retries int, start time.Time, once func(x route.Proxy, last bool) bool, held func() bool) {
+// tells once that no attempt follows, in this pool or a fallback pool.
+// It reports whether the request was answered. When the attempts end
+// without an answer and lastTier is false, nothing is answered: the
+// caller goes on to the next pool. Otherwise held (when not nil) may
+// answer with what an earlier attempt held back, or the request fails:
+// 429 when the only proxies left are cooled for site, or stay at their
+// per-site limits (target.Site) past the pool's queue timeout; 503 when
+// none is ready (or none carries the selected labels).
+func (s *Server) tryProxies(ctx context.Context, w http.ResponseWriter, target route.Target, site string, retries int, lastTier bool, start time.Time, once func(x route.Proxy, last bool) bool, held func() bool) bool {
 	var tried []string
 	for attempt := 0; attempt <= retries; attempt++ {
 		cooled, until := s.cfg.Cooldowns.Cooled(target.Pool, site)
 		x, err := s.cfg.Table.Acquire(ctx, target, append(cooled, tried...)...)
-		if err != nil && held != nil && held() {
-			return
-		}
-		if s.atLimit(w, target, err, start) {
-			return
-		}
 		if err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				s.fail(target.Pool, "", "client_gone", start)
+				return true
+			}
+			if !lastTier {
+				s.fail(target.Pool, "", s.noProxyKind(target, cooled, err), start)
+				return false
+			}
 			if held != nil && held() {
-				return
+				return true
+			}
+			if s.atLimit(w, target, err, start) {
+				return true
 			}
 			s.noProxy(w, target, site, cooled, until, err, start)
-			return
+			return true
 		}
-		reqlog.Tried(w, x.ID)
-		done := once(x, attempt >= retries)
+		reqlog.Tried(w, x.ID, x.Pool)
+		done := once(x, attempt >= retries && lastTier)
 		s.cfg.Table.Done(x)
 		if done {
-			return
+			return true
 		}
 		tried = append(tried, x.ID)
+	}
+	if !lastTier {
+		return false
 	}
 	// Only a relayed request's last attempt ends without an answer, and
 	// only with a ban page held.
@@ -515,6 +554,31 @@ func (s *Server) tryProxies(ctx context.Context, w http.ResponseWriter, target r
 		s.fail(target.Pool, "", "no_proxy", start)
 		http.Error(w, "proxyfleet gateway: every attempt failed", http.StatusBadGateway)
 	}
+	return true
+}
+
+// noProxyKind is the metric outcome of a pool that had no proxy to try:
+// at its per-site limits, cooled for the site, or none.
+func (s *Server) noProxyKind(target route.Target, cooled []string, err error) string {
+	if _, ok := errors.AsType[*route.LimitError](err); ok {
+		return "site_limit"
+	}
+	if s.cooledReady(target, cooled) > 0 {
+		return "site_cooldown"
+	}
+	return "no_proxy"
+}
+
+// cooledReady counts the ready proxies of target's pool, carrying its
+// labels, among cooled.
+func (s *Server) cooledReady(target route.Target, cooled []string) int {
+	n := 0
+	for _, x := range s.cfg.Table.Ready(target.Pool) {
+		if slices.Contains(cooled, x.ID) && target.Matches(x) {
+			n++
+		}
+	}
+	return n
 }
 
 // atLimit answers a request no proxy could take under the pool's per-site
@@ -539,12 +603,7 @@ func (s *Server) atLimit(w http.ResponseWriter, target route.Target, err error, 
 // proxies are left but cooled for the request's site, until the first of
 // their cooldowns ends; 503 otherwise.
 func (s *Server) noProxy(w http.ResponseWriter, target route.Target, siteKey string, cooled []string, until time.Time, err error, start time.Time) {
-	ready := 0
-	for _, x := range s.cfg.Table.Ready(target.Pool) {
-		if slices.Contains(cooled, x.ID) {
-			ready++
-		}
-	}
+	ready := s.cooledReady(target, cooled)
 	if ready == 0 {
 		s.fail(target.Pool, "", "no_proxy", start)
 		http.Error(w, "proxyfleet gateway: "+err.Error(), http.StatusServiceUnavailable)
@@ -629,7 +688,7 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		if match != "" {
 			reqlog.Banned(w, match)
 		}
-		if match != "" && !last && s.otherProxy(x.Pool, a) {
+		if match != "" && !last && (a.moreTiers || s.otherProxy(x.Pool, a)) {
 			a.hold(x, match, resp, head, listed.Fields())
 			s.fail(x.Pool, x.ID, "banned", start)
 			return false
@@ -641,7 +700,10 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 		h[k] = vs
 	}
 	hop.Remove(h, listed.Fields()...)
-	a.setHeaders(h, x.ID, banned)
+	a.setHeaders(h, x.ID, x.Pool, banned)
+	if banned == "" && !proxyFailed(resp) {
+		a.served = x.Pool
+	}
 	w.WriteHeader(resp.StatusCode)
 	n, _ := w.Write(head)
 	buf := copyBufs.Get().(*[]byte)
@@ -667,12 +729,13 @@ func (s *Server) relayOnce(w http.ResponseWriter, r *http.Request, x route.Proxy
 }
 
 // otherProxy reports whether pool has a ready proxy that a's request did
-// not try and that is not cooled for its site: only then is a ban page
-// held back for another attempt.
+// not try, that carries its labels and is not cooled for its site: only
+// then (or when a fallback pool follows) is a ban page held back for
+// another attempt.
 func (s *Server) otherProxy(pool string, a *attempts) bool {
 	cooled, _ := s.cfg.Cooldowns.Cooled(pool, a.site)
 	for _, x := range s.cfg.Table.Ready(pool) {
-		if !slices.Contains(a.tried, x.ID) && !slices.Contains(cooled, x.ID) {
+		if !slices.Contains(a.tried, x.ID) && !slices.Contains(cooled, x.ID) && a.target.Matches(x) {
 			return true
 		}
 	}
@@ -691,7 +754,7 @@ func (a *attempts) hold(x route.Proxy, rule string, resp *http.Response, head []
 	}
 	header := resp.Header.Clone()
 	hop.Remove(header, listed...)
-	a.held = &heldBan{proxy: x.ID, rule: rule, status: resp.StatusCode, header: header, body: append(head, rest...)}
+	a.held = &heldBan{proxy: x.ID, pool: x.Pool, rule: rule, status: resp.StatusCode, header: header, body: append(head, rest...)}
 }
 
 // verdict acts on a ban rule's verdict on x: a cooldown keeps x off the
@@ -814,15 +877,24 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, target route.Tar
 		http.Error(w, "proxyfleet gateway: this connection cannot carry a tunnel", http.StatusInternalServerError)
 		return
 	}
-	retries := s.cfg.Table.Spec(target.Pool).RetriesOrDefault()
-	s.tryProxies(r.Context(), w, target, site.Key(r.Host), retries, start, func(x route.Proxy, last bool) bool {
-		return s.tunnelOnce(w, hj, r, x, last, start)
-	}, nil)
+	siteKey := site.Key(r.Host)
+	tiers := s.tiers(target, siteKey)
+	for i, pool := range tiers {
+		tier := target
+		tier.Pool = pool
+		lastTier := i == len(tiers)-1
+		retries := s.cfg.Table.Spec(pool).RetriesOrDefault()
+		if s.tryProxies(r.Context(), w, tier, siteKey, retries, lastTier, start, func(x route.Proxy, last bool) bool {
+			return s.tunnelOnce(w, hj, r, x, last, start, func() { s.served(target, siteKey, x.Pool, tiers[0]) })
+		}, nil) {
+			return
+		}
+	}
 }
 
 // tunnelOnce makes one attempt at a tunnel through x; it returns false
-// when another may be made.
-func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Request, x route.Proxy, last bool, start time.Time) bool {
+// when another may be made. opened is called once the tunnel is open.
+func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Request, x route.Proxy, last bool, start time.Time, opened func()) bool {
 	var auth string
 	user, pw, err := s.cfg.Fleet.Credentials(x)
 	if err != nil {
@@ -847,7 +919,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 		s.fail(x.Pool, x.ID, "client_gone", start)
 		return true
 	}
-	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+ProxyHeader+": "+x.ID+"\r\n\r\n")
+	_, err = io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+ProxyHeader+": "+x.ID+"\r\n"+PoolHeader+": "+x.Pool+"\r\n\r\n")
 	if err == nil && br.Buffered() > 0 {
 		b, _ := br.Peek(br.Buffered())
 		_, err = client.Write(b)
@@ -865,6 +937,7 @@ func (s *Server) tunnelOnce(w http.ResponseWriter, hj http.Hijacker, r *http.Req
 		s.fail(x.Pool, x.ID, "client_gone", start)
 		return true
 	}
+	opened()
 	// A tunnel closed for idleness ends as any other: the client left it
 	// unused.
 	sent, received, _ := idle.Tunnel(client, up, s.cfg.TunnelIdleTimeout, false)
@@ -889,6 +962,7 @@ func (s *Server) connectRefused(w http.ResponseWriter, x route.Proxy, resp *http
 	// not the proxy's credentials.
 	s.fail(x.Pool, x.ID, "proxy_status", start)
 	w.Header().Set(ProxyHeader, x.ID)
+	w.Header().Set(PoolHeader, x.Pool)
 	if rule := resp.Header.Get(egress.Header); rule != "" {
 		w.Header().Set(egress.Header, rule)
 	}

@@ -453,7 +453,10 @@ func TestClientsAreAuthenticated(t *testing.T) {
 		says   string
 	}{
 		{"no credentials", plain, 407, "proxy authentication required"},
-		{"bad username", h.client("p.x"), 407, "may only start"},
+		{"bad username", h.client("p.x"), 407, "is neither <label>-<value> nor session-<id> (username is " + route.UserGrammar},
+		{"label twice", h.client("p.region-eu.region-us"), 407, "label region is selected twice"},
+		{"session before a label", h.client("p.session-s1.region-eu"), 407, "the session comes last"},
+		{"bad label name", h.client("p.Region-eu"), 407, `the label name "Region"`},
 		{"bad session", h.client("p.session-a/b"), 407, "session id"},
 		{"unknown pool", h.client("q"), 404, `no pool named "q"`},
 	} {

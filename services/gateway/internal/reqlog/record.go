@@ -119,11 +119,13 @@ func recordOf(w http.ResponseWriter) *Record {
 	return nil
 }
 
-// Tried notes that the request is tried on proxy id (w is the writer
-// [Logger.Start] returned; on another writer it does nothing).
-func Tried(w http.ResponseWriter, id string) {
+// Tried notes that the request is tried on proxy id of pool, which
+// becomes the record's tier (w is the writer [Logger.Start] returned; on
+// another writer it does nothing).
+func Tried(w http.ResponseWriter, id, pool string) {
 	if rec := recordOf(w); rec != nil {
 		rec.r.Proxies = append(rec.r.Proxies, id)
+		rec.r.Tier = pool
 	}
 }
 

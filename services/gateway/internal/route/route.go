@@ -347,6 +347,18 @@ func (t *Table) Spec(name string) *events.GatewaySpec {
 	return p.spec.Clone()
 }
 
+// Fallback returns a pool's fallback pools (gateway.fallback), not to be
+// changed.
+func (t *Table) Fallback(name string) []string {
+	p := t.pool(name)
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.spec.FallbackPools()
+}
+
 // Set records x as ready (or its new address).
 func (t *Table) Set(x Proxy) {
 	t.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,7 +66,7 @@ func TestFleetFollowsTheViews(t *testing.T) {
 	// a ready proxy, one still running, and a stale _recipient.
 	put(t, pools, "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 2,
 		Auth:    &events.ProxyAuth{Username: "crawl"},
-		Gateway: &events.GatewaySpec{Strategy: events.StrategyLeastConnections, BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}}}}}})
+		Gateway: &events.GatewaySpec{Strategy: events.StrategyLeastConnections, BanRules: []events.BanRule{{Name: "too-many", Status: []int{429}}}, Fallback: []string{"q"}}}})
 	put(t, proxies, "p-a", events.ProxyView{ID: "p-a", Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:1", Labels: map[string]string{"region": "eu", "country": "de"}})
 	put(t, proxies, "p-b", events.ProxyView{ID: "p-b", Pool: "p", State: events.ProxyRunning, Address: "127.0.0.1:2"})
 	if _, err := creds.Put(ctx, events.ProbeRecipientKey, []byte("not-this-gateway")); err != nil {
@@ -184,7 +185,8 @@ func TestFleetFollowsTheViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	var info Info
-	if err := json.Unmarshal(m.Data, &info); err != nil || info.Name != "gw1" || info.Key != seal.Public(key) || info.Pools["p"].Credentials != "ok" || info.Pools["p"].Strategy != events.StrategyLeastConnections {
+	if err := json.Unmarshal(m.Data, &info); err != nil || info.Name != "gw1" || info.Key != seal.Public(key) || info.Pools["p"].Credentials != "ok" || info.Pools["p"].Strategy != events.StrategyLeastConnections ||
+		!slices.Equal(info.Pools["p"].Fallback, []string{"q"}) || info.Pools["p"].TierMemory != "10m0s" {
 		t.Errorf("info: %s", m.Data)
 	}
 	if m, err := conn.NC.Request(events.GatewaySubject("gw1", events.GatewayStats), nil, 10*time.Second); err != nil || !strings.Contains(string(m.Data), `"name":"gw1"`) {

@@ -41,6 +41,15 @@ type PoolInfo struct {
 	Session *events.SessionRotation `json:"session,omitempty"`
 	// Credentials is "none", "ok" or why the password does not open.
 	Credentials string `json:"credentials"`
+	// Labels are the labels of the ready proxies that carry any, by
+	// proxy.
+	Labels map[string]map[string]string `json:"labels,omitempty"`
+	// Fallback and TierMemory are the pool's tiers (absent when it has
+	// none); Tiers the sites that start at a fallback pool now, on this
+	// gateway.
+	Fallback   []string            `json:"fallback,omitempty"`
+	TierMemory string              `json:"tierMemory,omitempty"`
+	Tiers      []forward.TierEntry `json:"tiers,omitempty"`
 }
 
 // Stats is the reply of the stats endpoint: per pool, the requests,
@@ -64,17 +73,35 @@ func (f *Fleet) info() Info {
 		}
 		cooled[e.Pool][e.Site] = append(cooled[e.Pool][e.Site], e.Proxy)
 	}
+	var tiers []forward.TierEntry
+	if f.srv != nil {
+		tiers = f.srv.Tiers()
+	}
 	for _, name := range f.poolNames() {
 		spec := f.table.Spec(name)
 		pi := PoolInfo{Ready: []string{}, Strategy: spec.StrategyOrDefault(), Sessions: f.table.Sessions(name), Credentials: "none", Cooled: cooled[name]}
 		if spec != nil {
 			pi.PerSite, pi.Session = spec.PerSite, spec.Session
+			if len(spec.Fallback) > 0 {
+				pi.Fallback, pi.TierMemory = spec.Fallback, spec.TierMemoryOrDefault().String()
+			}
 		}
 		for _, ids := range pi.Cooled {
 			slices.Sort(ids)
 		}
 		for _, x := range f.table.Ready(name) {
 			pi.Ready = append(pi.Ready, x.ID)
+			if len(x.Labels) > 0 {
+				if pi.Labels == nil {
+					pi.Labels = map[string]map[string]string{}
+				}
+				pi.Labels[x.ID] = x.Labels
+			}
+		}
+		for _, e := range tiers {
+			if e.Pool == name {
+				pi.Tiers = append(pi.Tiers, e)
+			}
 		}
 		for _, r := range f.Rules(name) {
 			pi.BanRules = append(pi.BanRules, r.Name)

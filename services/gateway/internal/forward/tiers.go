@@ -1,7 +1,9 @@
 package forward
 
 import (
+	"cmp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +74,36 @@ func (s *Server) served(target route.Target, site, tier, start string) {
 	memory := s.cfg.Table.Spec(target.Pool).TierMemoryOrDefault()
 	s.tierMemory.set(memoryKey(target), site, tier, now.Add(memory), now)
 	s.cfg.Log.Info("site served by a fallback pool; its requests start there for a while", "pool", target.Pool, "labels", target.Selection(), "site", site, "tier", tier, "for", memory.String())
+}
+
+// TierEntry is one site that starts at a fallback pool for a while.
+type TierEntry struct {
+	// Pool and Labels are the pool the clients named and the labels they
+	// selected ("name=value" joined by " and "; "" for none).
+	Pool   string    `json:"pool"`
+	Labels string    `json:"labels,omitempty"`
+	Site   string    `json:"site"`
+	Tier   string    `json:"tier"`
+	Until  time.Time `json:"until"`
+}
+
+// Tiers returns the sites that start at a fallback pool now.
+func (s *Server) Tiers() []TierEntry {
+	now := s.now()
+	s.tierMemory.mu.Lock()
+	defer s.tierMemory.mu.Unlock()
+	out := make([]TierEntry, 0, len(s.tierMemory.sites))
+	for k, e := range s.tierMemory.sites {
+		if !now.Before(e.until) {
+			continue
+		}
+		pool, labels, _ := strings.Cut(k.pool, " ")
+		out = append(out, TierEntry{Pool: pool, Labels: labels, Site: k.site, Tier: e.tier, Until: e.until})
+	}
+	slices.SortFunc(out, func(a, b TierEntry) int {
+		return cmp.Or(strings.Compare(a.Pool, b.Pool), strings.Compare(a.Site, b.Site), strings.Compare(a.Labels, b.Labels))
+	})
+	return out
 }
 
 // memoryKey is what the tier memory tells requests apart by, besides the

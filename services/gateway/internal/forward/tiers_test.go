@@ -203,6 +203,9 @@ func TestBannedSiteFallsBackToTheNextPool(t *testing.T) {
 	if a, b := banning.Seen(fromA), banning.Seen(fromB); a != 1 || b != 1 {
 		t.Errorf("the banning site saw cheap-a %d and cheap-b %d times; want once each (later requests start at premium)", a, b)
 	}
+	if tiers := h.srv.Tiers(); len(tiers) != 1 || tiers[0].Pool != "cheap" || tiers[0].Site != "127.0.0.10" || tiers[0].Tier != "premium" || tiers[0].Labels != "" {
+		t.Errorf("tiers %+v; want the banning site at premium for cheap", tiers)
+	}
 	if _, _, hdr := get(t, c, other.URL+"/"); hdr.Get(PoolHeader) != "cheap" || attemptsOf(t, hdr) != 1 {
 		t.Errorf("another site: pool %q after %s attempts; want cheap after 1", hdr.Get(PoolHeader), hdr.Get(AttemptsHeader))
 	}
@@ -211,6 +214,9 @@ func TestBannedSiteFallsBackToTheNextPool(t *testing.T) {
 	code, _, hdr = get(t, c, banning.URL+"/")
 	if code != 200 || hdr.Get(PoolHeader) != "premium" || attemptsOf(t, hdr) != 3 {
 		t.Errorf("after tierMemory: %d of pool %q after %s attempts; want cheap tried again (3 attempts), served by premium", code, hdr.Get(PoolHeader), hdr.Get(AttemptsHeader))
+	}
+	if tiers := h.srv.Tiers(); len(tiers) != 1 || !tiers[0].Until.Equal(clock.Now().Add(time.Minute)) {
+		t.Errorf("tiers %+v; want the site remembered afresh for a minute", tiers)
 	}
 	if a := banning.Seen(fromA); a != 2 {
 		t.Errorf("the banning site saw cheap-a %d times; want twice (tried again after tierMemory)", a)

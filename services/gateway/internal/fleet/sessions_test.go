@@ -326,3 +326,40 @@ func TestSessionsNeedOnlyTheirPermissions(t *testing.T) {
 	storedSession(t, bucket(t, admin, bus.BucketGatewaySessions), "s1", "p-b")
 	gw2.sessionOn(t, "gw2 to learn s1 on p-b", "s1", "p-b")
 }
+
+// TestSharedSessionKeepsItsSelection: a session with labels is shared
+// under its id and labels, and another gateway serves it on the same
+// proxy of the selection; the same id without labels is another session.
+func TestSharedSessionKeepsItsSelection(t *testing.T) {
+	conn := bustest.Start(t)
+	if err := bus.EnsureTopology(testwait.Context(t, 30*time.Second), conn); err != nil {
+		t.Fatal(err)
+	}
+	put(t, bucket(t, conn, bus.BucketPools), "p", map[string]any{"name": "p", "spec": events.PoolSpec{Name: "p", Provider: "local", Size: 3}})
+	proxies := bucket(t, conn, bus.BucketProxies)
+	for i, id := range []string{"p-a", "p-b", "p-c"} {
+		region := "eu"
+		if id == "p-c" {
+			region = "us"
+		}
+		put(t, proxies, id, events.ProxyView{ID: id, Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:" + string(rune('1'+i)), Labels: map[string]string{"region": region}})
+	}
+	kv := bucket(t, conn, bus.BucketGatewaySessions)
+	gw1, gw2 := startSessionGateway(t, conn, "gw1"), startSessionGateway(t, conn, "gw2")
+	us, err := route.ParseUser("p.region-us.session-s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	us.Client = "10.0.0.1"
+	if got := gw1.pick(t, us); got != "p-c" {
+		t.Fatalf("the region-us session on gw1: %s; want p-c, the only us proxy", got)
+	}
+	storedSession(t, kv, "s1.region-us", "p-c")
+	gw2.sessionOn(t, "gw2 to learn the region-us session", "s1.region-us", "p-c")
+	if got := gw2.pick(t, us); got != "p-c" {
+		t.Errorf("the region-us session on gw2: %s; want p-c", got)
+	}
+	if _, ok := gw2.table.Session("p", "s1"); ok {
+		t.Errorf("gw2 holds a session s1 without labels; only s1.region-us was pinned")
+	}
+}

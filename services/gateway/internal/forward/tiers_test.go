@@ -15,6 +15,7 @@ import (
 
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testnet"
+	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/bantest"
 	"proxyfleet/services/gateway/internal/reqlog"
@@ -310,5 +311,71 @@ func TestTunnelFallsBackWhenNoProxyOpensIt(t *testing.T) {
 	b, _ := io.ReadAll(got.Body)
 	if string(b) != "secure" {
 		t.Errorf("through the tunnel: %q; want secure", b)
+	}
+}
+
+// TestInterceptedRequestFallsBack: an HTTPS request inside an
+// intercepted connection goes on to the fallback pool when its pool's
+// proxy cannot be reached, as a plain HTTP request does.
+func TestInterceptedRequestFallsBack(t *testing.T) {
+	originCA, gwCA := newTestCA(t, time.Now()), newTestCA(t, time.Now())
+	site := tlsOrigin(t, originCA, "127.0.0.1", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "secure") })
+	table := route.NewTable(route.Limits{}, nil)
+	table.SetSpec("p", &events.GatewaySpec{Intercept: true, Fallback: []string{"q"}})
+	table.Set(route.Proxy{ID: "p-dead", Pool: "p", Address: testnet.Refusing(t).String()})
+	table.Set(route.Proxy{ID: "q-a", Pool: "q", Address: newUpstream(t, "").addr()})
+	rf := &recordingFleet{}
+	h := &interceptHarness{harness: &harness{t: t, table: table, fleet: rf}}
+	h.srv = New(Config{Table: table, Fleet: &poolsFleet{recordingFleet: rf, pools: []string{"p", "q"}}, Auth: func(_, _, _ string) (bool, error) { return true, nil },
+		DialTimeout: 2 * time.Second, ResponseTimeout: 10 * time.Second, CA: gwCA, OriginRoots: originCA.pool})
+	h.gw = httptest.NewServer(h.srv)
+	t.Cleanup(h.gw.Close)
+	t.Cleanup(h.srv.Close)
+	code, body, hdr := get(t, h.trusting("p", gwCA.pool), site.URL+"/")
+	if code != 200 || body != "secure" || hdr.Get(PoolHeader) != "q" || hdr.Get(ProxyHeader) != "q-a" || attemptsOf(t, hdr) != 2 {
+		t.Errorf("intercepted request: %d %q through %q of pool %q after %s attempts; want secure through q-a of q after 2",
+			code, body, hdr.Get(ProxyHeader), hdr.Get(PoolHeader), hdr.Get(AttemptsHeader))
+	}
+}
+
+// TestPerSiteLimitFallsBack: a request that finds every proxy of its pool
+// at its per-site limit past queueTimeout goes on to the fallback pool
+// instead of being answered 429.
+func TestPerSiteLimitFallsBack(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	site := origin(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "hello")
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	table := route.NewTable(route.Limits{}, nil)
+	table.Set(route.Proxy{ID: "p-a", Pool: "p", Address: newUpstream(t, "").addr()})
+	table.Set(route.Proxy{ID: "q-a", Pool: "q", Address: newUpstream(t, "").addr()})
+	h := poolsHarness(t, table, map[string]*events.GatewaySpec{
+		"p": {Fallback: []string{"q"}, PerSite: &events.PerSite{Concurrency: 1, QueueTimeout: events.Duration(200 * time.Millisecond)}},
+		"q": nil,
+	}, nil, nil, nil)
+	slow := make(chan string, 1)
+	go func() {
+		resp, err := h.client("p").Get(site.URL + "/slow")
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		_ = resp.Body.Close()
+		slow <- resp.Header.Get(PoolHeader)
+	}()
+	// The slow request holds p-a's one place at the site.
+	testwait.Until(t, 10*time.Second, "the slow request to hold p-a", func() bool { return table.Open("p")["p-a"] == 1 })
+	code, _, hdr := get(t, h.client("p"), site.URL+"/fast")
+	if code != 200 || hdr.Get(PoolHeader) != "q" {
+		t.Errorf("with p-a at its limit: %d from pool %q; want 200 from q", code, hdr.Get(PoolHeader))
+	}
+	once.Do(func() { close(release) })
+	if got := <-slow; got != "p" {
+		t.Errorf("the slow request: %q; want served by p", got)
 	}
 }

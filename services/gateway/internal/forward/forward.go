@@ -4,8 +4,9 @@
 // (route.Table), relays the request through that proxy with the pool's
 // own credentials, retries a failed attempt on another proxy, shows plain
 // HTTP responses to the pool's ban rules (retrying a ban page on another
-// proxy, keeping a proxy a site banned off that site), and counts what it
-// carried.
+// proxy, keeping a proxy a site banned off that site), goes on to the
+// pool's fallback pools when none of its proxies may serve a request
+// (tiers.go), and counts what it carried.
 //
 // What it learns of the fleet (credentials, ban rules) and what it tells
 // the fleet (suspect proxies, bans) go through [Fleet]; the NATS side

@@ -2,7 +2,9 @@ package planner
 
 import (
 	"maps"
+	"strings"
 	"testing"
+	"time"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/events"
@@ -58,5 +60,38 @@ func TestPlacedProxyCarriesItsTargetsLabels(t *testing.T) {
 		if !maps.Equal(x.Labels, want[x.ID]) {
 			t.Errorf("proxy.list %s on %s: labels %v, want %v", x.ID, x.Target, x.Labels, want[x.ID])
 		}
+	}
+}
+
+// TestPlacementSpreadsByLabelWeights applies a pool that requires
+// country de or us and spreads 80/20 over region: of five proxies four
+// land on the eu targets and one on the us target, none on the target
+// outside the required countries. Then a pool whose requirement no target
+// meets says so in its Placed condition.
+func TestPlacementSpreadsByLabelWeights(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "e1", Labels: map[string]string{"region": "eu", "country": "de"}})
+	h.agent(agent.Info{Entry: "local", Target: "e2", Labels: map[string]string{"region": "eu", "country": "de"}})
+	h.agent(agent.Info{Entry: "local", Target: "u1", Labels: map[string]string{"region": "us", "country": "us"}})
+	h.agent(agent.Info{Entry: "local", Target: "x1", Labels: map[string]string{"region": "eu", "country": "fr"}})
+	h.leader()
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":5,
+		"placement":{"require":{"country":["de","us"]},"spread":[{"label":"region","weights":{"eu":80,"us":20}}]}}`, nil)
+	_, req := h.requested(5)
+	per := map[string]int{}
+	for _, d := range req {
+		per[d.Target]++
+		if d.Labels["country"] != "de" && d.Labels["country"] != "us" {
+			t.Errorf("proxy on %s carries %v, want a required country", d.Target, d.Labels)
+		}
+	}
+	if per["e1"]+per["e2"] != 4 || per["u1"] != 1 || per["x1"] != 0 {
+		t.Errorf("proxies per target %v, want 4 on e1 and e2, 1 on u1, none on x1", per)
+	}
+
+	h.ok(poolApply, `{"name":"nowhere","provider":"local","size":1,"placement":{"require":{"country":["it"]}}}`, nil)
+	c := h.waitCondition("nowhere", events.ConditionPlaced, events.ConditionFalse, events.ReasonNoTargetMatchesLabels, 10*time.Second)
+	if !strings.Contains(c.Message, "country in [it]") || !strings.Contains(c.Message, "x1 (country=fr, region=eu)") {
+		t.Errorf("Placed message %q does not name the required labels and what the targets carry", c.Message)
 	}
 }

@@ -165,4 +165,8 @@ type Info struct {
 	// Capacity is how many proxies the target may hold; 0 means unlimited.
 	Capacity int    `json:"capacity"`
 	Version  string `json:"version,omitempty"`
+	// Labels describe where the target's proxies egress (region, country,
+	// provider, …), from the agent's configuration; the planner records
+	// them on every proxy it places here. See [events.LabelRule].
+	Labels map[string]string `json:"labels,omitempty"`
 }

@@ -176,6 +176,7 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 	var v events.ValidationError
 	v.AddField(events.CheckIdentifier("entry", cfg.Info.Entry))
 	v.AddField(events.CheckIdentifier("target", cfg.Info.Target))
+	events.CheckLabels(&v, "labels", cfg.Info.Labels)
 	if err := v.Err(); err != nil {
 		return nil, err
 	}

@@ -127,6 +127,35 @@ func (e *Error) Identifier(key, value string) {
 	e.Add(key, "%s, got %q", fe.Reason, fe.Value)
 }
 
+// Labels records a problem for each label of m, the map at key, that
+// breaks the label rule ([events.CheckLabels]): each key and value 1-63
+// lowercase letters, digits, '-' or '_', at most 16 labels.
+func (e *Error) Labels(key string, m map[string]string) {
+	var v events.ValidationError
+	events.CheckLabels(&v, key, m)
+	for _, fe := range v.Fields {
+		if fe.Value == "" && fe.Field == key {
+			e.Add(fe.Field, "%s", fe.Reason)
+			continue
+		}
+		e.Add(fe.Field, "%s, got %q", fe.Reason, fe.Value)
+	}
+}
+
+// TargetLabels checks labels per target, the map at key (keyed by target
+// name, each value a label map as [Error.Labels] checks it): every key
+// must be one of targets.
+func (e *Error) TargetLabels(key string, m map[string]map[string]string, targets []string) {
+	for _, t := range slices.Sorted(maps.Keys(m)) {
+		path := keyPath(key, t)
+		if !slices.Contains(targets, t) {
+			e.Add(path, "names no listed target; the targets are %s", strings.Join(targets, ", "))
+			continue
+		}
+		e.Labels(path, m[t])
+	}
+}
+
 // KeyOf records a problem with key when its value is set but names no key
 // of m, the map at mapKey (a default image naming no configured image).
 func KeyOf[V any](e *Error, key, value string, m map[string]V, mapKey string) {

@@ -208,3 +208,29 @@ func TestKeyedAndURL(t *testing.T) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+func TestLabelsAndTargetLabels(t *testing.T) {
+	var e agentconfig.Error
+	e.Labels("labels", map[string]string{"region": "eu-west", "country": "de"})
+	e.Labels("entries[0].labels", map[string]string{"Region": "eu", "provider": "Hetzner", "zone": ""})
+	e.TargetLabels("entries[0].targetLabels", map[string]map[string]string{
+		"europe-west1-b": {"region": "eu-west"},
+		"us-east1-c":     {"region": "us east"},
+		"nowhere":        {"region": "eu"},
+	}, []string{"europe-west1-b", "us-east1-c"})
+	var got []string
+	for _, p := range e.Problems {
+		got = append(got, p.String())
+	}
+	rule := events.LabelRule
+	want := []string{
+		`entries[0].labels: every key must be ` + rule + `, got "Region"`,
+		`entries[0].labels.provider: must be ` + rule + `, got "Hetzner"`,
+		`entries[0].labels.zone: must be ` + rule + `, got ""`,
+		`entries[0].targetLabels.nowhere: names no listed target; the targets are europe-west1-b, us-east1-c`,
+		`entries[0].targetLabels.us-east1-c.region: must be ` + rule + `, got "us east"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

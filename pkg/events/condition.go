@@ -47,6 +47,10 @@ const (
 	ReasonNoLiveTarget          = "NoLiveTarget"
 	ReasonNoTargetOffersImage   = "NoTargetOffersImage"
 	ReasonNoTargetOffersProfile = "NoTargetOffersProfile"
+	// ReasonNoTargetMatchesLabels: no live target offering the pool's
+	// image and profile carries the labels its placement requires, or a
+	// value its spread weighs.
+	ReasonNoTargetMatchesLabels = "NoTargetMatchesLabels"
 	ReasonCapacityExhausted     = "CapacityExhausted"
 	ReasonQuota                 = "Quota"
 	ReasonTargetsFailing        = "TargetsFailing"

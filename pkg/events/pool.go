@@ -71,6 +71,9 @@ type PoolSpec struct {
 	// it is the starting size (clamped into [min, max]); see
 	// [PoolSpec.SizeAfterApply] for what a re-apply keeps.
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
+	// Placement steers new proxies by their targets' labels: required
+	// label values and a weighted spread (nil: any target of the entry).
+	Placement *Placement `json:"placement,omitempty"`
 }
 
 // Egress is what a pool's proxies may reach beyond the default egress
@@ -251,6 +254,9 @@ func (p *PoolSpec) validate(recorded bool) error {
 	if p.Autoscale != nil {
 		p.Autoscale.Validate(&v, "autoscale")
 	}
+	if p.Placement != nil {
+		p.Placement.validate(&v, "placement")
+	}
 	if len(p.UserData) > MaxUserDataBytes {
 		v.Add("userData", "must be at most 64 KiB", fmt.Sprintf("%d bytes", len(p.UserData)))
 	}
@@ -305,6 +311,7 @@ func (p PoolSpec) Public() PoolSpec {
 	out.Egress = p.Egress.Clone()
 	out.Gateway = p.Gateway.Clone()
 	out.Autoscale = p.Autoscale.Clone()
+	out.Placement = p.Placement.Clone()
 	if p.Auth != nil {
 		out.Auth = &ProxyAuth{Username: p.Auth.Username}
 	}

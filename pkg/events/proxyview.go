@@ -2,6 +2,7 @@ package events
 
 import (
 	"cmp"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +47,9 @@ type ProxyView struct {
 	// ReplaceReason why: this one is retired once that one is ready.
 	ReplacedBy    string `json:"replacedBy,omitempty"`
 	ReplaceReason string `json:"replaceReason,omitempty"`
+	// Labels are the labels of the proxy's target (region, country,
+	// provider, …) as the planner's placement decision recorded them.
+	Labels map[string]string `json:"labels,omitempty"`
 
 	// Reason says why the proxy is unhealthy (the last probe error),
 	// failed or retiring.
@@ -76,7 +80,7 @@ func NewProxyView(id, envID string, seq uint64, at time.Time, d ProxyRequestedDa
 	return ProxyView{
 		ID: id, Pool: d.Pool, Entry: d.Entry, Target: d.Target, Instance: d.Instance,
 		Revision: d.Revision, Port: d.Port, Image: d.Image, Profile: d.Profile,
-		Username: d.Username, Replaces: d.Replaces, Attempt: AttemptOf(envID, id, ProxyRequested),
+		Username: d.Username, Replaces: d.Replaces, Labels: maps.Clone(d.Labels), Attempt: AttemptOf(envID, id, ProxyRequested),
 		State: ProxyRequested, CreatedAt: at, UpdatedAt: at, Seq: seq,
 	}
 }

@@ -104,6 +104,10 @@ type ProxyRequestedData struct {
 	// "rotated: …", "unhealthy: …", "recycled by operator"); it becomes
 	// the retiring reason of the replaced proxy.
 	ReplaceReason string `json:"replaceReason,omitempty"`
+	// Labels are the labels the target announced when the planner placed
+	// the proxy there (region, country, provider, …): recorded with the
+	// decision so every fold of the log shows them on the proxy.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ProxySpec is what one proxy's instance is built from: the pool and
@@ -140,6 +144,7 @@ func (d *ProxyRequestedData) Validate() error {
 	if d.Instance == "" {
 		v.Add("instance", "is required", "")
 	}
+	CheckLabels(&v, "labels", d.Labels)
 	return v.Err()
 }
 

@@ -46,8 +46,13 @@ type Entry struct {
 	Capacity int `yaml:"capacity"`
 	// CommandTimeout bounds one command including the wait for an address.
 	CommandTimeout agentconfig.Duration `yaml:"commandTimeout"`
-	GCE            *GCE                 `yaml:"gce"`
-	Kubernetes     *Kubernetes          `yaml:"kubernetes"`
+	// Labels are announced by every target of the entry ({provider: gce,
+	// country: de}); TargetLabels adds to or overrides them per target
+	// ({europe-west1-b: {region: europe-west1}}). See [Entry.LabelsOf].
+	Labels       map[string]string            `yaml:"labels"`
+	TargetLabels map[string]map[string]string `yaml:"targetLabels"`
+	GCE          *GCE                         `yaml:"gce"`
+	Kubernetes   *Kubernetes                  `yaml:"kubernetes"`
 }
 
 // GCE configures a gce entry. Targets are zones of Project.
@@ -103,6 +108,12 @@ type Kubernetes struct {
 	// ImagePullSecrets names Secrets in each target namespace.
 	ImagePullSecrets []string          `yaml:"imagePullSecrets"`
 	NodeSelector     map[string]string `yaml:"nodeSelector"`
+}
+
+// LabelsOf is what target announces as its labels: the entry's labels
+// with the target's own over them; nil when it has none.
+func (e Entry) LabelsOf(target string) map[string]string {
+	return events.MergeLabels(e.Labels, e.TargetLabels[target])
 }
 
 // Resources are a Pod profile's requests and limits in Kubernetes quantity
@@ -178,6 +189,13 @@ func (f *File) Check(v *agentconfig.Error) {
 				v.Add(tp, "%q is listed twice", t)
 			}
 			tseen[t] = true
+		}
+		v.Labels(p+".labels", e.Labels)
+		v.TargetLabels(p+".targetLabels", e.TargetLabels, e.Targets)
+		for _, t := range e.Targets {
+			if n := len(e.LabelsOf(t)); n > events.MaxLabels {
+				v.Add(p+".targetLabels."+t, "target %s would carry %d labels with the entry's; at most %d are allowed", t, n, events.MaxLabels)
+			}
 		}
 		switch e.Type {
 		case TypeGCE:

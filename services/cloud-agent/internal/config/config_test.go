@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,9 @@ entries:
     targets: [europe-west1-b, europe-west1-c]
     capacity: 10
     commandTimeout: 15m
+    labels: {provider: gce, region: eu-west}
+    targetLabels:
+      europe-west1-c: {region: eu-west-c, zone: c}
     gce:
       project: my-project
       credentialsFile: /etc/proxyfleet/gce.json
@@ -45,6 +49,15 @@ func TestParseGood(t *testing.T) {
 	g := f.Entries[0]
 	if g.GCE.Project != "my-project" || g.Capacity != 10 || len(g.Targets) != 2 {
 		t.Fatalf("gce entry = %+v", g)
+	}
+	if got, want := g.LabelsOf("europe-west1-b"), map[string]string{"provider": "gce", "region": "eu-west"}; !maps.Equal(got, want) {
+		t.Errorf("labels of europe-west1-b = %v, want %v", got, want)
+	}
+	if got, want := g.LabelsOf("europe-west1-c"), map[string]string{"provider": "gce", "region": "eu-west-c", "zone": "c"}; !maps.Equal(got, want) {
+		t.Errorf("labels of europe-west1-c = %v, want %v (the target's over the entry's)", got, want)
+	}
+	if got := f.Entries[1].LabelsOf("proxies"); got != nil {
+		t.Errorf("labels of an entry without any = %v, want none", got)
 	}
 	k := f.Entries[1].Kubernetes
 	if k.Image != DefaultSquidImage || k.AuthHelper != DefaultAuthHelper || k.RunAsUser != DefaultSquidUser || k.ClusterScope {
@@ -83,6 +96,10 @@ func TestParseErrors(t *testing.T) {
 		{"relative helper", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {authHelper: basic_ncsa_auth}\n", []string{"authHelper"}},
 		{"unpinned images", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {image: 'ubuntu/squid:latest', images: {b: 'reg:5000/squid'}}\n",
 			[]string{`.kubernetes.image: must pin a tag or digest, not :latest, got "ubuntu/squid:latest"`, `.kubernetes.images.b: must pin a tag or digest, got "reg:5000/squid"`}},
+		{"bad labels", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    labels: {Region: eu, country: DE}\n    targetLabels: {y: {region: eu}, z: {zone: 'a b'}}\n",
+			[]string{`entries[0].labels: every key must be`, `got "Region"`, `entries[0].labels.country: must be`, `entries[0].targetLabels.y: names no listed target`, `entries[0].targetLabels.z.zone: must be`}},
+		{"too many labels with the target's", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    labels: {a: '1', b: '1', c: '1', d: '1', e: '1', f: '1', g: '1', h: '1', i: '1'}\n    targetLabels: {z: {j: '1', k: '1', l: '1', m: '1', n: '1', o: '1', p: '1', q: '1'}}\n",
+			[]string{`entries[0].targetLabels.z: target z would carry 17 labels`}},
 		{"root squid", "entries:\n  - name: a\n    type: kubernetes\n    targets: [z]\n    kubernetes: {runAsUser: -1}\n", []string{"runAsUser"}},
 	}
 	for _, c := range cases {

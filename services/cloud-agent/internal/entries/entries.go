@@ -64,7 +64,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 		}
 		for _, target := range e.Targets {
 			images, profiles := catalog(e)
-			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: images, Profiles: profiles, Capacity: e.Capacity}
+			info := agent.Info{Entry: e.Name, Target: target, Type: e.Type, Images: images, Profiles: profiles, Capacity: e.Capacity, Labels: e.LabelsOf(target)}
 			rt, err := agent.New(conn, drivers[target], agent.Config{Info: info, CommandTimeout: time.Duration(e.CommandTimeout),
 				RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir}, o.Log, o.Tracer)
 			if err != nil {

@@ -227,13 +227,17 @@ func requested(pool string) events.ProxyRequestedData {
 func TestProxyLifecycle(t *testing.T) {
 	e := start(t)
 	const id = "demo-p1"
-	req := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128}, Username: "crawler"}
+	// The target's labels, recorded with the placement decision, stay on
+	// the proxy through its whole life.
+	labels := map[string]string{"region": "eu-west", "country": "de", "provider": "hetzner"}
+	req := events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 2, Port: 3128}, Username: "crawler",
+		Labels: labels}
 	s1 := e.append(id, events.ProxyRequested, req)
 	t0 := e.eventTime(s1)
 	want := projection.Proxy{
 		ID: id, Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id),
 		State: events.ProxyRequested, Revision: 2, Port: 3128, Username: "crawler", Attempt: 1,
-		CreatedAt: t0, UpdatedAt: t0, Seq: s1,
+		Labels: maps.Clone(labels), CreatedAt: t0, UpdatedAt: t0, Seq: s1,
 	}
 	check := func(step string, seq uint64) {
 		t.Helper()
@@ -244,6 +248,9 @@ func TestProxyLifecycle(t *testing.T) {
 		}
 	}
 	check("requested", s1)
+	if raw := e.dump()[bus.BucketProxies+"/"+id]; !bytes.Contains(raw, []byte(`"labels":{"country":"de","provider":"hetzner","region":"eu-west"}`)) {
+		t.Fatalf("fleet-proxies/%s = %s, want the labels under \"labels\"", id, raw)
+	}
 
 	s := e.append(id, events.ProxyProvisioning, events.ProxyProvisioningData{Entry: "local", Target: "t1", Instance: events.InstanceName(id), ProviderID: "pid-1", Attempt: 1})
 	want.State, want.ProviderID = events.ProxyProvisioning, "pid-1"
@@ -498,7 +505,8 @@ func history(e *env) {
 	e.append("auto", events.PoolApplied, events.PoolAppliedData{Spec: auto, Revision: 2})
 	for i, last := range []string{events.ProxyRequested, events.ProxyProvisioning, events.ProxyRunning, events.ProxyReady, events.ProxyUnhealthy, events.ProxyFailed, events.ProxyRetiring, events.ProxyDeleted} {
 		id := fmt.Sprintf("demo-%d", i)
-		e.append(id, events.ProxyRequested, events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}, Username: "u"})
+		e.append(id, events.ProxyRequested, events.ProxyRequestedData{ProxySpec: events.ProxySpec{Pool: "demo", Entry: "local", Target: "t1", Instance: events.InstanceName(id), Revision: 1, Port: 3128}, Username: "u",
+			Labels: map[string]string{"region": fmt.Sprintf("r%d", i%3), "provider": "p"}})
 		steps := []struct {
 			kind string
 			data any

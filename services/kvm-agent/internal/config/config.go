@@ -43,6 +43,10 @@ type Config struct {
 	VendorData string `yaml:"vendorData"`
 	// Capacity is the most proxies this host holds; 0 means unlimited.
 	Capacity int `yaml:"capacity"`
+	// Labels are the target's labels ({region: eu-west, country: de,
+	// provider: home}), announced to the planner, which records them on
+	// every proxy it places here.
+	Labels map[string]string `yaml:"labels"`
 	// SerialLogDir, when set, makes libvirt (virtlogd) log each domain's
 	// serial console to <serialLogDir>/<instance>.log on the libvirt host,
 	// truncated at every start. An absolute path.
@@ -151,6 +155,7 @@ var (
 func (c *Config) Check(e *agentconfig.Error) {
 	e.Identifier("entry", c.Entry)
 	e.Identifier("target", c.Target)
+	e.Labels("labels", c.Labels)
 
 	lv := c.Libvirt
 	if lv.SSH != nil {

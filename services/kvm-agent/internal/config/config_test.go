@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,16 @@ func TestParseValidDefaults(t *testing.T) {
 		if ch.got != ch.want {
 			t.Errorf("%s = %q, want %q", ch.name, ch.got, ch.want)
 		}
+	}
+	if c.Labels != nil {
+		t.Errorf("labels = %v, want none", c.Labels)
+	}
+	c, err = Parse([]byte(valid + "labels: {region: eu-west, country: de, provider: home}\n"))
+	if err != nil {
+		t.Fatalf("Parse with labels: %v", err)
+	}
+	if want := map[string]string{"region": "eu-west", "country": "de", "provider": "home"}; !maps.Equal(c.Labels, want) {
+		t.Errorf("labels = %v, want %v", c.Labels, want)
 	}
 	if !c.GuestAgent() {
 		t.Error("installGuestAgent should default to true")
@@ -97,6 +108,15 @@ defaultImage: nope
 images: {a: {url: "http://h/a"}, b: {url: "http://h/b"}}
 profiles: {p: {vcpus: 1, memoryMiB: 512, diskGiB: 1}}
 `, []string{"defaultImage: names no key"}},
+		{"bad labels", `
+entry: e
+target: t
+pool: default
+network: default
+labels: {region: EU, Country: de}
+images: {a: {url: "http://h/a"}}
+profiles: {p: {vcpus: 1, memoryMiB: 512, diskGiB: 1}}
+`, []string{`labels: every key must be 1-63 lowercase letters, digits, '-' or '_', got "Country"`, `labels.region: must be 1-63 lowercase letters, digits, '-' or '_', got "EU"`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

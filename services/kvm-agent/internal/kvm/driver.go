@@ -61,7 +61,7 @@ func (d *Driver) providerID(name string) string { return d.cfg.Target + "/" + na
 
 // Info is what the agent announces.
 func (d *Driver) Info() agent.Info {
-	return agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity,
+	return agent.Info{Entry: d.cfg.Entry, Target: d.cfg.Target, Type: "kvm", Capacity: d.cfg.Capacity, Labels: d.cfg.Labels,
 		Images: slices.Sorted(maps.Keys(d.cfg.Images)), Profiles: slices.Sorted(maps.Keys(d.cfg.Profiles))}
 }
 

@@ -47,6 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	recheck := agent.RecheckFlag(fs)
 	endpoints := agent.EgressFlag(fs)
 	keyDir := agent.KeyDirFlag(fs)
+	labels := agent.LabelsFlag(fs)
 	if code, ok := cmd.Parse(args); !ok {
 		return code
 	}
@@ -92,17 +93,18 @@ func run(args []string, stderr io.Writer) int {
 	}
 	defer lock.Release()
 	return cmd.Serve(func(ctx context.Context, base *service.Base) error {
-		return serve(ctx, base, cfg, *recheck, *endpoints, agent.KeyDirOr(*keyDir, cmd.Common.DataDir))
+		return serve(ctx, base, cfg, *labels, *recheck, *endpoints, agent.KeyDirOr(*keyDir, cmd.Common.DataDir))
 	})
 }
 
-// serve runs the local driver and its agent runtime until ctx ends.
-func serve(ctx context.Context, base *service.Base, cfg local.Config, recheck time.Duration, endpoints []netip.AddrPort, keyDir string) error {
+// serve runs the local driver and its agent runtime until ctx ends; the
+// target announces labels.
+func serve(ctx context.Context, base *service.Base, cfg local.Config, labels map[string]string, recheck time.Duration, endpoints []netip.AddrPort, keyDir string) error {
 	drv, err := local.New(cfg, base.Log.With("component", "local"))
 	if err != nil {
 		return fmt.Errorf("local driver: %w", err)
 	}
-	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity()}
+	info := agent.Info{Entry: cfg.Entry, Target: cfg.Target, Type: "local", Capacity: cfg.EffectiveCapacity(), Labels: labels}
 	rt, err := agent.New(base.Conn, drv, agent.Config{Info: info, RecheckInterval: recheck, EgressEndpoints: endpoints, KeyDir: keyDir}, base.Log, base.Tel.Tracer)
 	if err != nil {
 		return fmt.Errorf("agent runtime: %w", err)

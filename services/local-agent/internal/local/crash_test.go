@@ -50,24 +50,26 @@ func newAgentEnv(t *testing.T) agentEnv {
 }
 
 // agentCommand is the local-agent binary's command line against e's bus,
-// data directory and ports, its egress allowing e's origin.
-func (e agentEnv) agentCommand(t *testing.T) *exec.Cmd {
+// data directory and ports, its egress allowing e's origin, with more
+// flags added.
+func (e agentEnv) agentCommand(t *testing.T, more ...string) *exec.Cmd {
 	t.Helper()
-	return exec.Command(agentBin,
+	return exec.Command(agentBin, append([]string{
 		"--nats-url", e.conn.ClientURL(),
-		"--data-dir", e.dataDir, "--ports", e.ports.String(), "--target", testTarget, "--egress-allow", endpoint(t, e.o).String())
+		"--data-dir", e.dataDir, "--ports", e.ports.String(), "--target", testTarget, "--egress-allow", endpoint(t, e.o).String()}, more...)...)
 }
 
 // startAgentProcess runs the built local-agent binary and returns the
-// running command; its output goes to logName in the data directory.
-func (e agentEnv) startAgentProcess(t *testing.T, logName string) *exec.Cmd {
+// running command; its output goes to logName in the data directory. more
+// are flags added to [agentEnv.agentCommand]'s.
+func (e agentEnv) startAgentProcess(t *testing.T, logName string, more ...string) *exec.Cmd {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(e.dataDir, logName))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	cmd := e.agentCommand(t)
+	cmd := e.agentCommand(t, more...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

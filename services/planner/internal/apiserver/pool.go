@@ -114,10 +114,42 @@ func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found 
 			}
 		}
 	}
+	if p := spec.Placement; p != nil && !bad["provider"] {
+		fields = append(fields, s.unknownLabels(ctx, spec.Provider, p, bad)...)
+	}
 	if len(fields) > 0 {
 		return api.Invalid(fields)
 	}
 	return nil
+}
+
+// unknownLabels refuses each label key placement p names that no live
+// target of entry carries: most likely a typo, and a pool that could
+// place nothing. While no target of entry is live nothing is refused,
+// as for a pool of an entry no agent announced yet. bad holds the fields
+// already refused.
+func (s *Server) unknownLabels(ctx context.Context, entry string, p *events.Placement, bad map[string]bool) []events.FieldError {
+	keys, live := s.b.LabelKeys(ctx, entry)
+	if !live {
+		return nil
+	}
+	known := strings.Join(slices.Sorted(maps.Keys(keys)), ", ")
+	if known == "" {
+		known = "none"
+	}
+	reason := "no live target of entry " + entry + " carries this label (their labels: " + known + "); label the agents first"
+	var out []events.FieldError
+	for _, k := range slices.Sorted(maps.Keys(p.Require)) {
+		if f := "placement.require." + k; events.IsLabel(k) && !keys[k] && !bad[f] {
+			out = append(out, events.FieldError{Field: f, Reason: reason, Value: k})
+		}
+	}
+	for i, sp := range p.Spread {
+		if f := fmt.Sprintf("placement.spread[%d].label", i); events.IsLabel(sp.Label) && !keys[sp.Label] && !bad[f] {
+			out = append(out, events.FieldError{Field: f, Reason: reason, Value: sp.Label})
+		}
+	}
+	return out
 }
 
 // checkIdentifier refuses a name or id that no pool or proxy can have.

@@ -66,6 +66,10 @@ type State interface {
 	// one of want is not known yet, so an agent that announced itself an
 	// instant ago counts.
 	Targets(ctx context.Context, entry string, want []string) (targets map[string]bool, known bool)
+	// LabelKeys returns the label keys the live targets of entry carry,
+	// and whether any target of entry is live (reading the heartbeats
+	// afresh when none is).
+	LabelKeys(ctx context.Context, entry string) (keys map[string]bool, live bool)
 	// Inventory asks the agent of entry/target for the instances it
 	// marked; nats.ErrNoResponders when no agent serves it.
 	Inventory(ctx context.Context, entry, target string) ([]agent.Instance, error)

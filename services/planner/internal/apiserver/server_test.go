@@ -43,6 +43,13 @@ func (f *fakeBackend) Targets(_ context.Context, entry string, _ []string) (map[
 	return map[string]bool{"t1": true, "t2": true}, true
 }
 
+func (f *fakeBackend) LabelKeys(_ context.Context, entry string) (map[string]bool, bool) {
+	if entry != "local" {
+		return nil, false
+	}
+	return map[string]bool{"region": true}, true
+}
+
 func (f *fakeBackend) Inventory(_ context.Context, entry, target string) ([]agent.Instance, error) {
 	return []agent.Instance{
 		{Name: events.InstanceName(fakeProxy), Marker: agent.Marker{ProxyID: fakeProxy, Pool: "demo", Entry: "local"}},
@@ -89,6 +96,10 @@ func TestEndpointsHandTheWriterOnlyWhatTheyChecked(t *testing.T) {
 		{"apply to an entry no agent announced yet", "pool.apply", `{"name":"demo","provider":"kvm","targets":["h1"],"size":1}`, "", "", "apply demo size 1 port 3128"},
 		{"apply to a malformed entry", "pool.apply", `{"name":"demo","provider":"KVM","size":1}`, "422", "provider", ""},
 		{"apply to an unknown target", "pool.apply", `{"name":"demo","provider":"local","targets":["t9"],"size":1}`, "422", "targets[0]", ""},
+		{"apply spread over a known label", "pool.apply", `{"name":"demo","provider":"local","size":1,"placement":{"spread":[{"label":"region","weights":{"eu":1}}]}}`, "", "", "apply demo size 1 port 3128"},
+		{"apply spread over an unknown label", "pool.apply", `{"name":"demo","provider":"local","size":1,"placement":{"spread":[{"label":"zone","weights":{"a":1}}]}}`, "422", "placement.spread[0].label", ""},
+		{"apply requiring an unknown label", "pool.apply", `{"name":"demo","provider":"local","size":1,"placement":{"require":{"zone":["a"]}}}`, "422", "placement.require.zone", ""},
+		{"apply a placement to an entry no agent announced yet", "pool.apply", `{"name":"demo","provider":"kvm","size":1,"placement":{"require":{"zone":["a"]}}}`, "", "", "apply demo size 1 port 3128"},
 		{"apply with an unknown field", "pool.apply", `{"name":"demo","provider":"local","size":1,"sise":2}`, "400", "sise", ""},
 		{"delete pool", "pool.delete", `{"name":"demo"}`, "", "", "delete pool demo"},
 		{"delete a bad pool name", "pool.delete", `{"name":"Demo!"}`, "422", "name", ""},

@@ -30,6 +30,8 @@
 //     address, one at a time;
 //   - scale-down in [RetireOrder], or the fill: one new proxy per missing
 //     one, each placed by [Place] (never on a target whose recent check
-//     failed: [Placement.Failing]), replacing the sick first;
+//     failed: [Placement.Failing]; only on targets whose labels the pool's
+//     placement accepts: [Labelled]; with a spread, on the label value
+//     furthest below its weighted share), replacing the sick first;
 //   - rotation: one outdated or aged member replaced, surge first.
 package decide

@@ -126,6 +126,9 @@ type Target struct {
 	// Check is the target's latest check verdict (health's record in
 	// fleet-targets), nil when there is none.
 	Check *Check
+	// Labels are the labels the target announced (region, country,
+	// provider, …); nil when none.
+	Labels map[string]string
 }
 
 // Check is health's latest poll of a target agent's checks.

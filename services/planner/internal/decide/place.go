@@ -25,6 +25,10 @@ type Placement struct {
 	// CheckMaxAge is how old a target's failed check may be and still
 	// keep new proxies off it; 0: checks never do (see [Placement.Failing]).
 	CheckMaxAge time.Duration
+
+	// recorded holds the labels the pool's proxies carry per target key
+	// (see [Placement.Record]).
+	recorded map[string]map[string]string
 }
 
 // Failing reports whether target a's latest check failed recently enough
@@ -38,21 +42,34 @@ func (pl *Placement) Failing(a Target) bool {
 
 // Place picks the target for one new proxy of pool: a live target of the
 // pool's entry (and of its spec's targets when set) offering its image and
-// profile, with capacity left, no recently failed check and no recent
-// quota failure or stuck create;
-// fewest proxies of this pool first, then fewest overall, then by name.
+// profile, whose labels its placement accepts ([Labelled]), with capacity
+// left, no recently failed check and no recent quota failure or stuck
+// create. With a spread, the target whose label value is furthest below
+// its weighted share of the pool's size first (the first spread deciding
+// first); then fewest proxies of this pool, then fewest overall, then by
+// name.
 func Place(pl *Placement, pool *Pool) (Target, bool) {
 	var best Target
 	found := false
 	var bestPool, bestAll int
+	var bestDef []int64
+	counts := pl.spreadCounts(pool)
 	for _, a := range pl.Targets {
 		if !pl.Offers(pool, a) {
 			continue
 		}
 		k := a.Key()
 		np, na := pl.Load.Pool[k], pl.Load.All[k]
-		if !found || np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))) {
-			best, bestPool, bestAll, found = a, np, na, true
+		var def []int64
+		cmp := 0
+		if counts != nil {
+			def = deficits(pool, counts, a)
+			if found {
+				cmp = compareDeficits(def, bestDef)
+			}
+		}
+		if !found || cmp > 0 || (cmp == 0 && (np < bestPool || (np == bestPool && (na < bestAll || (na == bestAll && a.Target < best.Target))))) {
+			best, bestPool, bestAll, bestDef, found = a, np, na, def, true
 		}
 	}
 	return best, found
@@ -67,6 +84,9 @@ func (pl *Placement) Offers(pool *Pool, a Target) bool {
 		return false
 	}
 	if pool.Spec.Profile != "" && !slices.Contains(a.Profiles, pool.Spec.Profile) {
+		return false
+	}
+	if !Labelled(pool, a) {
 		return false
 	}
 	k := a.Key()
@@ -150,6 +170,11 @@ func Why(pl *Placement, pool *Pool) Miss {
 		}
 		live = l
 	}
+	live, m, missed := labelMiss(pool, live)
+	if missed {
+		return m
+	}
+	note := spreadNote(pool, live)
 	var roomy []Target
 	var full []string
 	for _, a := range live {
@@ -162,7 +187,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 	}
 	if len(roomy) == 0 {
 		return Miss{Reason: events.ReasonCapacityExhausted,
-			Message: "every live target that offers the pool's image and profile is full: " + JoinNames(full)}
+			Message: "every live target that offers the pool's image and profile is full: " + JoinNames(full) + note}
 	}
 	var checked []Target
 	var unhealthy []string
@@ -175,7 +200,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 	}
 	if len(checked) == 0 {
 		return Miss{Reason: events.ReasonTargetsUnhealthy,
-			Message: "every live target with room for the pool fails its checks: " + JoinNames(unhealthy)}
+			Message: "every live target with room for the pool fails its checks: " + JoinNames(unhealthy) + note}
 	}
 	reason := events.ReasonTargetsFailing
 	var avoided []string
@@ -192,7 +217,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 	if len(unhealthy) > 0 {
 		msg += "; the others fail their checks: " + JoinNames(unhealthy)
 	}
-	return Miss{Reason: reason, Message: msg}
+	return Miss{Reason: reason, Message: msg + note}
 }
 
 // offering returns the targets whose list (of) holds want.

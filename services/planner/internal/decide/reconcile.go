@@ -141,6 +141,9 @@ const (
 // for the rules and their order.
 func Reconcile(in *Input) Plan {
 	c := &pass{in: in, pl: in.Placement.clone()}
+	if in.Pool.Spec.Placement != nil {
+		c.pl.Record(in.Members)
+	}
 	c.found = &c.plan.Found
 	if in.Health.Down {
 		c.found.HealthDownSince = in.Health.Since

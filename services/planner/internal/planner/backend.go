@@ -165,6 +165,35 @@ func (b backend) Targets(ctx context.Context, entry string, want []string) (map[
 	return b.knownTargetsLocked(entry)
 }
 
+// LabelKeys implements [apiserver.State]: the label keys of entry's live
+// agents' last heartbeats.
+func (b backend) LabelKeys(ctx context.Context, entry string) (map[string]bool, bool) {
+	keys, live := b.labelKeys(entry)
+	if !live {
+		b.refreshAgents(ctx, entry)
+		keys, live = b.labelKeys(entry)
+	}
+	return keys, live
+}
+
+// labelKeys is [backend.LabelKeys] without the fresh read.
+func (b backend) labelKeys(entry string) (map[string]bool, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	keys := map[string]bool{}
+	live := false
+	for _, a := range b.liveAgentsLocked(b.now()) {
+		if a.Entry != entry {
+			continue
+		}
+		live = true
+		for k := range a.Labels {
+			keys[k] = true
+		}
+	}
+	return keys, live
+}
+
 // Inventory implements [apiserver.State].
 func (b backend) Inventory(ctx context.Context, entry, target string) ([]agent.Instance, error) {
 	return b.requestInventory(ctx, agentSeen{Entry: entry, Target: target})

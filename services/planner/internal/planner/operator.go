@@ -161,16 +161,20 @@ func (rc *reconciler) requestReplacement(ctx context.Context, f *flight, x Proxy
 		return y.ID, nil, nil
 	}
 	var pool Pool
+	var members []decide.Proxy
 	found := false
 	for _, ps := range r.pools {
 		if ps.pool.Name == x.Pool {
-			pool, found = ps.pool, true
+			pool, members, found = ps.pool, ps.members, true
 		}
 	}
 	if !found || pool.Deleted {
 		return "", nil, errors.New("the proxy's pool is deleted; nothing replaces it")
 	}
 	pl := r.placement(pool.Name, pool.Spec.Provider)
+	if pool.Spec.Placement != nil {
+		pl.Record(members)
+	}
 	a, ok := decide.Place(pl, &pool.Pool)
 	if !ok {
 		m := decide.Why(pl, &pool.Pool)

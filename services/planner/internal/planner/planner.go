@@ -170,11 +170,14 @@ type agentSeen struct {
 	// XKey is the agent's curve public key, "" when it announced none (or
 	// an invalid one): create commands carrying secrets wait for one.
 	XKey string
+	// Labels are the target's labels, nil when it announced none (or
+	// invalid ones).
+	Labels map[string]string
 }
 
 // target is what placement reads of the agent's target.
 func (a agentSeen) target() decide.Target {
-	return decide.Target{Entry: a.Entry, Target: a.Target, Images: a.Images, Profiles: a.Profiles, Capacity: a.Capacity, XKey: a.XKey}
+	return decide.Target{Entry: a.Entry, Target: a.Target, Images: a.Images, Profiles: a.Profiles, Capacity: a.Capacity, XKey: a.XKey, Labels: a.Labels}
 }
 
 // Planner is one planner replica. Create it with [New] and call [Planner.Run].
@@ -587,7 +590,14 @@ func (p *Planner) onAgent(e jetstream.KeyValueEntry) {
 		p.log.Warn("ignoring the heartbeat's curve key: it is not a valid xkey", "key", key)
 		hb.XKey = ""
 	}
-	p.agents.last[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey}
+	var lv events.ValidationError
+	if events.CheckLabels(&lv, "labels", hb.Labels); lv.Err() != nil {
+		// Recorded on every proxy placed here, labels must pass the
+		// requested event's validation: none rather than bad ones.
+		p.log.Warn("ignoring the heartbeat's labels", "key", key, "err", lv.Err())
+		hb.Labels = nil
+	}
+	p.agents.last[key] = agentSeen{Entry: entry, Target: target, Images: hb.Images, Profiles: hb.Profiles, Capacity: hb.Capacity, At: e.Created(), XKey: hb.XKey, Labels: hb.Labels}
 	if !known {
 		// Each agent's dead-letter series exists from its first
 		// heartbeat, at 0, so an alert on its increase has a series to

@@ -23,7 +23,7 @@ import (
 
 func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	h := newHarness(t)
-	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	h.agent(agent.Info{Entry: "local", Target: "t1", Labels: map[string]string{"region": "eu"}})
 	h.agent(agent.Info{Entry: "other", Target: "o1"})
 	h.leader()
 	h.waitFor("agents seen", func() bool {
@@ -56,6 +56,12 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		{"unknown target", poolApply, `{"name":"bad","provider":"local","targets":["t1","t9"],"size":1}`, "422", "targets[1]", "not a target"},
 		{"bad target name", poolApply, `{"name":"bad","provider":"local","targets":["T 1"],"size":1}`, "422", "targets[0]", "lowercase"},
 		{"auth without password", poolApply, `{"name":"bad","provider":"local","size":1,"auth":{"username":"u"}}`, "422", "auth.password", "required"},
+		{"placement weight not positive", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"spread":[{"label":"region","weights":{"eu":80,"us":0}}]}}`, "422", "placement.spread[0].weights.us", "whole number"},
+		{"placement weight not whole", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"spread":[{"label":"region","weights":{"eu":0.5}}]}}`, "400", "placement.spread[0].weights.eu", "integer"},
+		{"placement spread twice", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"spread":[{"label":"region","weights":{"eu":1}},{"label":"region","weights":{"us":1}}]}}`, "422", "placement.spread[1].label", "earlier spread"},
+		{"placement malformed label", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"require":{"country":["DE"]}}}`, "422", "placement.require.country[0]", "label value"},
+		{"placement unknown label", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"require":{"region":["eu"]},"spread":[{"label":"regoin","weights":{"eu":1}}]}}`, "422", "placement.spread[0].label", "no live target of entry local carries this label (their labels: region)"},
+		{"placement unknown key", poolApply, `{"name":"bad","provider":"local","size":1,"placement":{"spreads":[]}}`, "400", "placement.spreads", "unknown field"},
 		{"get unknown pool", poolGet, `{"name":"nope"}`, "422", "name", "unknown pool"},
 		{"get without name", poolGet, `{}`, "422", "name", "required"},
 		{"delete unknown pool", poolDelete, `{"name":"nope"}`, "422", "name", "unknown pool"},

@@ -746,7 +746,7 @@ func requestedData(id string, pool Pool, a decide.Target, replaces, why string) 
 			Pool: pool.Name, Entry: a.Entry, Target: a.Target, Instance: events.InstanceName(id),
 			Revision: pool.Revision, Image: pool.Spec.Image, Profile: pool.Spec.Profile, Port: pool.Spec.Port, Egress: pool.Spec.Egress.Clone(),
 		},
-		Replaces: replaces, ReplaceReason: why,
+		Replaces: replaces, ReplaceReason: why, Labels: maps.Clone(a.Labels),
 	}
 	if pool.Spec.Auth != nil {
 		d.Username = pool.Spec.Auth.Username

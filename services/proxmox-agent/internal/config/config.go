@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/agentconfig"
+	"proxyfleet/pkg/events"
 	"proxyfleet/services/proxmox-agent/internal/pve"
 )
 
@@ -52,6 +53,11 @@ type Config struct {
 	Profiles map[string]Profile `yaml:"profiles"`
 	// Capacity is how many proxies each node may hold (0: unlimited).
 	Capacity int `yaml:"capacity"`
+	// Labels are announced by every node ({provider: pve-home, country:
+	// de}); NodeLabels adds to or overrides them per node. See
+	// [Config.LabelsOf].
+	Labels     map[string]string            `yaml:"labels"`
+	NodeLabels map[string]map[string]string `yaml:"nodeLabels"`
 	// MinFreeMiB is the free space below which a storage check fails
 	// (default 1024).
 	MinFreeMiB int64 `yaml:"minFreeMiB"`
@@ -62,6 +68,12 @@ type Config struct {
 	TaskPollInterval agentconfig.Duration `yaml:"taskPollInterval"`
 	// RequestTimeout bounds one API request (default 60s).
 	RequestTimeout agentconfig.Duration `yaml:"requestTimeout"`
+}
+
+// LabelsOf is what node announces as its labels: the common labels with
+// the node's own over them; nil when it has none.
+func (c *Config) LabelsOf(node string) map[string]string {
+	return events.MergeLabels(c.Labels, c.NodeLabels[node])
 }
 
 // Profile is the size of one machine profile.
@@ -173,6 +185,13 @@ func (c *Config) Check(e *agentconfig.Error) {
 			e.Add(key+".memoryMiB", "must be 16 or more, got %d", p.MemoryMiB)
 		}
 	})
+	e.Labels("labels", c.Labels)
+	e.TargetLabels("nodeLabels", c.NodeLabels, c.Nodes)
+	for _, n := range c.Nodes {
+		if k := len(c.LabelsOf(n)); k > events.MaxLabels {
+			e.Add("nodeLabels."+n, "node %s would carry %d labels with the common ones; at most %d are allowed", n, k, events.MaxLabels)
+		}
+	}
 	if c.Capacity < 0 {
 		e.Add("capacity", "must be 0 (unlimited) or more, got %d", c.Capacity)
 	}

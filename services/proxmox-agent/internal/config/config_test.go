@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +36,19 @@ func TestParseGood(t *testing.T) {
 		t.Errorf("taskPollInterval, requestTimeout = %v, %v; want the defaults 1s, 1m",
 			time.Duration(c.TaskPollInterval), time.Duration(c.RequestTimeout))
 	}
+	if c.LabelsOf("pve1") != nil {
+		t.Errorf("labels of pve1 = %v, want none", c.LabelsOf("pve1"))
+	}
+	c, err = config.Parse([]byte(good + "labels: {provider: pve-home, country: de}\nnodeLabels: {pve2: {country: fr, rack: r2}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.LabelsOf("pve1"), map[string]string{"provider": "pve-home", "country": "de"}; !maps.Equal(got, want) {
+		t.Errorf("labels of pve1 = %v, want %v", got, want)
+	}
+	if got, want := c.LabelsOf("pve2"), map[string]string{"provider": "pve-home", "country": "fr", "rack": "r2"}; !maps.Equal(got, want) {
+		t.Errorf("labels of pve2 = %v, want %v (the node's over the common ones)", got, want)
+	}
 	c, err = config.Parse([]byte(good + "taskPollInterval: 250ms\nrequestTimeout: 2m\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +80,10 @@ func TestParseReportsEveryProblemByKey(t *testing.T) {
 		{"unknown key", good + "vlan: 4\n", []string{"vlan: unknown key"}},
 		{"duration", good + "taskPollInterval: 1\nrequestTimeout: -5s\n", []string{
 			`taskPollInterval: must be a duration such as "30s" or "10m", got "1"`, "requestTimeout: must be a positive duration"}},
+		{"labels", good + "labels: {country: DE}\nnodeLabels: {pve3: {a: b}, pve2: {Rack: r2}}\n", []string{
+			`labels.country: must be 1-63 lowercase letters, digits, '-' or '_', got "DE"`,
+			"nodeLabels.pve3: names no listed target; the targets are pve1, pve2",
+			`nodeLabels.pve2: every key must be 1-63 lowercase letters, digits, '-' or '_', got "Rack"`}},
 		{"fingerprint", strings.Replace(good, "AA:BB", "ZZ:BB", 1), []string{"fingerprint: must be the SHA-256"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

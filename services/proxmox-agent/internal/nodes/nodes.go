@@ -68,7 +68,7 @@ func Runtimes(ctx context.Context, conn *bus.Conn, o Options) ([]agent.Runner, e
 			return nil, fmt.Errorf("node %s: %w", node, err)
 		}
 		info := agent.Info{Entry: cfg.Entry, Target: node, Type: "proxmox", Images: cfg.ImageKeys(),
-			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity}
+			Profiles: cfg.ProfileNames(), Capacity: cfg.Capacity, Labels: cfg.LabelsOf(node)}
 		rt, err := agent.New(conn, drv, agent.Config{Info: info, RecheckInterval: o.RecheckInterval, EgressEndpoints: o.EgressEndpoints, KeyDir: o.KeyDir}, log, o.Tracer)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: agent runtime: %w", node, err)

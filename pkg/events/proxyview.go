@@ -38,9 +38,6 @@ type ProxyView struct {
 	// Username is the basic-auth user the proxy demands, if any (the
 	// password is never in the log; it lives in fleet-secrets).
 	Username string `json:"username,omitempty"`
-	// Labels are the labels of the proxy's target (region, country,
-	// provider, …), which gateway clients select proxies by.
-	Labels map[string]string `json:"labels,omitempty"`
 	// Replaces names the proxy this one was requested to replace.
 	Replaces string `json:"replaces,omitempty"`
 	// ReplacedBy names the proxy requested to replace this one, and
@@ -48,7 +45,8 @@ type ProxyView struct {
 	ReplacedBy    string `json:"replacedBy,omitempty"`
 	ReplaceReason string `json:"replaceReason,omitempty"`
 	// Labels are the labels of the proxy's target (region, country,
-	// provider, …) as the planner's placement decision recorded them.
+	// provider, …) as the planner's placement decision recorded them;
+	// gateway clients select proxies by them (<pool>.region-eu).
 	Labels map[string]string `json:"labels,omitempty"`
 
 	// Reason says why the proxy is unhealthy (the last probe error),

@@ -154,45 +154,21 @@ func (s *httpsSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "<!doctype html><title>Are you a robot?</title><body>Solve this captcha to continue.</body>\n")
 		return
 	}
-	var links []int
-	switch {
-	case r.URL.Path == "/":
-		links = []int{0}
-	case r.URL.Path == "/whoami":
+	if r.URL.Path == "/whoami" {
 		fmt.Fprint(w, client)
 		return
-	default:
-		var i int
-		if _, err := fmt.Sscanf(r.URL.Path, "/p/%d", &i); err != nil || i < 0 || i >= httpsPages || r.URL.Path != fmt.Sprintf("/p/%d", i) {
-			http.NotFound(w, r)
-			return
-		}
-		for _, j := range []int{2*i + 1, 2*i + 2, (i + 1) % httpsPages} {
-			if j < httpsPages {
-				links = append(links, j)
-			}
-		}
+	}
+	if !servePage(w, r, httpsPages) {
+		return
 	}
 	s.mu.Lock()
 	s.served[r.URL.Path]++
 	s.from[client]++
 	s.mu.Unlock()
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	fmt.Fprintf(w, "<!doctype html><title>%s</title><body><a href=\"/\">home</a>", r.URL.Path)
-	for _, j := range links {
-		fmt.Fprintf(w, " <a href=\"/p/%d\">page %d</a>", j, j)
-	}
-	fmt.Fprint(w, "</body>\n")
 }
 
 // httpsPaths are the paths a full crawl fetches.
-func httpsPaths() []string {
-	paths := []string{"/"}
-	for i := 0; i < httpsPages; i++ {
-		paths = append(paths, fmt.Sprintf("/p/%d", i))
-	}
-	return paths
-}
+func httpsPaths() []string { return pagePaths(httpsPages) }
 
 // counts returns copies of the site's counters.
 func (s *httpsSite) counts() (served, bans, from map[string]int) {

@@ -56,18 +56,25 @@ func (s *crawlSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.withAuth++
 	}
 	s.mu.Unlock()
+	servePage(w, r, sitePages)
+}
+
+// servePage answers r with page r.URL.Path of a site of pages pages
+// linked as a binary tree (page i links to 2i+1 and 2i+2), to the next
+// page and to the index; false (and a 404) for any other path.
+func servePage(w http.ResponseWriter, r *http.Request, pages int) bool {
 	var links []int
 	switch {
 	case r.URL.Path == "/":
 		links = []int{0}
 	default:
 		var i int
-		if _, err := fmt.Sscanf(r.URL.Path, "/p/%d", &i); err != nil || i < 0 || i >= sitePages || r.URL.Path != fmt.Sprintf("/p/%d", i) {
+		if _, err := fmt.Sscanf(r.URL.Path, "/p/%d", &i); err != nil || i < 0 || i >= pages || r.URL.Path != fmt.Sprintf("/p/%d", i) {
 			http.NotFound(w, r)
-			return
+			return false
 		}
-		for _, j := range []int{2*i + 1, 2*i + 2, (i + 1) % sitePages} {
-			if j < sitePages {
+		for _, j := range []int{2*i + 1, 2*i + 2, (i + 1) % pages} {
+			if j < pages {
 				links = append(links, j)
 			}
 		}
@@ -78,12 +85,17 @@ func (s *crawlSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, " <a href=\"/p/%d\">page %d</a>", j, j)
 	}
 	fmt.Fprint(w, "</body>\n")
+	return true
 }
 
 // sitePaths are the paths a full crawl fetches: the index and every page.
-func sitePaths() []string {
+func sitePaths() []string { return pagePaths(sitePages) }
+
+// pagePaths are the paths of a site of pages pages (servePage): the index
+// and every page.
+func pagePaths(pages int) []string {
 	paths := []string{"/"}
-	for i := 0; i < sitePages; i++ {
+	for i := 0; i < pages; i++ {
 		paths = append(paths, fmt.Sprintf("/p/%d", i))
 	}
 	return paths

@@ -249,24 +249,8 @@ func TestGatewayServesWithoutTheSessionsBucket(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := testwait.Context(t, 60*time.Second)
-			srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-				Users: []*server.User{{Username: "admin", Password: "admin-pw"},
-					{Username: "gateway", Password: "gateway-pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny}}}}})
-			dial := func(user, password string) *bus.Conn {
-				t.Helper()
-				c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), User: user, Password: password, Name: user}, nil)
-				if err != nil {
-					t.Fatalf("connect as %s: %v", user, err)
-				}
-				t.Cleanup(c.Close)
-				return c
-			}
-			admin := dial("admin", "admin-pw")
-			if err := bus.EnsureTopology(ctx, admin); err != nil {
-				t.Fatal(err)
-			}
-			sessionFleet(t, admin, nil)
-			gw := startSessionGateway(t, dial("gateway", "gateway-pw"), "gw1")
+			admin, gateway := permittedFleet(t, ctx, &server.SubjectPermission{Allow: []string{">"}, Deny: deny})
+			gw := startSessionGateway(t, gateway(), "gw1")
 			first := gw.pick(t, session)
 			if x := gw.pick(t, session); x != first {
 				t.Fatalf("session moved from %s to %s without its bucket", first, x)
@@ -300,25 +284,9 @@ func TestSessionsNeedOnlyTheirPermissions(t *testing.T) {
 			"$JS.API.DIRECT.GET.KV_"+b, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b, "$JS.FC.KV_"+b+".>", "$KV."+b+".>")
 	}
 	allow = append(allow, sessionPermissions...)
-	srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		Users: []*server.User{{Username: "admin", Password: "admin-pw"},
-			{Username: "gateway", Password: "gateway-pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: allow}}}}})
-	dial := func(user, password string) *bus.Conn {
-		t.Helper()
-		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), User: user, Password: password, Name: user}, nil)
-		if err != nil {
-			t.Fatalf("connect as %s: %v", user, err)
-		}
-		t.Cleanup(c.Close)
-		return c
-	}
-	admin := dial("admin", "admin-pw")
-	if err := bus.EnsureTopology(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
-	sessionFleet(t, admin, nil)
-	gw1 := startSessionGateway(t, dial("gateway", "gateway-pw"), "gw1")
-	gw2 := startSessionGateway(t, dial("gateway", "gateway-pw"), "gw2")
+	admin, gateway := permittedFleet(t, ctx, &server.SubjectPermission{Allow: allow})
+	gw1 := startSessionGateway(t, gateway(), "gw1")
+	gw2 := startSessionGateway(t, gateway(), "gw2")
 	gw1.pick(t, plain)
 	if x := gw1.pick(t, session); x != "p-b" {
 		t.Fatalf("gw1 pinned s1 to %s, want p-b", x)
@@ -362,4 +330,30 @@ func TestSharedSessionKeepsItsSelection(t *testing.T) {
 	if _, ok := gw2.table.Session("p", "s1"); ok {
 		t.Errorf("gw2 holds a session s1 without labels; only s1.region-us was pinned")
 	}
+}
+
+// permittedFleet starts a server with an admin and a gateway user that
+// may publish what publish allows, makes the topology and the session
+// fleet as admin, and returns the admin's connection and a function that
+// connects as the gateway.
+func permittedFleet(t *testing.T, ctx context.Context, publish *server.SubjectPermission) (*bus.Conn, func() *bus.Conn) {
+	t.Helper()
+	srv := bustest.Server(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		Users: []*server.User{{Username: "admin", Password: "admin-pw"},
+			{Username: "gateway", Password: "gateway-pw", Permissions: &server.Permissions{Publish: publish}}}})
+	dial := func(user, password string) *bus.Conn {
+		t.Helper()
+		c, err := bus.Connect(ctx, bus.Config{URL: srv.ClientURL(), User: user, Password: password, Name: user}, nil)
+		if err != nil {
+			t.Fatalf("connect as %s: %v", user, err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	admin := dial("admin", "admin-pw")
+	if err := bus.EnsureTopology(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	sessionFleet(t, admin, nil)
+	return admin, func() *bus.Conn { return dial("gateway", "gateway-pw") }
 }

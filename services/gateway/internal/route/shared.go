@@ -45,19 +45,7 @@ type SessionState struct {
 // its uses count as known to the other gateways from then on (see
 // [Table.ApplySession]). false when there is no such live session.
 func (t *Table) TakeSession(pool, id string) (SessionState, bool) {
-	p := t.pool(pool)
-	if p == nil {
-		return SessionState{}, false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := p.sessions[id]
-	if s == nil || t.now().After(s.used.Add(p.spec.SessionTTLOrDefault())) {
-		return SessionState{}, false
-	}
-	s.synced = s.uses
-	s.shared = t.now()
-	return SessionState{Proxy: s.proxy, Pinned: s.pinned, Used: s.used, Uses: s.uses}, true
+	return t.liveSession(pool, id, true)
 }
 
 // ApplySession records the state of a session another gateway shared (or
@@ -136,6 +124,12 @@ func insertByUse(lru *list.List, s *session) *list.Element {
 // Session returns the state of a live session of pool, for reading
 // ([Table.TakeSession] is the sharer's); false when there is none.
 func (t *Table) Session(pool, id string) (SessionState, bool) {
+	return t.liveSession(pool, id, false)
+}
+
+// liveSession returns the state of a live session of pool; with take, its
+// uses count as shared from now on.
+func (t *Table) liveSession(pool, id string, take bool) (SessionState, bool) {
 	p := t.pool(pool)
 	if p == nil {
 		return SessionState{}, false
@@ -145,6 +139,10 @@ func (t *Table) Session(pool, id string) (SessionState, bool) {
 	s := p.sessions[id]
 	if s == nil || t.now().After(s.used.Add(p.spec.SessionTTLOrDefault())) {
 		return SessionState{}, false
+	}
+	if take {
+		s.synced = s.uses
+		s.shared = t.now()
 	}
 	return SessionState{Proxy: s.proxy, Pinned: s.pinned, Used: s.used, Uses: s.uses}, true
 }

@@ -144,6 +144,7 @@ var proxyData = map[string]func() any{
 	events.ProxyRetiring:     func() any { return &events.ProxyRetiringData{} },
 	events.ProxyDeleted:      func() any { return &events.ProxyDeletedData{} },
 	events.ProxyAbandoned:    func() any { return &events.ProxyAbandonedData{} },
+	events.ProxyDisabled:     func() any { return &events.ProxyDisabledData{} },
 }
 
 // FuzzProxyEventData: the data decoders of proxy events. Data that
@@ -163,6 +164,7 @@ func FuzzProxyEventData(f *testing.F) {
 		events.ProxyRetiringData{Reason: "pool deleted", SkipCleanup: true},
 		events.ProxyDeletedData{Attempt: 1},
 		events.ProxyAbandonedData{Reason: "gone"},
+		events.ProxyDisabledData{Until: time.Date(2026, 1, 2, 3, 14, 5, 0, time.UTC), Reason: "banned: captcha"},
 	} {
 		b, _ := json.Marshal(d)
 		f.Add(uint8(i), b)

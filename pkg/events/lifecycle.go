@@ -74,6 +74,7 @@ var writers = map[string]map[string][]string{
 		ProxyRetiring:  {WriterPlanner},
 		ProxyDeleted:   {WriterAgent},
 		ProxyAbandoned: {WriterPlanner},
+		ProxyDisabled:  {WriterPlanner},
 	},
 	AggregatePool: {
 		PoolApplied:   {WriterPlanner},
@@ -157,7 +158,12 @@ func CheckPlacement(by Observer, entry, target string) *FieldError {
 //     retiring proxy does not fail (it is on its way out already); failed
 //     goes to retiring, and both end in deleted or abandoned; a re-issued
 //     retiring on a retiring proxy is a new delete attempt;
-//   - deleted and abandoned are terminal and absorb every event.
+//   - deleted and abandoned are terminal and absorb every event;
+//   - disabled (external proxies only) takes an active proxy out of
+//     service; a re-issued disabled sets a new time; ready (health saw
+//     the time pass and a probe succeed) returns it to service; failed,
+//     retiring, deleted and abandoned end it; other observations are
+//     ignored.
 //
 // Both the planner's fold and the health service's projection apply events
 // through Transition, so they never disagree about a proxy's state.
@@ -172,6 +178,11 @@ func Transition(from, event string) (to string, ok bool) {
 		}
 	case ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy:
 		if event != ProxyRequested || from == ProxyRequested {
+			return event, true
+		}
+	case ProxyDisabled:
+		switch event {
+		case ProxyDisabled, ProxyReady, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned:
 			return event, true
 		}
 	case ProxyFailed, ProxyRetiring:
@@ -210,6 +221,8 @@ func CheckProxyData(typ string, e Envelope) error {
 		d = &ProxyDeletedData{}
 	case ProxyAbandoned:
 		d = &ProxyAbandonedData{}
+	case ProxyDisabled:
+		d = &ProxyDisabledData{}
 	default:
 		return nil
 	}
@@ -238,11 +251,12 @@ func CheckPoolData(typ string, e Envelope) error {
 	return e.DecodeData(d)
 }
 
-// ProxyStates returns the states of a proxy in lifecycle order; they are
-// also the proxy event types.
+// ProxyStates returns the states of a proxy in lifecycle order (disabled,
+// which only external proxies reach, last); they are also the proxy event
+// types.
 func ProxyStates() []string {
 	return []string{
 		ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy,
-		ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned,
+		ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled,
 	}
 }

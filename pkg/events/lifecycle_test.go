@@ -13,31 +13,33 @@ func TestTransitionTable(t *testing.T) {
 	const x = "-"
 	// Columns, in this order.
 	cols := []string{ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy,
-		ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, "exploded"}
+		ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, "exploded"}
 	rows := []struct {
 		from string
 		to   []string
 		why  string
 	}{
-		{"", []string{ProxyRequested, x, x, x, x, x, x, x, x, x},
+		{"", []string{ProxyRequested, x, x, x, x, x, x, x, x, x, x},
 			"only requested creates a proxy; an observation of a proxy nobody requested (or one the garbage collector retires) never enters state"},
-		{ProxyRequested, []string{ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyRequested, []string{ProxyRequested, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
 			"a re-issued requested is a new attempt of the same create; every observation moves an active proxy; failed, retiring, deleted and abandoned end it"},
-		{ProxyProvisioning, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyProvisioning, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
 			"a requested after the create started is a stale decision; provisioning again is the agent's next attempt"},
-		{ProxyRunning, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyRunning, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
 			"provisioning after running is a re-created instance (the view keeps the address); health's probes decide ready or unhealthy"},
-		{ProxyReady, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyReady, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
 			"ready ⇄ unhealthy; a late running or provisioning makes health probe it again"},
-		{ProxyUnhealthy, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyUnhealthy, []string{x, ProxyProvisioning, ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
 			"unhealthy ⇄ ready; the planner fails or retires a proxy unhealthy too long"},
-		{ProxyFailed, []string{x, ProxyFailed, ProxyFailed, x, x, x, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyFailed, []string{x, ProxyFailed, ProxyFailed, x, x, x, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x, x},
 			"failed is a decision: a late provisioning or running is recorded (provider id, address: the delete needs them) but never revives the proxy; late probes are ignored; the first failure stands; the planner retires it"},
-		{ProxyRetiring, []string{x, ProxyRetiring, ProxyRetiring, x, x, x, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x},
+		{ProxyRetiring, []string{x, ProxyRetiring, ProxyRetiring, x, x, x, ProxyRetiring, ProxyDeleted, ProxyAbandoned, x, x},
 			"retiring is a decision: a create finishing late is recorded but the proxy stays retiring; a failure is ignored (it is on its way out); a re-issued retiring is a new delete attempt"},
-		{ProxyDeleted, []string{x, x, x, x, x, x, x, x, x, x},
+		{ProxyDisabled, []string{x, x, x, ProxyReady, x, ProxyFailed, ProxyRetiring, ProxyDeleted, ProxyAbandoned, ProxyDisabled, x},
+			"disabled (an external proxy out of service) ends with ready (health: its time passed and a probe succeeded) or a decision that ends it; a re-issued disabled sets a new time; other observations are ignored"},
+		{ProxyDeleted, []string{x, x, x, x, x, x, x, x, x, x, x},
 			"terminal: absorbs everything, a requested included (proxy ids are never reused)"},
-		{ProxyAbandoned, []string{x, x, x, x, x, x, x, x, x, x},
+		{ProxyAbandoned, []string{x, x, x, x, x, x, x, x, x, x, x},
 			"terminal: absorbs everything"},
 	}
 	if got := len(rows); got != len(ProxyStates())+1 {

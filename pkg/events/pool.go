@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"proxyfleet/pkg/egress"
@@ -74,6 +76,10 @@ type PoolSpec struct {
 	// Placement steers new proxies by their targets' labels: required
 	// label values and a weighted spread (nil: any target of the entry).
 	Placement *Placement `json:"placement,omitempty"`
+	// External lists the proxies of a pool whose provider is
+	// [ProviderExternal]: upstream proxies proxyfleet routes and probes
+	// but never creates. Their credentials are secrets.
+	External *External `json:"external,omitempty"`
 }
 
 // Egress is what a pool's proxies may reach beyond the default egress
@@ -182,6 +188,9 @@ func (p *PoolSpec) Normalize() {
 	if p.Egress != nil && len(p.Egress.AllowCIDRs) == 0 && len(p.Egress.AllowPorts) == 0 {
 		p.Egress = nil // the default policy: the same spec as none
 	}
+	if p.Provider == ProviderExternal && p.External != nil && len(p.External.Proxies) > 0 && p.Size == 0 {
+		p.Size = len(p.External.Proxies) // an external pool is its list
+	}
 }
 
 // UnhealthyAfterOrDefault returns the pool's unhealthyAfter, or the default
@@ -257,6 +266,7 @@ func (p *PoolSpec) validate(recorded bool) error {
 	if p.Placement != nil {
 		p.Placement.validate(&v, "placement")
 	}
+	p.validateExternal(&v)
 	if len(p.UserData) > MaxUserDataBytes {
 		v.Add("userData", "must be at most 64 KiB", fmt.Sprintf("%d bytes", len(p.UserData)))
 	}
@@ -312,6 +322,7 @@ func (p PoolSpec) Public() PoolSpec {
 	out.Gateway = p.Gateway.Clone()
 	out.Autoscale = p.Autoscale.Clone()
 	out.Placement = p.Placement.Clone()
+	out.External = p.External.public()
 	if p.Auth != nil {
 		out.Auth = &ProxyAuth{Username: p.Auth.Username}
 	}
@@ -321,7 +332,7 @@ func (p PoolSpec) Public() PoolSpec {
 // Secrets returns the secret half of p, stored beside the event log (never in
 // it) so the planner can put it into commands.
 func (p PoolSpec) Secrets() PoolSecrets {
-	s := PoolSecrets{UserData: p.UserData}
+	s := PoolSecrets{UserData: p.UserData, External: p.External.secrets()}
 	if p.Auth != nil {
 		s.Password = p.Auth.Password
 	}
@@ -333,10 +344,15 @@ type PoolSecrets struct {
 	Revision int    `json:"revision"`
 	UserData string `json:"userData,omitempty"`
 	Password string `json:"password,omitempty"`
+	// External holds the credentials of an external pool's proxies, by
+	// address ("host:port").
+	External map[string]ProxyAuth `json:"external,omitempty"`
 }
 
 // Empty reports whether there are no secrets at all.
-func (s PoolSecrets) Empty() bool { return s.UserData == "" && s.Password == "" }
+func (s PoolSecrets) Empty() bool {
+	return s.UserData == "" && s.Password == "" && len(s.External) == 0
+}
 
 // DigestKeyLen is the length of the key of [PoolSecrets.Digest].
 const DigestKeyLen = 32
@@ -377,4 +393,10 @@ func (s PoolSecrets) Matches(key []byte, digest string) bool {
 
 func (s PoolSecrets) write(w io.Writer) {
 	fmt.Fprintf(w, "%d:%s\x00%d:%s", len(s.UserData), s.UserData, len(s.Password), s.Password)
+	// External credentials extend the digest only when present, so the
+	// digests recorded before they existed still match.
+	for _, addr := range slices.Sorted(maps.Keys(s.External)) {
+		a := s.External[addr]
+		fmt.Fprintf(w, "\x00%d:%s\x00%d:%s\x00%d:%s", len(addr), addr, len(a.Username), a.Username, len(a.Password), a.Password)
+	}
 }

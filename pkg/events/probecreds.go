@@ -23,4 +23,7 @@ type ProbeSecret struct {
 	// name does not open as that pool's password.
 	Pool     string `json:"pool"`
 	Password string `json:"password"`
+	// External holds an external pool's credentials by proxy address
+	// ("host:port"); its proxies are used with them instead of Password.
+	External map[string]ProxyAuth `json:"external,omitempty"`
 }

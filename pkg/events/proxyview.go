@@ -61,6 +61,9 @@ type ProxyView struct {
 	// UnhealthySince is when the proxy turned unhealthy (the time of the
 	// health service's event); zero unless it is unhealthy.
 	UnhealthySince time.Time `json:"unhealthySince,omitzero"`
+	// DisabledUntil is when a disabled (external) proxy may return to
+	// service, on its next good probe; zero unless it is disabled.
+	DisabledUntil time.Time `json:"disabledUntil,omitzero"`
 	// LatencyMS and EgressIP are those of the last ready event.
 	LatencyMS int64  `json:"latencyMs,omitempty"`
 	EgressIP  string `json:"egressIP,omitempty"`
@@ -152,7 +155,17 @@ func (v *ProxyView) Apply(to string, seq uint64, kind string, e Envelope) error 
 		}
 		v.Reason, v.Streak = d.Reason, 0
 		v.SkipCleanup = v.SkipCleanup || d.SkipCleanup
+	case ProxyDisabled:
+		var d ProxyDisabledData
+		if err := e.DecodeData(&d); err != nil {
+			return err
+		}
+		v.Reason, v.FailureClass, v.Streak = d.Reason, "", 0
+		v.DisabledUntil = d.Until.UTC()
 	case ProxyDeleted, ProxyAbandoned:
+	}
+	if to != ProxyDisabled {
+		v.DisabledUntil = time.Time{}
 	}
 	if to != kind {
 		// A create finishing after the planner decided to fail or retire
@@ -178,13 +191,14 @@ func (v *ProxyView) NoteReplacement(by, why string) {
 }
 
 // Probeable reports whether the proxy should be probed: it has an address
-// and is running, ready or unhealthy.
+// and is running, ready, unhealthy or disabled (a disabled proxy returns
+// to service on a good probe once its time has passed).
 func (v ProxyView) Probeable() bool {
 	if v.Address == "" {
 		return false
 	}
 	switch v.State {
-	case ProxyRunning, ProxyReady, ProxyUnhealthy:
+	case ProxyRunning, ProxyReady, ProxyUnhealthy, ProxyDisabled:
 		return true
 	}
 	return false

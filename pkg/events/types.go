@@ -21,6 +21,11 @@ const (
 	ProxyRetiring     = "retiring"
 	ProxyDeleted      = "deleted"
 	ProxyAbandoned    = "abandoned"
+	// ProxyDisabled is the planner's decision to take an external proxy
+	// out of service for a while ([ProxyDisabledData]); only a ready
+	// event (health: the time passed and a probe succeeded) or an end
+	// (retiring, deleted) leaves it.
+	ProxyDisabled = "disabled"
 )
 
 // Failure classes carried by [ProxyFailedData].

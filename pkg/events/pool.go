@@ -255,7 +255,7 @@ func (p *PoolSpec) validate(recorded bool) error {
 		p.Autoscale.Validate(&v, "autoscale")
 	}
 	if p.Placement != nil {
-		p.Placement.validate(&v, "placement")
+		p.Placement.validate(&v, "placement", p.Provider)
 	}
 	if len(p.UserData) > MaxUserDataBytes {
 		v.Add("userData", "must be at most 64 KiB", fmt.Sprintf("%d bytes", len(p.UserData)))

@@ -111,6 +111,10 @@ type Found struct {
 	// StuckDeletes are the retiring members whose delete keeps failing
 	// ([IsDeleteStuck]).
 	StuckDeletes []Proxy
+	// SpreadShort, when Miss is nil, names the spread values holding
+	// fewer than their share that no live target can take a proxy of
+	// (see [Placement.spreadShort]); "" when none.
+	SpreadShort string
 }
 
 // Plan is what [Reconcile] decided for one pool.
@@ -261,7 +265,34 @@ func Reconcile(in *Input) Plan {
 		}
 	}
 	c.rotate()
+	c.rebalance()
+	c.noteSpread()
 	return c.plan
+}
+
+// noteSpread records, when every proxy found a target, which spread
+// values stay short of their share and why: the counted members, less
+// those this round's creates replace, and the new proxies count.
+func (c *pass) noteSpread() {
+	pool := &c.in.Pool
+	if c.found.Miss != nil || pool.Spec.Placement == nil || len(pool.Spec.Placement.Spread) == 0 {
+		return
+	}
+	replaced := map[string]bool{}
+	var created []Target
+	for _, d := range c.plan.Decisions {
+		if d.Kind == Create {
+			created = append(created, d.Target)
+			replaced[d.Proxy.ID] = d.Proxy.ID != ""
+		}
+	}
+	kept := make([]Proxy, 0, len(c.found.Counted))
+	for _, x := range c.found.Counted {
+		if !replaced[x.ID] {
+			kept = append(kept, x)
+		}
+	}
+	c.found.SpreadShort = c.pl.spreadShort(pool, spreadCountsOf(pool, c.pl.liveLabels(), kept, created))
 }
 
 // add appends d to the plan.

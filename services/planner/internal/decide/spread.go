@@ -133,37 +133,24 @@ func labelMiss(pool *Pool, live []Target) (matching []Target, m Miss, ok bool) {
 	}
 	parts := make([]string, 0, len(live))
 	for _, a := range live {
-		parts = append(parts, a.Target+" ("+labelText(a.Labels)+")")
+		parts = append(parts, targetName(pool, a)+" ("+labelText(a.Labels)+")")
 	}
 	return nil, Miss{Reason: events.ReasonNoTargetMatchesLabels,
-		Message: fmt.Sprintf("no live target of entry %s that offers the pool's image and profile carries the labels its placement asks for: %s; considered: %s",
-			pool.Spec.Provider, strings.Join(want, ", "), JoinNames(parts))}, true
+		Message: fmt.Sprintf("no live target of %s that offers the pool's image and profile carries the labels its placement asks for: %s; considered: %s",
+			entriesText(pool), strings.Join(want, ", "), JoinNames(parts))}, true
 }
 
-// spreadNote names, for each spread, the weighted values no live target
-// of live carries: their share is placed on the other values until one
-// does. "" when every value has a target.
-func spreadNote(pool *Pool, live []Target) string {
-	p := pool.Spec.Placement
-	if p == nil {
+// spreadNote is the part of a miss's message naming the spread values
+// short of their share that no live target can take a proxy of
+// ([Placement.spreadShort]); "" when none.
+func (pl *Placement) spreadNote(pool *Pool) string {
+	if pool.Spec.Placement == nil || len(pool.Spec.Placement.Spread) == 0 {
 		return ""
 	}
-	var notes []string
-	for _, s := range p.Spread {
-		var missing []string
-		for _, v := range slices.Sorted(maps.Keys(s.Weights)) {
-			if !slices.ContainsFunc(live, func(a Target) bool { return a.Labels[s.Label] == v }) {
-				missing = append(missing, s.Label+"="+v)
-			}
-		}
-		if len(missing) > 0 {
-			notes = append(notes, "no live target with "+JoinNames(missing))
-		}
+	if short := pl.spreadShort(pool, pl.spreadCounts(pool)); short != "" {
+		return "; spread: " + short
 	}
-	if len(notes) == 0 {
-		return ""
-	}
-	return "; spread: " + strings.Join(notes, "; ")
+	return ""
 }
 
 // labelText shows labels as "k=v, k=v", or "no labels".

@@ -406,7 +406,10 @@ func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, 
 	if !pool.Deleted && ctx.Err() == nil {
 		rc.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, rc.ageNow())))
 	}
-	return decide.Timer(rc.rules, &pool.Pool, ps.members, r.health, found.Miss != nil, rc.ageNow())
+	// A spread short of a value no target can take waits, like a miss,
+	// for a target to come (back) or make room: no event of the pool's
+	// says when.
+	return decide.Timer(rc.rules, &pool.Pool, ps.members, r.health, found.Miss != nil || found.SpreadShort != "", rc.ageNow())
 }
 
 // applyPlan hands one pool's decisions to the writer, in order. A create

@@ -175,7 +175,7 @@ func TestSpreadReturnsWhenATargetComesBack(t *testing.T) {
 func TestPoolOverTwoEntries(t *testing.T) {
 	h := newHarness(t)
 	h.agent(agent.Info{Entry: "local", Target: "eu1", Labels: map[string]string{"region": "eu"}})
-	h.agent(agent.Info{Entry: "cloud", Target: "us1", Labels: map[string]string{"region": "us"}})
+	h.agent(agent.Info{Entry: "cloud", Target: "us1", Labels: map[string]string{"region": "us", "tier": "gold"}})
 	h.agent(agent.Info{Entry: "other", Target: "us2", Labels: map[string]string{"region": "us"}})
 	h.leader()
 	h.ok(poolApply, `{"name":"two","provider":"local","size":4,"placement":{"entries":["cloud"],"spread":[{"label":"region","weights":{"eu":1,"us":1}}]}}`, nil)
@@ -193,6 +193,17 @@ func TestPoolOverTwoEntries(t *testing.T) {
 	}
 	if creates["local"] != 2 || creates["cloud"] != 2 {
 		t.Errorf("create commands per entry %v, want 2 to local and 2 to cloud", creates)
+	}
+
+	// A target and a label only the further entry has are accepted.
+	h.ok(poolApply, `{"name":"gold","provider":"local","size":1,"targets":["us1"],"placement":{"entries":["cloud"],"require":{"tier":["gold"]}}}`, nil)
+	ids, req := h.requested(5)
+	if rd := req[ids[4]]; rd.Pool != "gold" || rd.Entry != "cloud" || rd.Target != "us1" {
+		t.Errorf("pool gold's proxy: %s on %s/%s, want gold on cloud/us1", rd.Pool, rd.Entry, rd.Target)
+	}
+	rep := h.request(poolApply, `{"name":"bad","provider":"local","size":1,"targets":["us9"],"placement":{"entries":["cloud"]}}`, nil)
+	if rep.Error == nil || !hasField(rep.Error, "targets[0]") || !strings.Contains(rep.Error.Fields[0].Reason, "not a target of entries local, cloud (known: eu1, us1)") {
+		t.Errorf("a target of neither entry: %s %+v, want a refusal at targets[0] naming both entries' targets", rep.Code, rep.Error)
 	}
 }
 

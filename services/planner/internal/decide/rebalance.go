@@ -208,11 +208,22 @@ func (c *pass) rebalance() {
 			return surplus(over[a]) > surplus(over[b])
 		})
 		for _, o := range over {
+			// Where a member may go depends only on its values of the
+			// earlier spreads: each is tried once, not once per member.
+			tried := map[string]bool{}
 			for _, x := range order {
 				xl := labelsOf(live, x)
 				if xl[s.Label] != o {
 					continue
 				}
+				var key strings.Builder
+				for _, e := range p.Spread[:i] {
+					key.WriteString(xl[e.Label] + "\x00")
+				}
+				if tried[key.String()] {
+					continue
+				}
+				tried[key.String()] = true
 				var to []Target
 				for _, a := range open {
 					u, ok := a.Labels[s.Label]

@@ -113,7 +113,10 @@ func TestWeightChangeRespreadsSurgeFirst(t *testing.T) {
 		}
 	}
 	h.waitCondition("spread", events.ConditionPlaced, events.ConditionTrue, events.ReasonPlaced, 10*time.Second)
-	h.appendsNothing("the rounds after the spread is met", func() { d.step(); h.settle(r, 5) })
+	h.waitFor("the moved proxies deleted", func() bool { d.step(); return r.poolView("spread").States[events.ProxyRetiring] == 0 })
+	h.settle(r, 2)
+	d.step()
+	h.appendsNothing("the rounds after the spread is met", func() { h.settle(r, 5) })
 }
 
 // TestSpreadReturnsWhenATargetComesBack is the acceptance scenario at the

@@ -17,8 +17,9 @@ type Placement struct {
 	Targets []Target
 	Load    Load
 	Avoid   map[string]Avoidance
-	// Known names the targets ever known for the pool's entry (from
-	// heartbeats or events), for the message when none is alive.
+	// Known names the targets ever known for the pool's entries (from
+	// heartbeats or events; "<entry>/<target>" over several entries),
+	// for the message when none is alive.
 	Known []string
 	// QuotaAvoid is [Config.QuotaAvoid].
 	QuotaAvoid time.Duration

@@ -30,6 +30,12 @@ type Placement struct {
 	// recorded holds the labels the pool's proxies carry per target key
 	// (see [Placement.Record]).
 	recorded map[string]map[string]string
+	// leaving counts, per target key, the pool's members being replaced
+	// (condemned, or named by a replacement decided in this pass): a
+	// spread counts them out, so a replacement goes to the value its
+	// member leaves rather than the one that looks emptiest with it.
+	leaving   map[string]int
+	leavingID map[string]bool
 }
 
 // Failing reports whether target a's latest check failed recently enough

@@ -182,6 +182,7 @@ func (c *pass) rebalance() {
 	SickFirst(order)
 	for _, x := range order {
 		if why := misplaced(pool, labelsOf(live, x), x); why != "" {
+			c.pl.Leave(x)
 			if a, ok := Place(c.pl, pool); ok {
 				c.move(x, a, RebalancePrefix+why)
 			}
@@ -258,6 +259,7 @@ func (c *pass) rebalance() {
 
 // move requests a new proxy on target a replacing member x, for why.
 func (c *pass) move(x Proxy, a Target, why string) {
+	c.pl.Leave(x)
 	c.pl.count(a.Key(), 1)
 	c.add(Decision{Kind: Create, Proxy: x, Target: a, Reason: why, Note: "moving a proxy toward the pool's placement: replacement first"})
 }

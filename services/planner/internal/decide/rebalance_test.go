@@ -108,6 +108,18 @@ func TestReconcileRebalance(t *testing.T) {
 			pool: pool(10, w532, func(p *Pool) { p.Revision, p.ShapeRevision = 2, 2 }), targets: three,
 			members: members(onTarget("e", "e1", 8), onTarget("u", "u1", 2, revision(2))),
 			want:    []string{`create on a1 replacing e0 "rolled: spec revision 2" +note`}}},
+		{reconcileCase: reconcileCase{name: "a roll step in a spread pool replaces a member on its own value",
+			pool:    pool(3, func(p *Pool) { p.Revision, p.ShapeRevision = 2, 2 }, placed(events.Placement{Spread: []events.Spread{{Label: "region", Weights: map[string]int{"eu": 2, "us": 1}}}})),
+			targets: noAP, members: members(onTarget("e", "e1", 2), onTarget("u", "u1", 1, revision(2))),
+			want: []string{`create on e1 replacing e0 "rolled: spec revision 2" +note`}}},
+		{reconcileCase: reconcileCase{name: "a sick member's replacement goes to its value",
+			pool:    pool(3, placed(events.Placement{Spread: []events.Spread{{Label: "region", Weights: map[string]int{"eu": 2, "us": 1}}}})),
+			targets: noAP, members: members(onTarget("e", "e1", 1), onTarget("s", "e1", 1, func(x *Proxy) {
+				x.State = events.ProxyUnhealthy
+				x.UnhealthySince = t0.Add(-3 * time.Minute)
+				x.Reason = "probe failed"
+			}), onTarget("u", "u1", 1)),
+			want: []string{`create on e1 replacing s0 "unhealthy: probe failed"`}}},
 		{reconcileCase: reconcileCase{name: "require narrowed: a member on an excluded value moves",
 			pool:    pool(2, placed(events.Placement{Require: map[string][]string{"country": {"de"}}})),
 			targets: []Target{lt("d1", "country=de"), lt("f1", "country=fr")},

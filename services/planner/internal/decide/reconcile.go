@@ -225,6 +225,11 @@ func Reconcile(in *Input) Plan {
 			c.found.Counted = append(c.found.Counted, x)
 		}
 	}
+	if pool.Spec.Placement != nil {
+		for _, x := range c.found.Condemned {
+			c.pl.Leave(x)
+		}
+	}
 	retired := c.retireCondemned(now, after)
 	if len(c.found.Counted) > c.want {
 		for _, x := range RetireOrder(pool, c.found.Counted)[:len(c.found.Counted)-c.want] {
@@ -303,6 +308,7 @@ func (c *pass) add(d Decision) { c.plan.Decisions = append(c.plan.Decisions, d) 
 func (c *pass) retire(d Decision) {
 	if IsActive(d.Proxy.State) {
 		c.pl.count(TargetKey(d.Proxy.Entry, d.Proxy.Target), -1)
+		c.pl.unleave(d.Proxy)
 	}
 	c.add(d)
 }
@@ -312,6 +318,9 @@ func (c *pass) retire(d Decision) {
 // miss recorded, when no target can take it (missing proxies in all).
 func (c *pass) create(replaces Proxy, why string, missing int) bool {
 	pool := &c.in.Pool
+	if pool.Spec.Placement != nil {
+		c.pl.Leave(replaces)
+	}
 	a, ok := Place(c.pl, pool)
 	if !ok {
 		m := Why(c.pl, pool)

@@ -24,6 +24,28 @@ func (pl *Placement) Record(members []Proxy) {
 	}
 }
 
+// Leave counts member x out of the spread: it is being replaced. Once
+// per member.
+func (pl *Placement) Leave(x Proxy) {
+	if x.ID == "" || pl.leavingID[x.ID] || !IsActive(x.State) {
+		return
+	}
+	if pl.leaving == nil {
+		pl.leaving, pl.leavingID = map[string]int{}, map[string]bool{}
+	}
+	pl.leavingID[x.ID] = true
+	pl.leaving[TargetKey(x.Entry, x.Target)]++
+}
+
+// unleave undoes [Placement.Leave] for x, which is retired now (and so
+// counted out of the load itself).
+func (pl *Placement) unleave(x Proxy) {
+	if pl.leavingID[x.ID] {
+		delete(pl.leavingID, x.ID)
+		pl.leaving[TargetKey(x.Entry, x.Target)]--
+	}
+}
+
 // Labelled reports whether target a's labels let it take the pool's
 // proxies: they satisfy the placement's require, and carry a value each
 // spread weighs.
@@ -44,8 +66,9 @@ func Labelled(pool *Pool, a Target) bool {
 }
 
 // spreadCounts counts the pool's active proxies per value of each spread
-// label: by the labels of their target when it is alive, else by those
-// recorded on them ([Placement.Record]).
+// label, less those being replaced ([Placement.Leave]): by the labels of
+// their target when it is alive, else by those recorded on them
+// ([Placement.Record]).
 func (pl *Placement) spreadCounts(pool *Pool) []map[string]int {
 	p := pool.Spec.Placement
 	if p == nil || len(p.Spread) == 0 {
@@ -60,7 +83,7 @@ func (pl *Placement) spreadCounts(pool *Pool) []map[string]int {
 		out[i] = map[string]int{}
 	}
 	for k, n := range pl.Load.Pool {
-		if n <= 0 {
+		if n -= pl.leaving[k]; n <= 0 {
 			continue
 		}
 		labels, ok := live[k]

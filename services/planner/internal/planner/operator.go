@@ -174,6 +174,7 @@ func (rc *reconciler) requestReplacement(ctx context.Context, f *flight, x Proxy
 	pl := r.placement(pool.Name, pool.Spec.PlacementEntries())
 	if pool.Spec.Placement != nil {
 		pl.Record(members)
+		pl.Leave(x.Proxy)
 	}
 	a, ok := decide.Place(pl, &pool.Pool)
 	if !ok {

@@ -15,7 +15,7 @@ const (
 	// ConditionReady is True when the pool has size ready proxies.
 	ConditionReady = "Ready"
 	// ConditionPlaced is False when proxies the pool needs cannot be put on
-	// any target; its reason says why.
+	// any target, or its spread cannot be met; its reason says why.
 	ConditionPlaced = "Placed"
 	// ConditionProgressing is True while a scale, roll, rotation or
 	// replacement is under way.
@@ -59,6 +59,13 @@ const (
 	// their failing checks.
 	ReasonTargetsUnhealthy   = "TargetsUnhealthy"
 	ReasonSecretsUnavailable = "SecretsUnavailable"
+
+	// ReasonSpreadUnmet: every proxy the pool needs has a target, but a
+	// value of its spread holds fewer than its share and no live target
+	// with that value can take one (none, at capacity, not offering the
+	// pool's image or profile, failing); the message names the value and
+	// why.
+	ReasonSpreadUnmet = "SpreadUnmet"
 
 	// Progressing
 	ReasonSettled   = "Settled"

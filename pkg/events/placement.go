@@ -13,14 +13,24 @@ const (
 	MaxPlacementValues = 64
 	// MaxSpreadWeight bounds one weight of a spread.
 	MaxSpreadWeight = 1_000_000
+	// MaxPlacementEntries bounds [Placement.Entries].
+	MaxPlacementEntries = 16
 )
 
 // Placement steers which targets take a pool's proxies by the targets'
 // labels (see [LabelRule]): Require keeps the pool on targets whose labels
 // hold one of the listed values for each key; Spread shares the pool out
-// over the values of a label by weight. Neither moves existing proxies:
-// it applies to every new proxy (fills, replacements, rotations).
+// over the values of a label by weight. Entries widens the pool to the
+// targets of further provider entries besides its provider. New proxies
+// follow them (fills, replacements, rotations), and the planner moves
+// existing ones, one at a time and surge first, when the pool is off its
+// weighted shares or holds proxies its placement no longer accepts.
 type Placement struct {
+	// Entries lists provider entries whose targets take the pool's
+	// proxies besides those of the pool's provider (which stays
+	// required); require and spread apply across all of them, and the
+	// pool's targets, when set, name targets of any of them.
+	Entries []string `json:"entries,omitempty"`
 	// Require maps a label key to the values a target must carry one of
 	// ({"country": ["de", "fr"]}).
 	Require map[string][]string `json:"require,omitempty"`
@@ -44,7 +54,7 @@ func (p *Placement) Clone() *Placement {
 	if p == nil {
 		return nil
 	}
-	out := &Placement{}
+	out := &Placement{Entries: slices.Clone(p.Entries)}
 	if p.Require != nil {
 		out.Require = make(map[string][]string, len(p.Require))
 		for k, vs := range p.Require {
@@ -72,8 +82,22 @@ func (p *Placement) Matches(labels map[string]string) bool {
 }
 
 // validate adds p's problems to v, each named under prefix
-// ("placement.spread[1].weights.eu").
-func (p *Placement) validate(v *ValidationError, prefix string) {
+// ("placement.spread[1].weights.eu"); provider is the pool's provider.
+func (p *Placement) validate(v *ValidationError, prefix, provider string) {
+	if len(p.Entries) > MaxPlacementEntries {
+		v.Add(prefix+".entries", fmt.Sprintf("may list at most %d entries", MaxPlacementEntries), fmt.Sprint(len(p.Entries)))
+	}
+	for i, e := range p.Entries {
+		f := fmt.Sprintf("%s.entries[%d]", prefix, i)
+		switch {
+		case !IsIdentifier(e):
+			v.AddField(CheckIdentifier(f, e))
+		case e == provider:
+			v.Add(f, "is the pool's provider already; list only further entries", e)
+		case slices.Index(p.Entries, e) < i:
+			v.Add(f, "is listed twice", e)
+		}
+	}
 	if len(p.Require) > MaxPlacementLabels {
 		v.Add(prefix+".require", fmt.Sprintf("may name at most %d labels", MaxPlacementLabels), fmt.Sprint(len(p.Require)))
 	}
@@ -137,4 +161,13 @@ func (p *Placement) validate(v *ValidationError, prefix string) {
 			}
 		}
 	}
+}
+
+// PlacementEntries lists the provider entries whose targets may take the
+// pool's proxies: its provider, then its placement's further entries.
+func (p PoolSpec) PlacementEntries() []string {
+	if p.Placement == nil || len(p.Placement.Entries) == 0 {
+		return []string{p.Provider}
+	}
+	return append([]string{p.Provider}, p.Placement.Entries...)
 }

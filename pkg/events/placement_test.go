@@ -32,6 +32,11 @@ func TestPlacementValidation(t *testing.T) {
 		{name: "spread weighs a value require excludes", p: Placement{Require: map[string][]string{"country": {"de"}},
 			Spread: []Spread{{Label: "country", Weights: map[string]int{"de": 1, "fr": 1}}}},
 			want: []string{"placement.spread[0].weights.fr"}},
+		{name: "further entries", p: Placement{Entries: []string{"cloud", "hetzner"}}},
+		{name: "entries: malformed, the provider again, twice", p: Placement{Entries: []string{"Cloud", "local", "cloud", "cloud"}},
+			want: []string{"placement.entries[0]", "placement.entries[1]", "placement.entries[3]"}},
+		{name: "too many entries", p: Placement{Entries: []string{"e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "e10", "e11", "e12", "e13", "e14", "e15", "e16", "e17"}},
+			want: []string{"placement.entries"}},
 	}
 	for _, tc := range cases {
 		s := spec(tc.p)
@@ -48,6 +53,22 @@ func TestPlacementValidation(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: fields %v, want %v (%v)", tc.name, got, tc.want, err)
 		}
+	}
+}
+
+func TestPlacementEntries(t *testing.T) {
+	s := PoolSpec{Provider: "local"}
+	if got := s.PlacementEntries(); !slices.Equal(got, []string{"local"}) {
+		t.Errorf("without a placement: %v, want [local]", got)
+	}
+	s.Placement = &Placement{Entries: []string{"cloud"}}
+	if got := s.PlacementEntries(); !slices.Equal(got, []string{"local", "cloud"}) {
+		t.Errorf("with entries: %v, want [local cloud]", got)
+	}
+	c := s.Placement.Clone()
+	c.Entries[0] = "x"
+	if s.Placement.Entries[0] != "cloud" {
+		t.Error("Clone shares its entries with the original")
 	}
 }
 

@@ -264,7 +264,7 @@ func (p *PoolSpec) validate(recorded bool) error {
 		p.Autoscale.Validate(&v, "autoscale")
 	}
 	if p.Placement != nil {
-		p.Placement.validate(&v, "placement")
+		p.Placement.validate(&v, "placement", p.Provider)
 	}
 	p.validateExternal(&v)
 	if len(p.UserData) > MaxUserDataBytes {

@@ -75,7 +75,7 @@ func presence(spec *events.PoolSpec, present map[string]bool) []events.FieldErro
 }
 
 // validateSpec checks the spec's fields, then that its targets are known
-// to the fleet when its provider entry is. A pool of an entry no agent has
+// to the fleet when one of its entries (provider and placement.entries) is. A pool of an entry no agent has
 // announced yet is accepted, as desired state is: its Placed condition
 // says that no agent of the entry ever announced itself, and it fills once
 // one does (a malformed entry name is still refused). found lists the
@@ -101,21 +101,17 @@ func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found 
 	for _, f := range fields {
 		bad[f.Field] = true
 	}
-	if !bad["provider"] {
-		// A target of a known entry that no agent announced is most
-		// likely a typo: it is refused, naming the known ones.
-		if targets, known := s.b.Targets(ctx, spec.Provider, spec.Targets); known {
-			for i, t := range spec.Targets {
-				f := fmt.Sprintf("targets[%d]", i)
-				if !bad[f] && !targets[t] {
-					fields = append(fields, events.FieldError{Field: f,
-						Reason: "not a target of entry " + spec.Provider + " (known: " + strings.Join(slices.Sorted(maps.Keys(targets)), ", ") + ")", Value: t})
-				}
-			}
+	entries := []string{spec.Provider}
+	for i, e := range spec.PlacementEntries()[1:] {
+		if !bad[fmt.Sprintf("placement.entries[%d]", i)] && !bad["placement.entries"] {
+			entries = append(entries, e)
 		}
 	}
+	if !bad["provider"] {
+		fields = append(fields, s.unknownTargets(ctx, spec, entries, bad)...)
+	}
 	if p := spec.Placement; p != nil && !bad["provider"] {
-		fields = append(fields, s.unknownLabels(ctx, spec.Provider, p, bad)...)
+		fields = append(fields, s.unknownLabels(ctx, entries, p, bad)...)
 	}
 	if len(fields) > 0 {
 		return api.Invalid(fields)
@@ -123,13 +119,61 @@ func (s *Server) validateSpec(ctx context.Context, spec *events.PoolSpec, found 
 	return nil
 }
 
+// unknownTargets refuses each of the spec's targets that no entry of the
+// pool (entries: its provider and its further placement entries) knows,
+// once one of them is known: a target of a known entry that no agent
+// announced is most likely a typo; it is refused, naming the known ones.
+// bad holds the fields already refused.
+func (s *Server) unknownTargets(ctx context.Context, spec *events.PoolSpec, entries []string, bad map[string]bool) []events.FieldError {
+	all := map[string]bool{}
+	anyKnown := false
+	for _, e := range entries {
+		targets, known := s.b.Targets(ctx, e, spec.Targets)
+		if !known {
+			continue
+		}
+		anyKnown = true
+		for t := range targets {
+			all[t] = true
+		}
+	}
+	if !anyKnown {
+		return nil
+	}
+	var out []events.FieldError
+	for i, t := range spec.Targets {
+		f := fmt.Sprintf("targets[%d]", i)
+		if !bad[f] && !all[t] {
+			out = append(out, events.FieldError{Field: f,
+				Reason: "not a target of " + entriesText(entries) + " (known: " + strings.Join(slices.Sorted(maps.Keys(all)), ", ") + ")", Value: t})
+		}
+	}
+	return out
+}
+
+// entriesText names a pool's entries: "entry local", "entries local, cloud".
+func entriesText(entries []string) string {
+	if len(entries) == 1 {
+		return "entry " + entries[0]
+	}
+	return "entries " + strings.Join(entries, ", ")
+}
+
 // unknownLabels refuses each label key placement p names that no live
-// target of entry carries: most likely a typo, and a pool that could
-// place nothing. While no target of entry is live nothing is refused,
-// as for a pool of an entry no agent announced yet. bad holds the fields
-// already refused.
-func (s *Server) unknownLabels(ctx context.Context, entry string, p *events.Placement, bad map[string]bool) []events.FieldError {
-	keys, live := s.b.LabelKeys(ctx, entry)
+// target of the pool's entries carries: most likely a typo, and a pool
+// that could place nothing. While no target of those entries is live
+// nothing is refused, as for a pool of an entry no agent announced yet.
+// bad holds the fields already refused.
+func (s *Server) unknownLabels(ctx context.Context, entries []string, p *events.Placement, bad map[string]bool) []events.FieldError {
+	keys := map[string]bool{}
+	live := false
+	for _, e := range entries {
+		k, l := s.b.LabelKeys(ctx, e)
+		live = live || l
+		for key := range k {
+			keys[key] = true
+		}
+	}
 	if !live {
 		return nil
 	}
@@ -137,7 +181,7 @@ func (s *Server) unknownLabels(ctx context.Context, entry string, p *events.Plac
 	if known == "" {
 		known = "none"
 	}
-	reason := "no live target of entry " + entry + " carries this label (their labels: " + known + "); label the agents first"
+	reason := "no live target of " + entriesText(entries) + " carries this label (their labels: " + known + "); label the agents first"
 	var out []events.FieldError
 	for _, k := range slices.Sorted(maps.Keys(p.Require)) {
 		if f := "placement.require." + k; events.IsLabel(k) && !keys[k] && !bad[f] {

@@ -26,8 +26,11 @@ func Conditions(pool *Pool, want int, f *Found, ageNow time.Time) []events.PoolC
 
 	placed := events.PoolConditionData{Type: events.ConditionPlaced, Status: events.ConditionTrue, Reason: events.ReasonPlaced,
 		Message: "every proxy the pool needs has a target"}
-	if f.Miss != nil {
+	switch {
+	case f.Miss != nil:
 		placed.Status, placed.Reason, placed.Message = events.ConditionFalse, f.Miss.Reason, f.Miss.Message
+	case f.SpreadShort != "":
+		placed.Status, placed.Reason, placed.Message = events.ConditionFalse, events.ReasonSpreadUnmet, "spread: "+f.SpreadShort
 	}
 
 	progressing := events.PoolConditionData{Type: events.ConditionProgressing, Status: events.ConditionFalse, Reason: events.ReasonSettled,

@@ -33,5 +33,11 @@
 //     failed: [Placement.Failing]; only on targets whose labels the pool's
 //     placement accepts: [Labelled]; with a spread, on the label value
 //     furthest below its weighted share), replacing the sick first;
-//   - rotation: one outdated or aged member replaced, surge first.
+//   - rotation: one outdated or aged member replaced, surge first;
+//   - rebalance: in a pool with a placement, at size and with nothing in
+//     flight, one member that sits where the placement no longer puts
+//     proxies, or on a spread value over its share ([Shares]), replaced
+//     surge first by a proxy on a value under its share; then the spread
+//     values short of their share that no target can take are noted for
+//     the Placed condition.
 package decide

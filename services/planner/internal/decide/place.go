@@ -17,8 +17,9 @@ type Placement struct {
 	Targets []Target
 	Load    Load
 	Avoid   map[string]Avoidance
-	// Known names the targets ever known for the pool's entry (from
-	// heartbeats or events), for the message when none is alive.
+	// Known names the targets ever known for the pool's entries (from
+	// heartbeats or events; "<entry>/<target>" over several entries),
+	// for the message when none is alive.
 	Known []string
 	// QuotaAvoid is [Config.QuotaAvoid].
 	QuotaAvoid time.Duration
@@ -29,6 +30,12 @@ type Placement struct {
 	// recorded holds the labels the pool's proxies carry per target key
 	// (see [Placement.Record]).
 	recorded map[string]map[string]string
+	// leaving counts, per target key, the pool's members being replaced
+	// (condemned, or named by a replacement decided in this pass): a
+	// spread counts them out, so a replacement goes to the value its
+	// member leaves rather than the one that looks emptiest with it.
+	leaving   map[string]int
+	leavingID map[string]bool
 }
 
 // Failing reports whether target a's latest check failed recently enough
@@ -40,8 +47,8 @@ func (pl *Placement) Failing(a Target) bool {
 	return c != nil && !c.OK && pl.Now.Sub(c.At) < pl.CheckMaxAge
 }
 
-// Place picks the target for one new proxy of pool: a live target of the
-// pool's entry (and of its spec's targets when set) offering its image and
+// Place picks the target for one new proxy of pool: a live target of one
+// of the pool's entries ([Eligible]) (and of its spec's targets when set) offering its image and
 // profile, whose labels its placement accepts ([Labelled]), with capacity
 // left, no recently failed check and no recent quota failure or stuck
 // create. With a spread, the target whose label value is furthest below
@@ -99,10 +106,31 @@ func (pl *Placement) Offers(pool *Pool, a Target) bool {
 	return !pl.Failing(a)
 }
 
-// Eligible reports whether target a belongs to the pool's entry and, when
-// the pool names targets, is one of them.
+// Eligible reports whether target a belongs to one of the pool's entries
+// (its provider and its placement's entries: [events.PoolSpec.PlacementEntries])
+// and, when the pool names targets, is one of them (by name, in any of
+// its entries).
 func Eligible(pool *Pool, a Target) bool {
-	return a.Entry == pool.Spec.Provider && (len(pool.Spec.Targets) == 0 || slices.Contains(pool.Spec.Targets, a.Target))
+	return slices.Contains(pool.Spec.PlacementEntries(), a.Entry) && (len(pool.Spec.Targets) == 0 || slices.Contains(pool.Spec.Targets, a.Target))
+}
+
+// entriesText names the pool's entries for a message: "entry local", or
+// "entries hetzner, local" for a pool placed over several.
+func entriesText(pool *Pool) string {
+	es := pool.Spec.PlacementEntries()
+	if len(es) == 1 {
+		return "entry " + es[0]
+	}
+	return "entries " + strings.Join(es, ", ")
+}
+
+// targetName names target a in a message: its name, or "<entry>/<name>"
+// in a pool placed over several entries.
+func targetName(pool *Pool, a Target) string {
+	if len(pool.Spec.PlacementEntries()) == 1 {
+		return a.Target
+	}
+	return a.Entry + "/" + a.Target
 }
 
 // count adds delta to target k's load, for this pool and overall.
@@ -131,7 +159,7 @@ const maxListed = 5
 // Why explains why [Place] found no target for a proxy of pool, naming the
 // targets it considered.
 func Why(pl *Placement, pool *Pool) Miss {
-	entry := pool.Spec.Provider
+	entry := entriesText(pool)
 	var live []Target
 	for _, a := range pl.Targets {
 		if Eligible(pool, a) {
@@ -143,12 +171,15 @@ func Why(pl *Placement, pool *Pool) Miss {
 		if len(considered) == 0 {
 			considered = pl.Known
 		}
-		msg := fmt.Sprintf("no live agent of entry %s", entry)
+		msg := "no live agent of " + entry
 		if len(pl.Known) > 0 && len(considered) > 0 {
 			msg += "; targets considered, none alive: " + JoinNames(considered)
 		} else {
 			// A pool applied before its entry's first agent.
 			msg += "; no agent of this entry ever announced itself"
+			if len(pool.Spec.PlacementEntries()) > 1 {
+				msg = "no live agent of " + entry + "; no agent of these entries ever announced itself"
+			}
 		}
 		return Miss{Reason: events.ReasonNoLiveTarget, Message: msg}
 	}
@@ -157,7 +188,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 		l := offering(live, img, of)
 		if len(l) == 0 {
 			return Miss{Reason: events.ReasonNoTargetOffersImage,
-				Message: fmt.Sprintf("no live target of entry %s offers image %s; considered: %s", entry, img, describe(live, of))}
+				Message: fmt.Sprintf("no live target of %s offers image %s; considered: %s", entry, img, describe(pool, live, of))}
 		}
 		live = l
 	}
@@ -166,7 +197,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 		l := offering(live, prof, of)
 		if len(l) == 0 {
 			return Miss{Reason: events.ReasonNoTargetOffersProfile,
-				Message: fmt.Sprintf("no live target of entry %s offers profile %s (with the pool's image); considered: %s", entry, prof, describe(live, of))}
+				Message: fmt.Sprintf("no live target of %s offers profile %s (with the pool's image); considered: %s", entry, prof, describe(pool, live, of))}
 		}
 		live = l
 	}
@@ -174,13 +205,13 @@ func Why(pl *Placement, pool *Pool) Miss {
 	if missed {
 		return m
 	}
-	note := spreadNote(pool, live)
+	note := pl.spreadNote(pool)
 	var roomy []Target
 	var full []string
 	for _, a := range live {
 		k := a.Key()
 		if a.Capacity > 0 && pl.Load.All[k] >= a.Capacity {
-			full = append(full, fmt.Sprintf("%s (%d of %d)", a.Target, pl.Load.All[k], a.Capacity))
+			full = append(full, fmt.Sprintf("%s (%d of %d)", targetName(pool, a), pl.Load.All[k], a.Capacity))
 			continue
 		}
 		roomy = append(roomy, a)
@@ -193,7 +224,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 	var unhealthy []string
 	for _, a := range roomy {
 		if pl.Failing(a) {
-			unhealthy = append(unhealthy, fmt.Sprintf("%s (%s)", a.Target, JoinNames(a.Check.Failing)))
+			unhealthy = append(unhealthy, fmt.Sprintf("%s (%s)", targetName(pool, a), JoinNames(a.Check.Failing)))
 			continue
 		}
 		checked = append(checked, a)
@@ -209,7 +240,7 @@ func Why(pl *Placement, pool *Pool) Miss {
 		if av.Class == events.ClassQuota {
 			reason = events.ReasonQuota
 		}
-		avoided = append(avoided, fmt.Sprintf("%s (%s at %s, avoided until %s)", a.Target, av.Class,
+		avoided = append(avoided, fmt.Sprintf("%s (%s at %s, avoided until %s)", targetName(pool, a), av.Class,
 			av.At.UTC().Format(time.RFC3339), av.At.Add(pl.QuotaAvoid).UTC().Format(time.RFC3339)))
 	}
 	sort.Strings(avoided)
@@ -232,14 +263,14 @@ func offering(targets []Target, want string, of func(Target) []string) []Target 
 }
 
 // describe names each target with what of says it offers.
-func describe(targets []Target, of func(Target) []string) string {
+func describe(pool *Pool, targets []Target, of func(Target) []string) string {
 	parts := make([]string, 0, len(targets))
 	for _, a := range targets {
 		have := "nothing"
 		if l := of(a); len(l) > 0 {
 			have = strings.Join(l, ", ")
 		}
-		parts = append(parts, a.Target+" (offers "+have+")")
+		parts = append(parts, targetName(pool, a)+" (offers "+have+")")
 	}
 	return JoinNames(parts)
 }

@@ -111,6 +111,10 @@ type Found struct {
 	// StuckDeletes are the retiring members whose delete keeps failing
 	// ([IsDeleteStuck]).
 	StuckDeletes []Proxy
+	// SpreadShort, when Miss is nil, names the spread values holding
+	// fewer than their share that no live target can take a proxy of
+	// (see [Placement.spreadShort]); "" when none.
+	SpreadShort string
 }
 
 // Plan is what [Reconcile] decided for one pool.
@@ -221,6 +225,11 @@ func Reconcile(in *Input) Plan {
 			c.found.Counted = append(c.found.Counted, x)
 		}
 	}
+	if pool.Spec.Placement != nil {
+		for _, x := range c.found.Condemned {
+			c.pl.Leave(x)
+		}
+	}
 	retired := c.retireCondemned(now, after)
 	if len(c.found.Counted) > c.want {
 		for _, x := range RetireOrder(pool, c.found.Counted)[:len(c.found.Counted)-c.want] {
@@ -261,7 +270,34 @@ func Reconcile(in *Input) Plan {
 		}
 	}
 	c.rotate()
+	c.rebalance()
+	c.noteSpread()
 	return c.plan
+}
+
+// noteSpread records, when every proxy found a target, which spread
+// values stay short of their share and why: the counted members, less
+// those this round's creates replace, and the new proxies count.
+func (c *pass) noteSpread() {
+	pool := &c.in.Pool
+	if c.found.Miss != nil || pool.Spec.Placement == nil || len(pool.Spec.Placement.Spread) == 0 {
+		return
+	}
+	replaced := map[string]bool{}
+	var created []Target
+	for _, d := range c.plan.Decisions {
+		if d.Kind == Create {
+			created = append(created, d.Target)
+			replaced[d.Proxy.ID] = d.Proxy.ID != ""
+		}
+	}
+	kept := make([]Proxy, 0, len(c.found.Counted))
+	for _, x := range c.found.Counted {
+		if !replaced[x.ID] {
+			kept = append(kept, x)
+		}
+	}
+	c.found.SpreadShort = c.pl.spreadShort(pool, spreadCountsOf(pool, c.pl.liveLabels(), kept, created))
 }
 
 // add appends d to the plan.
@@ -272,6 +308,7 @@ func (c *pass) add(d Decision) { c.plan.Decisions = append(c.plan.Decisions, d) 
 func (c *pass) retire(d Decision) {
 	if IsActive(d.Proxy.State) {
 		c.pl.count(TargetKey(d.Proxy.Entry, d.Proxy.Target), -1)
+		c.pl.unleave(d.Proxy)
 	}
 	c.add(d)
 }
@@ -281,6 +318,9 @@ func (c *pass) retire(d Decision) {
 // miss recorded, when no target can take it (missing proxies in all).
 func (c *pass) create(replaces Proxy, why string, missing int) bool {
 	pool := &c.in.Pool
+	if pool.Spec.Placement != nil {
+		c.pl.Leave(replaces)
+	}
 	a, ok := Place(c.pl, pool)
 	if !ok {
 		m := Why(c.pl, pool)

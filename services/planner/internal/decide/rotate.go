@@ -38,10 +38,11 @@ const (
 	RotatedPrefix = "rotated: "
 )
 
-// HoldsSurge reports whether a replacement requested for reason is a roll
-// or rotation step.
+// HoldsSurge reports whether a replacement requested for reason is a roll,
+// rotation or rebalance step ([RebalancePrefix]): a roll waits for a
+// rebalance in flight, as a rebalance waits for a roll.
 func HoldsSurge(reason string) bool {
-	return strings.HasPrefix(reason, RolledPrefix) || strings.HasPrefix(reason, RotatedPrefix)
+	return strings.HasPrefix(reason, RolledPrefix) || strings.HasPrefix(reason, RotatedPrefix) || strings.HasPrefix(reason, RebalancePrefix)
 }
 
 // rotate replaces the pool's outdated proxies (requested before the last

@@ -24,6 +24,28 @@ func (pl *Placement) Record(members []Proxy) {
 	}
 }
 
+// Leave counts member x out of the spread: it is being replaced. Once
+// per member.
+func (pl *Placement) Leave(x Proxy) {
+	if x.ID == "" || pl.leavingID[x.ID] || !IsActive(x.State) {
+		return
+	}
+	if pl.leaving == nil {
+		pl.leaving, pl.leavingID = map[string]int{}, map[string]bool{}
+	}
+	pl.leavingID[x.ID] = true
+	pl.leaving[TargetKey(x.Entry, x.Target)]++
+}
+
+// unleave undoes [Placement.Leave] for x, which is retired now (and so
+// counted out of the load itself).
+func (pl *Placement) unleave(x Proxy) {
+	if pl.leavingID[x.ID] {
+		delete(pl.leavingID, x.ID)
+		pl.leaving[TargetKey(x.Entry, x.Target)]--
+	}
+}
+
 // Labelled reports whether target a's labels let it take the pool's
 // proxies: they satisfy the placement's require, and carry a value each
 // spread weighs.
@@ -44,8 +66,9 @@ func Labelled(pool *Pool, a Target) bool {
 }
 
 // spreadCounts counts the pool's active proxies per value of each spread
-// label: by the labels of their target when it is alive, else by those
-// recorded on them ([Placement.Record]).
+// label, less those being replaced ([Placement.Leave]): by the labels of
+// their target when it is alive, else by those recorded on them
+// ([Placement.Record]).
 func (pl *Placement) spreadCounts(pool *Pool) []map[string]int {
 	p := pool.Spec.Placement
 	if p == nil || len(p.Spread) == 0 {
@@ -60,7 +83,7 @@ func (pl *Placement) spreadCounts(pool *Pool) []map[string]int {
 		out[i] = map[string]int{}
 	}
 	for k, n := range pl.Load.Pool {
-		if n <= 0 {
+		if n -= pl.leaving[k]; n <= 0 {
 			continue
 		}
 		labels, ok := live[k]
@@ -133,37 +156,24 @@ func labelMiss(pool *Pool, live []Target) (matching []Target, m Miss, ok bool) {
 	}
 	parts := make([]string, 0, len(live))
 	for _, a := range live {
-		parts = append(parts, a.Target+" ("+labelText(a.Labels)+")")
+		parts = append(parts, targetName(pool, a)+" ("+labelText(a.Labels)+")")
 	}
 	return nil, Miss{Reason: events.ReasonNoTargetMatchesLabels,
-		Message: fmt.Sprintf("no live target of entry %s that offers the pool's image and profile carries the labels its placement asks for: %s; considered: %s",
-			pool.Spec.Provider, strings.Join(want, ", "), JoinNames(parts))}, true
+		Message: fmt.Sprintf("no live target of %s that offers the pool's image and profile carries the labels its placement asks for: %s; considered: %s",
+			entriesText(pool), strings.Join(want, ", "), JoinNames(parts))}, true
 }
 
-// spreadNote names, for each spread, the weighted values no live target
-// of live carries: their share is placed on the other values until one
-// does. "" when every value has a target.
-func spreadNote(pool *Pool, live []Target) string {
-	p := pool.Spec.Placement
-	if p == nil {
+// spreadNote is the part of a miss's message naming the spread values
+// short of their share that no live target can take a proxy of
+// ([Placement.spreadShort]); "" when none.
+func (pl *Placement) spreadNote(pool *Pool) string {
+	if pool.Spec.Placement == nil || len(pool.Spec.Placement.Spread) == 0 {
 		return ""
 	}
-	var notes []string
-	for _, s := range p.Spread {
-		var missing []string
-		for _, v := range slices.Sorted(maps.Keys(s.Weights)) {
-			if !slices.ContainsFunc(live, func(a Target) bool { return a.Labels[s.Label] == v }) {
-				missing = append(missing, s.Label+"="+v)
-			}
-		}
-		if len(missing) > 0 {
-			notes = append(notes, "no live target with "+JoinNames(missing))
-		}
+	if short := pl.spreadShort(pool, pl.spreadCounts(pool)); short != "" {
+		return "; spread: " + short
 	}
-	if len(notes) == 0 {
-		return ""
-	}
-	return "; spread: " + strings.Join(notes, "; ")
+	return ""
 }
 
 // labelText shows labels as "k=v, k=v", or "no labels".

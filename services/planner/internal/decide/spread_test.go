@@ -57,10 +57,10 @@ func TestReconcilePlacementByLabels(t *testing.T) {
 		{name: "spread: a full value gives way to the next", pool: pool(3, placed(euUS)),
 			targets: []Target{capped(lt("e1", "region=eu"), 1), lt("u1", "region=us")},
 			want:    []string{"create on e1", "create on u1", "create on u1"}},
-		{name: "spread with nowhere to go names capacity and the values without a target", pool: pool(2, placed(euUS)),
+		{name: "spread with nowhere to go names capacity and the values short of their share", pool: pool(5, placed(euUS)),
 			targets: []Target{capped(lt("e1", "region=eu"), 1), lt("n1", "")},
 			want:    []string{"create on e1"},
-			miss:    events.ReasonCapacityExhausted, missText: "e1 (1 of 1); spread: no live target with region=us"},
+			miss:    events.ReasonCapacityExhausted, missText: "e1 (1 of 1); spread: region=eu has 1 of its share 4: its targets are at capacity: e1 (1 of 1); region=us has 0 of its share 1: no live target with region=us"},
 		{name: "spread over a label no target carries", pool: pool(1, placed(euUS)), targets: []Target{lt("n1", "country=de")},
 			miss: events.ReasonNoTargetMatchesLabels, missText: "region in [eu, us] (spread); considered: n1 (country=de)"},
 		{name: "two spreads: the first decides, the second splits within it", pool: pool(4, placed(events.Placement{Spread: []events.Spread{

@@ -7,7 +7,8 @@ import (
 )
 
 // When says when a round must look at a pool again although no event
-// touched it: Retry at once (a proxy it needs could not be placed, or a
+// touched it: Retry at once (a proxy it needs could not be placed, a
+// spread value is short of its share with no target to take it, or a
 // decision was not stored), at Due on the wall clock (a create, provision,
 // ready or retire timeout), or at AgeDue on the clock proxy ages are
 // measured with (an unhealthy proxy turning sick, a proxy reaching

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,6 +15,7 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/services/planner/internal/decide"
 )
 
 // The operator's intents: pool.apply and pool.delete record what the
@@ -59,6 +61,9 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 		}
 	}()
 	for range maxConflictRetries {
+		if aerr := b.fallbackCycle(spec); aerr != nil {
+			return api.PoolView{}, aerr
+		}
 		cur, ok := b.poolCopy(spec.Name)
 		if ok && !cur.Deleted && cur.Revision > 0 && sec.Matches(b.secrets.digestKey, cur.SecretsDigest) {
 			curJSON, _ := json.Marshal(cur.Spec)
@@ -106,6 +111,32 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 		return b.poolView(spec.Name), nil
 	}
 	return api.PoolView{}, errPoolConflict()
+}
+
+// fallbackCycle refuses a spec whose gateway.fallback leads back to the
+// pool through the fallbacks the other pools' recorded specs name
+// (deleted pools' do not count): the gateway would go round it on every
+// request that needs a later tier. It is checked against the projection
+// before anything is written; two applies that close a cycle between
+// them concurrently are still stopped by the gateway's per-request guard.
+func (b backend) fallbackCycle(spec events.PoolSpec) *api.APIError {
+	fb := spec.Gateway.FallbackPools()
+	if len(fb) == 0 {
+		return nil
+	}
+	b.mu.Lock()
+	i, cycle, found := decide.FallbackCycle(spec.Name, fb, func(name string) []string {
+		if p := b.st.pools[name]; p != nil && !p.Deleted && p.Revision > 0 {
+			return p.Spec.Gateway.FallbackPools()
+		}
+		return nil
+	})
+	b.mu.Unlock()
+	if !found {
+		return nil
+	}
+	return api.Invalid([]events.FieldError{{Field: fmt.Sprintf("gateway.fallback[%d]", i),
+		Reason: "closes a fallback cycle " + decide.CycleText(cycle) + "; remove the fallback on one of these pools first", Value: fb[i]}})
 }
 
 // restoreSecrets puts back what fleet-secrets held for pool (prev, nil

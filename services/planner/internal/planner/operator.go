@@ -171,9 +171,10 @@ func (rc *reconciler) requestReplacement(ctx context.Context, f *flight, x Proxy
 	if !found || pool.Deleted {
 		return "", nil, errors.New("the proxy's pool is deleted; nothing replaces it")
 	}
-	pl := r.placement(pool.Name, pool.Spec.Provider)
+	pl := r.placement(pool.Name, pool.Spec.PlacementEntries())
 	if pool.Spec.Placement != nil {
 		pl.Record(members)
+		pl.Leave(x.Proxy)
 	}
 	a, ok := decide.Place(pl, &pool.Pool)
 	if !ok {

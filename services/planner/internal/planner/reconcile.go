@@ -76,14 +76,24 @@ func (r *round) count(pool, k string, delta int) {
 	r.poolOnTarget[pool][k] += delta
 }
 
-// placement is the view placement reads for a proxy of pool (of entry):
-// the round's live targets and their load as the round's decisions so far
-// left it.
-func (r *round) placement(pool, entry string) *decide.Placement {
+// placement is the view placement reads for a proxy of pool (placed over
+// entries): the round's live targets and their load as the round's
+// decisions so far left it. The targets known for a pool of several
+// entries are named "<entry>/<target>".
+func (r *round) placement(pool string, entries []string) *decide.Placement {
 	if r.poolOnTarget[pool] == nil {
 		r.poolOnTarget[pool] = map[string]int{}
 	}
-	return &decide.Placement{Now: r.now, Targets: r.targets, Avoid: r.avoid, Known: r.known[entry], QuotaAvoid: r.quotaAvoid, CheckMaxAge: r.checkMaxAge,
+	known := r.known[entries[0]]
+	if len(entries) > 1 {
+		known = nil
+		for _, e := range entries {
+			for _, t := range r.known[e] {
+				known = append(known, e+"/"+t)
+			}
+		}
+	}
+	return &decide.Placement{Now: r.now, Targets: r.targets, Avoid: r.avoid, Known: known, QuotaAvoid: r.quotaAvoid, CheckMaxAge: r.checkMaxAge,
 		Load: decide.Load{All: r.onTarget, Pool: r.poolOnTarget[pool]}}
 }
 
@@ -180,9 +190,11 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 			ps.members = append(ps.members, x.Proxy)
 			r.byID[x.ID] = *x
 		}
-		if _, ok := r.known[pl.Spec.Provider]; !ok {
-			known, _ := rc.knownTargetsLocked(pl.Spec.Provider)
-			r.known[pl.Spec.Provider] = slices.Sorted(maps.Keys(known))
+		for _, entry := range pl.Spec.PlacementEntries() {
+			if _, ok := r.known[entry]; !ok {
+				known, _ := rc.knownTargetsLocked(entry)
+				r.known[entry] = slices.Sorted(maps.Keys(known))
+			}
 		}
 		slices.SortFunc(ps.members, func(a, b decide.Proxy) int { return strings.Compare(a.ID, b.ID) })
 		load := make(map[string]int, len(pl.onTarget))
@@ -393,7 +405,7 @@ func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, 
 	pctx := rc.poolCtx(ctx, pool)
 	in := &decide.Input{
 		Now: r.now, AgeNow: rc.ageNow(), Config: rc.rules, Pool: pool.Pool, Members: ps.members,
-		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.Provider), Health: r.health,
+		Replacements: r.replacementsOf(ps.members), Placement: r.placement(pool.Name, pool.Spec.PlacementEntries()), Health: r.health,
 	}
 	plan := decide.Reconcile(in)
 	found := plan.Found
@@ -406,7 +418,10 @@ func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, 
 	if !pool.Deleted && ctx.Err() == nil {
 		rc.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, decide.Conditions(&pool.Pool, plan.Want, &found, rc.ageNow())))
 	}
-	return decide.Timer(rc.rules, &pool.Pool, ps.members, r.health, found.Miss != nil, rc.ageNow())
+	// A spread short of a value no target can take waits, like a miss,
+	// for a target to come (back) or make room: no event of the pool's
+	// says when.
+	return decide.Timer(rc.rules, &pool.Pool, ps.members, r.health, found.Miss != nil || found.SpreadShort != "", rc.ageNow())
 }
 
 // applyPlan hands one pool's decisions to the writer, in order. A create
@@ -467,7 +482,7 @@ func (rc *reconciler) noPlace(r *round, pool Pool, m decide.Miss, missing int) {
 	if last, logged := rc.noTarget[pool.Name]; !logged || r.now.Sub(last) >= time.Minute {
 		rc.noTarget[pool.Name] = r.now
 		rc.log.Warn("no live target can take a proxy of this pool now; retrying every round",
-			"pool", pool.Name, "entry", pool.Spec.Provider, "missing", missing, "reason", m.Reason, "detail", m.Message)
+			"pool", pool.Name, "entries", pool.Spec.PlacementEntries(), "missing", missing, "reason", m.Reason, "detail", m.Message)
 	}
 }
 

@@ -50,7 +50,7 @@ const snapshotObject = "planner"
 // a snapshot of any other version is not loaded (the log is replayed).
 const (
 	snapshotFormat  = "proxyfleet.planner.snapshot"
-	snapshotVersion = 4
+	snapshotVersion = 5
 )
 
 // Object metadata keys: a reader checks them before it downloads the body.

@@ -352,7 +352,9 @@ func (s *state) applyPool(ev bus.Event) bool {
 		p.Deleted = false
 		p.LastSeq = ev.Seq
 		p.traceparent = ev.Header.Get("traceparent")
-		s.noteTarget(d.Spec.Provider, "")
+		for _, entry := range d.Spec.PlacementEntries() {
+			s.noteTarget(entry, "")
+		}
 		return true
 	case events.PoolDeleted:
 		var d events.PoolDeletedData

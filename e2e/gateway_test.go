@@ -69,8 +69,9 @@ func viaGateway(c *http.Client, target string) (int, string, string, error) {
 
 // TestGatewayUnderMakeRun is the issue's acceptance under make run: with a
 // pool demo of 3, the banner's curl through the gateway succeeds 30 times
-// over all 3 proxies, a session stays on one proxy for 10 requests, and
-// HTTPS goes through a CONNECT tunnel.
+// over all 3 proxies, a session stays on one proxy for 10 requests,
+// HTTPS goes through a CONNECT tunnel, and the banner's labelled example
+// works.
 func TestGatewayUnderMakeRun(t *testing.T) {
 	testgate.NeedBinary(t, "curl", "the banner's commands use it (apt-get install curl)")
 	site := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "secure page") }))
@@ -127,6 +128,10 @@ func TestGatewayUnderMakeRun(t *testing.T) {
 	if err != nil || code != 200 || body != "secure page" {
 		t.Errorf("HTTPS through the gateway: %d %q %v", code, body, err)
 	}
+
+	// The banner's labelled example: a pool placed by the target's
+	// label, and a request selecting it.
+	labelledExample(t, r, banner, env)
 }
 
 // distinct returns the distinct X-Proxyfleet-Proxy values in curl's
@@ -372,4 +377,37 @@ func lastScaled(t *testing.T, f *fleet, subject string) events.PoolScaledData {
 		t.Fatalf("scaled event: %v", err)
 	}
 	return d
+}
+
+// labelledExample runs the banner's labelled example in make run r: the
+// agent's target carries region=local, the pool apply with a placement
+// that requires it is accepted (and recorded), and the curl that selects
+// region-local is served by a proxy whose view carries the label, while
+// a region no proxy has is a 503 naming it.
+func labelledExample(t *testing.T, r *runScript, banner, env string) {
+	t.Helper()
+	apply := bannerLine(t, banner, `nats req fleet.api.pool.apply '{"name":"demo","provider":"local","size":3,"placement":{"require":{"region":["local"]}}}'`)
+	curl := bannerLine(t, banner, "curl -x http://demo.region-local:x@")
+	if out, err := r.shell(env + " && " + apply); err != nil || !strings.Contains(out, `"require":{"region":["local"]}`) {
+		t.Fatalf("%s: %v\n%s", apply, err, out)
+	}
+	var via string
+	waitFor(t, 30*time.Second, "the labelled curl to be served", func() bool {
+		out, err := r.shell(curl + " -s -f | grep -i '^x-proxyfleet-proxy'")
+		if err != nil {
+			return false
+		}
+		_, v, _ := strings.Cut(strings.TrimSpace(out), ":")
+		via = strings.TrimSpace(v)
+		return via != ""
+	})
+	out, err := r.shell(env + " && nats kv get fleet-proxies " + via + " --raw")
+	if err != nil || !strings.Contains(out, `"labels":{"region":"local"}`) {
+		t.Errorf("the labelled curl was served by %s, whose view is %q (%v); want it labelled region=local", via, out, err)
+	}
+	mars := strings.Replace(curl, "demo.region-local:", "demo.region-mars:", 1)
+	out, err = r.shell(mars + " -s -w ' %{http_code}'")
+	if err != nil || !strings.HasSuffix(out, " 503") || !strings.Contains(out, "region=mars") {
+		t.Errorf("%s: %q %v; want a 503 naming region=mars", mars, out, err)
+	}
 }

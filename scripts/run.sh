@@ -26,6 +26,9 @@
 #   PROXYFLEET_BIN        where planner, health, local-agent, gateway and nats
 #                         are (./bin)
 #   PROXYFLEET_LOG_LEVEL  every service's log level (info)
+#   PROXYFLEET_LABELS     the local-agent's target labels, key=value[,...]
+#                         (region=local; empty: none); the banner's labelled
+#                         example uses the first
 #   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
@@ -122,6 +125,7 @@ NATS_ADDR=${PROXYFLEET_NATS_ADDR:-127.0.0.1:4222}
 ECHO_ADDR=${PROXYFLEET_ECHO_ADDR:-127.0.0.1:8480}
 GATEWAY_ADDR=${PROXYFLEET_GATEWAY_ADDR:-127.0.0.1:8888}
 PORTS=${PROXYFLEET_PORTS:-20000-20999}
+LABELS=${PROXYFLEET_LABELS-region=local}
 read -r -a planner_flags <<<"${PLANNER_FLAGS:-}"
 read -r -a health_flags <<<"${HEALTH_FLAGS:-}"
 read -r -a agent_flags <<<"${AGENT_FLAGS:-}"
@@ -449,7 +453,17 @@ if [ -n "$ECHO_ADDR" ]; then
 	echo_url="http://$echo_addr/"
 	egress_args=(--egress-allow "$echo_addr")
 fi
-start local-agent --nats-context "$NATS_DIR/local-agent.json" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${agent_metrics[@]}" "${agent_flags[@]}"
+# The target's labels, which every proxy placed on it carries: the
+# banner's labelled example places and selects by the first.
+label_args=()
+label_key="" label_value=""
+if [ -n "$LABELS" ]; then
+	label_args=(--labels "$LABELS")
+	label_key=${LABELS%%,*}
+	label_value=${label_key#*=}
+	label_key=${label_key%%=*}
+fi
+start local-agent --nats-context "$NATS_DIR/local-agent.json" --data-dir "$RUN/local-agent" --ports "$PORTS" "${egress_args[@]}" "${label_args[@]}" "${agent_metrics[@]}" "${agent_flags[@]}"
 
 # The banner's commands need an agent: the planner refuses a pool whose
 # provider no agent has announced.
@@ -525,6 +539,10 @@ cmd "nats req fleet.api.proxy.list '{\"pool\":\"demo\",\"limit\":100,\"after\":\
 cmd "curl -x http://<address> $echo_url" "a request through one proxy (address from the list)"
 cmd "curl -x http://demo:x@$gateway_addr -i $echo_url" "through the gateway: X-Proxyfleet-Proxy names the proxy"
 cmd "curl -x http://demo.session-abc:x@$gateway_addr -i $echo_url" "a sticky session: one proxy for session abc"
+if [ -n "$label_key" ]; then
+	cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3,\"placement\":{\"require\":{\"$label_key\":[\"$label_value\"]}}}'" "placed by label: on targets with $label_key=$label_value"
+	cmd "curl -x http://demo.$label_key-$label_value:x@$gateway_addr -i $echo_url" "only proxies labelled $label_key=$label_value (docs/gateway.md)"
+fi
 cmd "nats req fleet.gateway.$gateway_name.stats ''" "the gateway's counters per pool and proxy"
 cmd "nats req fleet.api.pool.apply '{\"name\":\"demo\",\"provider\":\"local\",\"size\":3,\"gateway\":{\"intercept\":true}}'" "HTTPS interception for demo"
 cmd "curl --cacert $RUN/gateway-ca.pem -x http://demo:x@$gateway_addr -i https://example.com/" "HTTPS seen by the gateway: X-Proxyfleet-Proxy per request (CA: $RUN/gateway-ca.pem)"

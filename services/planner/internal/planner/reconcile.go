@@ -232,6 +232,9 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 	defer t.Stop()
 	scale := time.NewTicker(rc.cfg.AutoscaleInterval)
 	defer scale.Stop()
+	files := time.NewTicker(rc.cfg.ExternalFileInterval)
+	defer files.Stop()
+	rc.watchFiles(ctx)
 	for {
 		took := rc.reconcile(ctx)
 		select {
@@ -242,6 +245,8 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 			rc.rest(ctx, took)
 		case <-scale.C:
 			rc.autoscale(ctx)
+		case <-files.C:
+			rc.watchFiles(ctx)
 		case in := <-inv:
 			rc.collectGarbage(ctx, in)
 		case j := <-rc.l.jobs:
@@ -263,6 +268,8 @@ func (rc *reconciler) recoverCommands(ctx context.Context) {
 		for _, m := range ps.members {
 			x := r.byID[m.ID]
 			switch {
+			case externalOf(x):
+				// No command is ever sent for an external proxy.
 			case x.State == events.ProxyRequested:
 				sec, ok := rc.poolSecrets(ctx, r, ps.pool)
 				if !ok {
@@ -390,6 +397,9 @@ func (rc *reconciler) flushOutbox(ctx context.Context, r *round, f *flight) {
 // again if no event touches it.
 func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) decide.When {
 	pool := ps.pool
+	if decide.IsExternal(&pool.Pool) {
+		return rc.reconcileExternal(ctx, r, ps, f)
+	}
 	pctx := rc.poolCtx(ctx, pool)
 	in := &decide.Input{
 		Now: r.now, AgeNow: rc.ageNow(), Config: rc.rules, Pool: pool.Pool, Members: ps.members,

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
@@ -125,7 +126,8 @@ func (p *boughtProxy) pairs() (seen map[string]int, served, rejected int) {
 // and intercepted HTTPS through the external pools reach every member,
 // each with its own credentials and never another's; a disabled member
 // gets no traffic; the credentials appear neither in the request log's
-// records nor in the gateway's log.
+// records nor in the gateway's log; a retire verdict on a member reaches
+// the planner as report-ban.
 func TestExternalPoolRelaysWithEachProxysCredentials(t *testing.T) {
 	conn := bustest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -136,7 +138,14 @@ func TestExternalPoolRelaysWithEachProxysCredentials(t *testing.T) {
 	}
 	pools, proxies, creds := bucket(t, conn, bus.BucketPools), bucket(t, conn, bus.BucketProxies), bucket(t, conn, bus.BucketGatewayCreds)
 
-	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "plain page") }))
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/banned" {
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = io.WriteString(w, "captcha")
+			return
+		}
+		_, _ = io.WriteString(w, "plain page")
+	}))
 	defer origin.Close()
 	tlsOrigin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "secure page") }))
 	defer tlsOrigin.Close()
@@ -155,7 +164,8 @@ func TestExternalPoolRelaysWithEachProxysCredentials(t *testing.T) {
 	// extx intercepts it. dave's proxy is disabled in both.
 	x := events.ProviderExternal
 	for _, pool := range []string{"ext", "extx"} {
-		spec := events.PoolSpec{Name: pool, Provider: x, External: &events.External{}, Gateway: &events.GatewaySpec{Intercept: pool == "extx"}}
+		spec := events.PoolSpec{Name: pool, Provider: x, External: &events.External{}, Gateway: &events.GatewaySpec{Intercept: pool == "extx",
+			BanRules: []events.BanRule{{Name: "captcha", Status: []int{http.StatusForbidden}, Body: "captcha", Action: events.BanActionRetire, Threshold: 1}}}}
 		secret := events.ProbeSecret{Pool: pool, External: map[string]events.ProxyAuth{}}
 		for i, b := range append(bought, disabled) {
 			spec.External.Proxies = append(spec.External.Proxies, events.ExternalProxy{URL: "http://" + b.addr})
@@ -308,5 +318,33 @@ func TestExternalPoolRelaysWithEachProxysCredentials(t *testing.T) {
 		if strings.Contains(all, u+":") || strings.Contains(logs.String(), u+":") {
 			t.Fatalf("a user:password pair of %s appears in the request log or the gateway's log", u)
 		}
+	}
+
+	// A retire verdict on an external proxy reaches the planner as
+	// report-ban, as for any proxy (the planner disables it).
+	bans := make(chan api.ProxyBanRequest, 16)
+	bsub, err := conn.NC.Subscribe(events.APISubject(api.NounProxy, api.VerbReportBan), func(m *nats.Msg) {
+		var b api.ProxyBanRequest
+		_ = json.Unmarshal(m.Data, &b)
+		bans <- b
+		_ = m.Respond([]byte(`{}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = bsub.Unsubscribe() }()
+	resp, err := plainClient.Get(origin.URL + "/banned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	select {
+	case b := <-bans:
+		if b.Reason != "captcha" || !strings.HasPrefix(b.ID, "ext-") || b.ID == "ext-d" {
+			t.Errorf("report-ban %+v; want a ready member of ext, rule captcha", b)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("no report-ban for the external proxy that got the ban page")
 	}
 }

@@ -171,6 +171,14 @@ func TestExternalPool(t *testing.T) {
 	// Bad input first, on a quiet fleet: each refused with its field
 	// path, nothing appended.
 	t.Run("bad input", func(t *testing.T) {
+		// The leader's start-up bookkeeping is in before the count.
+		var seq uint64
+		waitFor(t, 30*time.Second, "a quiet event log", func() bool {
+			prev := seq
+			seq = f.lastSeq(bus.EventsStream)
+			time.Sleep(500 * time.Millisecond)
+			return seq == prev && f.lastSeq(bus.EventsStream) == seq
+		})
 		before := f.intentEvents()
 		for _, c := range []struct{ name, url string }{
 			{"https scheme", "https://u:bad-input-pw-1@127.0.0.1:3128"},
@@ -193,6 +201,9 @@ func TestExternalPool(t *testing.T) {
 		}
 		if after := f.intentEvents(); after != before {
 			t.Errorf("refused applies appended events: %d -> %d", before, after)
+		}
+		if last := f.lastSeq(bus.EventsStream); last != seq {
+			t.Errorf("FLEET_EVENTS' last sequence moved from %d to %d over the refused applies", seq, last)
 		}
 		if n := f.eventCount("fleet.evt.pool.refused.>"); n != 0 {
 			t.Errorf("the refused pool has %d events", n)

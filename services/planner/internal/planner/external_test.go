@@ -23,6 +23,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/services/planner/internal/apiserver"
 )
 
 // loopbackAllowed is the allowance the tests' planners run with: their
@@ -81,6 +82,12 @@ func (h *harness) externalLeader(cfg Config, res *testResolver) (*running, *sync
 	cfg.Resolver = res
 	r := h.startPlannerWith(cfg, nil, func(p *Planner) {
 		p.log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		// The API's own log lines (its refusals) too.
+		api, err := apiserver.New(backend{p}, p.conn.NC, apiserver.Config{ID: p.cfg.ID, Log: p.log, Tracer: p.tracer, Meter: p.m.meter, Buckets: durationBuckets})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		p.api = api
 	})
 	h.waitFor("leader", r.IsLeader)
 	return r, logs
@@ -480,6 +487,9 @@ func TestExternalFile(t *testing.T) {
 		return ok && c.Status == events.ConditionTrue
 	})
 	h.noCommands()
+	if !strings.Contains(logs.String(), "request refused") {
+		t.Errorf("the log capture missed the API's refusal of the bad file")
+	}
 	for _, s := range []string{extPass1, extPass2} {
 		if bytes.Contains(h.rawEvents(), []byte(s)) {
 			t.Errorf("a credential of the file is in FLEET_EVENTS")

@@ -122,7 +122,9 @@ type ExternalPlan struct {
 // without a member is listed, a member without a listed proxy (or whose
 // labels changed) is unlisted, a requested member gets its running and a
 // retiring one its deleted, and a member unhealthy for longer than
-// unhealthyAfter is disabled for disableFor. in.Placement and
+// unhealthyAfter is disabled for disableFor. A member an agent created
+// (the pool was an owned one) is retired and deleted by its agent, as in
+// an owned pool (Retire, Redelete, Abandon). in.Placement and
 // in.Replacements are not read.
 func ReconcileExternal(in *Input) ExternalPlan {
 	var plan ExternalPlan
@@ -149,6 +151,24 @@ func ReconcileExternal(in *Input) ExternalPlan {
 	add := func(d Decision) { plan.Decisions = append(plan.Decisions, d) }
 	var requested []Proxy
 	for _, x := range in.Members {
+		if x.Entry != events.ProviderExternal {
+			// A proxy an agent created, left from before the pool
+			// became external (re-applied, or deleted and applied
+			// again): retired and deleted by its agent, as in an owned
+			// pool.
+			found.Leaving++
+			switch {
+			case x.State == events.ProxyRetiring && x.SkipCleanup:
+				add(Decision{Kind: Abandon, Proxy: x, Reason: x.Reason})
+			case x.State == events.ProxyRetiring:
+				if in.Now.Sub(x.UpdatedAt) >= in.Config.RetireTimeout {
+					add(Decision{Kind: Redelete, Proxy: x, Reason: x.Reason})
+				}
+			default:
+				add(Decision{Kind: Retire, Proxy: x, Reason: "the pool became external"})
+			}
+			continue
+		}
 		switch x.State {
 		case events.ProxyRetiring:
 			found.Leaving++
@@ -305,11 +325,17 @@ func ExternalConditions(f *ExternalFound, cooling map[string]bool, fileErr strin
 // ExternalTimer says when a round must look at an external pool again
 // although no event touches it: at once after a round that decided
 // something (what it stored is confirmed, and a crash's leftovers are
-// repaired), and when an unhealthy member turns sick.
-func ExternalTimer(pool *Pool, members []Proxy, decided bool, ageNow time.Time) When {
+// repaired), when an unhealthy member turns sick, and when the delete of
+// a proxy left from an owned pool is due again.
+func ExternalTimer(cfg Config, pool *Pool, members []Proxy, decided bool, ageNow time.Time) When {
 	t := When{Retry: decided}
 	after := pool.Spec.UnhealthyAfterOrDefault()
 	for _, x := range members {
+		if x.Entry != events.ProviderExternal && x.State == events.ProxyRetiring && !x.SkipCleanup {
+			if due := x.UpdatedAt.Add(cfg.RetireTimeout); t.Due.IsZero() || due.Before(t.Due) {
+				t.Due = due
+			}
+		}
 		if x.State == events.ProxyUnhealthy && !x.UnhealthySince.IsZero() {
 			if due := x.UnhealthySince.Add(after); due.After(ageNow) && (t.AgeDue.IsZero() || due.Before(t.AgeDue)) {
 				t.AgeDue = due

@@ -78,13 +78,20 @@ func TestReconcileExternal(t *testing.T) {
 		{name: "unhealthy a short while: kept",
 			spec:    externalSpec("http://198.51.100.2:8080"),
 			members: []Proxy{fresh}},
+		{name: "a proxy an agent created, from before the pool was external: retired by its agent",
+			spec: externalSpec("http://198.51.100.1:3128"),
+			members: []Proxy{extMember("b-1", events.ProxyReady, "198.51.100.1:3128", 3128),
+				{ProxyView: events.ProxyView{ID: "o-1", Entry: "local", Target: "t1", State: events.ProxyReady, Address: "198.51.100.1:3128"}},
+				{ProxyView: events.ProxyView{ID: "o-2", Entry: "local", Target: "t1", State: events.ProxyRetiring, UpdatedAt: now.Add(-time.Hour)}},
+				{ProxyView: events.ProxyView{ID: "o-3", Entry: "local", Target: "t1", State: events.ProxyRetiring, UpdatedAt: now}}},
+			want: []string{"retire o-1 the pool became external", "redelete o-2 "}},
 		{name: "pool deleted: every member forgotten",
 			spec: externalSpec("http://198.51.100.1:3128"), deleted: true,
 			members: []Proxy{extMember("b-1", events.ProxyReady, "198.51.100.1:3128", 3128)},
 			want:    []string{"unlist b-1 pool deleted"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := &Input{Now: now, AgeNow: now, Pool: Pool{Name: "bought", Spec: c.spec, Revision: 1, Deleted: c.deleted}, Members: c.members}
+			in := &Input{Now: now, AgeNow: now, Config: Config{RetireTimeout: 3 * time.Minute}, Pool: Pool{Name: "bought", Spec: c.spec, Revision: 1, Deleted: c.deleted}, Members: c.members}
 			plan := ReconcileExternal(in)
 			var got []string
 			for _, d := range plan.Decisions {
@@ -108,8 +115,8 @@ func TestReconcileExternal(t *testing.T) {
 				t.Errorf("decisions:\n got  %q\n want %q", got, c.want)
 			}
 			for _, d := range plan.Decisions {
-				if d.Kind == Create || d.Kind == Retire || d.Kind == Recreate || d.Kind == Redelete {
-					t.Errorf("an owned pool's decision %s for an external pool", d.Kind)
+				if (d.Kind == Create || d.Kind == Retire || d.Kind == Recreate || d.Kind == Redelete) && d.Proxy.Entry == events.ProviderExternal {
+					t.Errorf("an owned pool's decision %s for an external proxy", d.Kind)
 				}
 			}
 		})

@@ -67,6 +67,13 @@ func (rc *reconciler) reconcileExternal(ctx context.Context, r *round, ps poolSn
 			rc.observeExternal(pctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
 		case decide.Disable:
 			rc.disableExternal(pctx, f, x, d.Until, d.Reason)
+		case decide.Retire:
+			rc.retire(pctx, r, f, x, d.Reason, "", false)
+		case decide.Redelete:
+			rc.reissueDelete(pctx, f, x)
+		case decide.Abandon:
+			ab := events.ProxyAbandonedData{Reason: d.Reason}
+			rc.decide(pctx, f, x, events.ProxyAbandoned, decisionID(x.ID, events.ProxyAbandoned, x.LastSeq, ab), ab, nil)
 		}
 	}
 	if !pool.Deleted && ctx.Err() == nil {
@@ -74,7 +81,7 @@ func (rc *reconciler) reconcileExternal(ctx context.Context, r *round, ps poolSn
 		cs := decide.ExternalConditions(&plan.Found, cooling, rc.fileErrs[pool.Name])
 		rc.updateConditions(pctx, f, pool, decide.Changed(&pool.Pool, cs))
 	}
-	return decide.ExternalTimer(&pool.Pool, ps.members, len(plan.Decisions) > 0, rc.ageNow())
+	return decide.ExternalTimer(rc.rules, &pool.Pool, ps.members, len(plan.Decisions) > 0, rc.ageNow())
 }
 
 // listExternal records listed proxy l of pool: requested on entry and
@@ -103,6 +110,22 @@ func (rc *reconciler) unlistExternal(ctx context.Context, f *flight, x Proxy, re
 	rc.decide(ctx, f, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d, func(ctx context.Context, seq uint64) {
 		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: x.DeleteAttempt + 1}, seq)
 	})
+}
+
+// forgetExternal ends external proxy x whatever its state: retiring and
+// deleted (as the external agent), or deleted alone when it retires
+// already. An owned pool's rules call it for a member left from when the
+// pool was external.
+func (rc *reconciler) forgetExternal(ctx context.Context, f *flight, x Proxy, reason string) {
+	switch x.State {
+	case events.ProxyRetiring:
+		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
+	default:
+		if reason == "" {
+			reason = "the pool is no longer external"
+		}
+		rc.unlistExternal(ctx, f, x, reason)
+	}
 }
 
 // disableExternal appends the decision that x is out of service until
@@ -237,11 +260,11 @@ func (p *Planner) checkUpstream(ctx context.Context, address string) string {
 	}
 	for _, a := range addrs {
 		if rule := decide.CheckUpstream(a, p.cfg.ExternalAllowCIDRs); rule != "" {
-			what := "is " + a.String()
+			what := host + " is in a range"
 			if a.String() != host {
-				what = "resolves to " + a.String()
+				what = host + " resolves to " + a.String() + ", in a range"
 			}
-			return fmt.Sprintf("%s %s, which the egress policy refuses (%s); the planner's --external-allow-cidrs may open such a range", host, what, rule)
+			return fmt.Sprintf("%s the egress policy refuses (%s); the planner's --external-allow-cidrs may open such a range", what, rule)
 		}
 	}
 	return ""

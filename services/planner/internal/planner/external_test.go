@@ -17,9 +17,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
+	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/seal"
+	"proxyfleet/services/planner/internal/apiserver"
 )
 
 // loopbackAllowed is the allowance the tests' planners run with: their
@@ -78,6 +82,12 @@ func (h *harness) externalLeader(cfg Config, res *testResolver) (*running, *sync
 	cfg.Resolver = res
 	r := h.startPlannerWith(cfg, nil, func(p *Planner) {
 		p.log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		// The API's own log lines (its refusals) too.
+		api, err := apiserver.New(backend{p}, p.conn.NC, apiserver.Config{ID: p.cfg.ID, Log: p.log, Tracer: p.tracer, Meter: p.m.meter, Buckets: durationBuckets})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		p.api = api
 	})
 	h.waitFor("leader", r.IsLeader)
 	return r, logs
@@ -159,6 +169,20 @@ const (
 // agent; the credentials are in fleet-secrets and in no event or log line.
 func TestExternalPoolListedAndUnlisted(t *testing.T) {
 	h := newHarness(t)
+	// Health and the gateway announce their keys: the credentials are
+	// sealed to them.
+	readers := map[string]nkeys.KeyPair{}
+	for _, bucket := range []string{bus.BucketProbeCreds, bus.BucketGatewayCreds} {
+		kv, err := h.c.JS.KeyValue(context.Background(), bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, _ := seal.NewKey()
+		if _, err := kv.Put(context.Background(), events.ProbeRecipientKey, []byte(seal.Public(kp))); err != nil {
+			t.Fatal(err)
+		}
+		readers[bucket] = kp
+	}
 	r, logs := h.externalLeader(Config{}, nil)
 	body := `{"name":"bought","provider":"external","external":{"proxies":[
 		{"url":"http://alice:` + extPass1 + `@127.0.0.1:3128","labels":{"region":"eu"}},
@@ -185,6 +209,14 @@ func TestExternalPoolListedAndUnlisted(t *testing.T) {
 	var sec events.PoolSecrets
 	if err := json.Unmarshal(e.Value(), &sec); err != nil || sec.External["127.0.0.2:8080"] != (events.ProxyAuth{Username: "bob", Password: extPass2}) {
 		t.Errorf("fleet-secrets holds %+v (%v); want bob's credentials by 127.0.0.2:8080", sec.External, err)
+	}
+	for bucket, kp := range readers {
+		kv, _ := h.c.JS.KeyValue(context.Background(), bucket)
+		h.waitFor("the credentials sealed in "+bucket, func() bool {
+			s, err := h.probeCred(kv, kp, "bought")
+			return err == nil && s.External["127.0.0.1:3128"] == (events.ProxyAuth{Username: "alice", Password: extPass1}) &&
+				s.External["127.0.0.2:8080"] == (events.ProxyAuth{Username: "bob", Password: extPass2}) && len(s.External) == 2
+		})
 	}
 
 	// Unlisted: 127.0.0.2 goes, 127.0.0.4 comes.
@@ -455,6 +487,9 @@ func TestExternalFile(t *testing.T) {
 		return ok && c.Status == events.ConditionTrue
 	})
 	h.noCommands()
+	if !strings.Contains(logs.String(), "request refused") {
+		t.Errorf("the log capture missed the API's refusal of the bad file")
+	}
 	for _, s := range []string{extPass1, extPass2} {
 		if bytes.Contains(h.rawEvents(), []byte(s)) {
 			t.Errorf("a credential of the file is in FLEET_EVENTS")
@@ -494,4 +529,57 @@ func TestExternalConditions(t *testing.T) {
 		c, ok := events.FindCondition(r.poolView("bought").Conditions, events.ConditionReady)
 		return ok && c.Status == events.ConditionTrue && c.Message == want
 	})
+}
+
+// A pool that changes between owned and external keeps the rule that
+// matters for each proxy: one an agent created is retired and deleted by
+// its agent (a delete command), an external one is only forgotten (no
+// command for entry external, ever).
+func TestExternalProviderChange(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	r, _ := h.externalLeader(Config{}, nil)
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	ids, _ := h.requested(1)
+	owned := ids[0]
+	h.bringUp(owned, "t1", events.ProxyReady)
+	h.waitState(r, owned, events.ProxyReady)
+
+	h.ok(poolApply, `{"name":"demo","provider":"external","external":{"proxies":[{"url":"http://127.0.0.1:3128"}]}}`, nil)
+	h.waitState(r, owned, events.ProxyRetiring)
+	h.waitFor("the owned proxy's delete sent to its agent", func() bool {
+		for _, c := range h.commandsOf(events.VerbDelete) {
+			if c.Delete.ProxyID == owned && c.Delete.Entry == "local" {
+				return true
+			}
+		}
+		return false
+	})
+	h.observe(owned, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
+	got := h.waitExternal(r, "demo", map[string]string{"127.0.0.1:3128": events.ProxyRunning})
+	ext := got["127.0.0.1:3128"].ID
+
+	// Back to owned: a roll; the external proxy is forgotten once its
+	// owned replacement is ready.
+	h.ok(poolApply, `{"name":"demo","provider":"local","size":1}`, nil)
+	ids, _ = h.requested(3)
+	h.bringUp(ids[2], "t1", events.ProxyReady)
+	h.waitFor("the external proxy forgotten", func() bool {
+		x, aerr := r.lookupProxy(context.Background(), ext)
+		return aerr == nil && x.State == events.ProxyDeleted
+	})
+	var kinds []string
+	for _, e := range h.events() {
+		if e.ID == ext {
+			kinds = append(kinds, e.Kind+"/"+e.By.Entry)
+		}
+	}
+	if strings.Join(kinds, ",") != "requested/,running/external,retiring/,deleted/external" {
+		t.Errorf("events of the external proxy: %v; want it requested, running, retiring and deleted, the observations as the external agent", kinds)
+	}
+	for _, c := range h.commands() {
+		if strings.HasPrefix(c.Subject, "fleet.cmd."+events.ProviderExternal+".") {
+			t.Errorf("a command for entry external: %s", c.Subject)
+		}
+	}
 }

@@ -436,6 +436,12 @@ func (rc *reconciler) applyPlan(pctx context.Context, r *round, f *flight, pool 
 				ctx = causedBy(pctx, y.traceparent)
 			}
 		}
+		if externalOf(x) && d.Kind != decide.Create {
+			// A proxy left from before the pool stopped being external:
+			// it is forgotten as the external agent, never sent a command.
+			rc.forgetExternal(ctx, f, x, d.Reason)
+			continue
+		}
 		if d.Note != "" && d.Kind != decide.Create {
 			rc.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince,
 				"unhealthyAfter", pool.Spec.UnhealthyAfterOrDefault().String())

@@ -78,6 +78,32 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 		t.Fatalf("planner cannot append a fenced decision: %v", err)
 	}
 
+	// The planner speaks for the external pools' proxies as the reserved
+	// agent external/external (running, deleted), and for no other agent.
+	ext := bus.NewEventStore(planner, events.AgentSource(events.ProviderExternal, events.ProviderExternal), nil)
+	if _, err := ext.Append(ctx, events.AggregateProxy, "perm-5", events.ProxyRunning, "perm-5.running.1", events.ProxyRunningData{Address: "203.0.113.7:3128", Attempt: 1}, nil); err != nil {
+		t.Fatalf("planner cannot append the external agent's running: %v", err)
+	}
+	for _, c := range []struct{ source, typ string }{
+		{events.AgentSource("local", "t1"), events.ProxyRunning},
+		{events.AgentSource(events.ProviderExternal, events.ProviderExternal), events.ProxyProvisioning},
+	} {
+		short, scancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := bus.NewEventStore(planner, c.source, nil).Append(short, events.AggregateProxy, "perm-6", c.typ, "perm-6."+c.typ+".1", events.ProxyRunningData{Address: "203.0.113.7:3128", Attempt: 1}, nil)
+		scancel()
+		if err == nil {
+			t.Fatalf("the planner could append %s as %s", c.typ, c.source)
+		}
+	}
+	// It reads the gateways' cooldowns.
+	cool, err := planner.JS.KeyValue(ctx, bus.BucketGatewayCooldowns)
+	if err != nil {
+		t.Fatalf("planner cannot open %s: %v", bus.BucketGatewayCooldowns, err)
+	}
+	if _, err := cool.Get(ctx, "none.x"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("planner cannot read %s: %v", bus.BucketGatewayCooldowns, err)
+	}
+
 	// The planner writes and reads its state snapshots.
 	obs, err := planner.JS.ObjectStore(ctx, bus.ObjectSnapshots)
 	if err != nil {

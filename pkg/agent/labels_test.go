@@ -49,3 +49,12 @@ func TestLabelsFlag(t *testing.T) {
 		}
 	}
 }
+
+// The entry of external pools is no agent's.
+func TestNewRefusesTheExternalEntry(t *testing.T) {
+	_, err := agent.New(nil, nil, agent.Config{Info: agent.Info{Entry: events.ProviderExternal, Target: "t1"}}, nil, nil)
+	var v *events.ValidationError
+	if !errors.As(err, &v) || len(v.Fields) != 1 || v.Fields[0].Field != "entry" || !strings.Contains(v.Fields[0].Reason, "reserved for external pools") {
+		t.Fatalf("New serving entry external = %v; want the problem of entry, reserved", err)
+	}
+}

@@ -175,6 +175,9 @@ func New(conn *bus.Conn, drv Driver, cfg Config, log *slog.Logger, tracer trace.
 	cfg.defaults()
 	var v events.ValidationError
 	v.AddField(events.CheckIdentifier("entry", cfg.Info.Entry))
+	if cfg.Info.Entry == events.ProviderExternal {
+		v.Add("entry", "is reserved for external pools, whose proxies no agent serves; name the entry otherwise", cfg.Info.Entry)
+	}
 	v.AddField(events.CheckIdentifier("target", cfg.Info.Target))
 	events.CheckLabels(&v, "labels", cfg.Info.Labels)
 	if err := v.Err(); err != nil {

@@ -113,6 +113,18 @@ func (e *Error) add(p Problem) {
 	e.Problems = append(e.Problems, p)
 }
 
+// Entry records a problem when value, the name of a provider entry an
+// agent serves, breaks the identifier rule or is
+// [events.ProviderExternal]: that name is reserved for the external
+// pools' proxies, which no agent serves.
+func (e *Error) Entry(key, value string) {
+	if value == events.ProviderExternal {
+		e.Add(key, "%q is reserved for external pools, whose proxies no agent serves; name the entry otherwise", value)
+		return
+	}
+	e.Identifier(key, value)
+}
+
 // Identifier records a problem when value breaks the identifier rule
 // ([events.CheckIdentifier]).
 func (e *Error) Identifier(key, value string) {

@@ -46,7 +46,7 @@ func (c *testConfig) Check(e *agentconfig.Error) {
 		e.Add("entries", "list at least one entry")
 	}
 	for i, en := range c.Entries {
-		e.Identifier(fmt.Sprintf("entries[%d].name", i), en.Name)
+		e.Entry(fmt.Sprintf("entries[%d].name", i), en.Name)
 		agentconfig.KeyOf(e, fmt.Sprintf("entries[%d].defaultImage", i), en.DefaultImage, en.Images, fmt.Sprintf("entries[%d].images", i))
 	}
 }
@@ -114,6 +114,10 @@ entries:
     images: {debian-12: {url: "https://h/d.qcow2"}}
   - name: b
 `, []agentconfig.Problem{{Key: "entries[0].defaultImage", Reason: `names no key of entries[0].images: "debian-13"`}}},
+		{"the external pools' entry", `
+entries:
+  - name: external
+`, []agentconfig.Problem{{Key: "entries[0].name", Reason: `"external" is reserved for external pools, whose proxies no agent serves; name the entry otherwise`}}},
 		{"a misspelt list is also missing", `
 entires: []
 `, []agentconfig.Problem{

@@ -163,11 +163,13 @@ func (x *External) secrets() map[string]ProxyAuth {
 
 // validate adds x's problems to v, each named under prefix
 // ("external.proxies[1].url"). Messages never quote a URL's credentials.
-func (x *External) validate(v *ValidationError, prefix string) {
+// A recorded spec may hold both a file and proxies: the planner records
+// the proxies it read from the file with it.
+func (x *External) validate(v *ValidationError, prefix string, recorded bool) {
 	switch {
 	case len(x.Proxies) == 0 && x.File == "":
 		v.Add(prefix, "must list proxies or name a file of them", "")
-	case len(x.Proxies) > 0 && x.File != "":
+	case len(x.Proxies) > 0 && x.File != "" && !recorded:
 		v.Add(prefix+".file", "may not be given with proxies: list them in one place", x.File)
 	}
 	if x.File != "" && (!strings.HasPrefix(x.File, "/") || containsAny(x.File, "\x00\r\n")) {
@@ -205,7 +207,7 @@ type ProxyDisabledData struct {
 
 // validateExternal checks that External and provider agree, and that an
 // external pool asks for nothing only a created proxy has.
-func (p *PoolSpec) validateExternal(v *ValidationError) {
+func (p *PoolSpec) validateExternal(v *ValidationError, recorded bool) {
 	if p.Provider != ProviderExternal {
 		if p.External != nil {
 			v.Add("external", "is for pools whose provider is "+ProviderExternal, p.Provider)
@@ -216,7 +218,7 @@ func (p *PoolSpec) validateExternal(v *ValidationError) {
 		v.Add("external", "is required for provider "+ProviderExternal+": list the proxies (external.proxies) or a file of them (external.file)", "")
 		return
 	}
-	p.External.validate(v, "external")
+	p.External.validate(v, "external", recorded)
 	if n := len(p.External.Proxies); n > 0 && p.Size != 0 && p.Size != n {
 		v.Add("size", fmt.Sprintf("of an external pool is the number of its proxies (%d): leave it 0 or give that", n), fmt.Sprint(p.Size))
 	}

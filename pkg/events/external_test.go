@@ -219,3 +219,17 @@ func TestDisabledProxyView(t *testing.T) {
 		t.Errorf("after ready: %+v; want ready, no disabledUntil, no reason", v)
 	}
 }
+
+// The planner records the proxies it read from a pool's file with the
+// file: a recorded spec may hold both, a requested one may not.
+func TestRecordedFileWithItsProxies(t *testing.T) {
+	spec := externalPool("http://203.0.113.7:3128")
+	spec.External.File = "/etc/proxyfleet/bought.txt"
+	spec.Normalize()
+	if err := (&events.PoolAppliedData{Revision: 2, Spec: spec.Public()}).Validate(); err != nil {
+		t.Errorf("a recorded spec with a file and its proxies does not validate: %v", err)
+	}
+	if err := spec.Validate(); err == nil {
+		t.Error("a requested spec with a file and proxies validates")
+	}
+}

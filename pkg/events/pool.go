@@ -266,7 +266,7 @@ func (p *PoolSpec) validate(recorded bool) error {
 	if p.Placement != nil {
 		p.Placement.validate(&v, "placement", p.Provider)
 	}
-	p.validateExternal(&v)
+	p.validateExternal(&v, recorded)
 	if len(p.UserData) > MaxUserDataBytes {
 		v.Add("userData", "must be at most 64 KiB", fmt.Sprintf("%d bytes", len(p.UserData)))
 	}

@@ -165,8 +165,8 @@ func (f *File) Check(v *agentconfig.Error) {
 	seen := map[string]bool{}
 	for i, e := range f.Entries {
 		p := fmt.Sprintf("entries[%d]", i)
-		if !events.IsIdentifier(e.Name) {
-			v.Identifier(p+".name", e.Name)
+		if !events.IsIdentifier(e.Name) || e.Name == events.ProviderExternal {
+			v.Entry(p+".name", e.Name)
 		} else if seen[e.Name] {
 			v.Add(p+".name", "%q is used by an earlier entry", e.Name)
 		}

@@ -115,10 +115,15 @@ type banReport struct {
 type poolInfo struct {
 	user  string // the pool's auth username, "" for none
 	rules []ban.Rule
+	// external: the pool's proxies are external, each used with the
+	// credentials of its address (cred.external).
+	external bool
 }
 
 type cred struct {
 	password string
+	// external holds an external pool's credentials by proxy address.
+	external map[string]events.ProxyAuth
 	err      error
 }
 
@@ -181,10 +186,19 @@ func (f *Fleet) Known(pool string) bool {
 }
 
 // Credentials returns the basic-auth pair x demands: the user its
-// requested event named or its pool's, with the pool's password.
+// requested event named or its pool's, with the pool's password. A proxy
+// of an external pool is used with the credentials of its address, or
+// none when the pool lists it without.
 func (f *Fleet) Credentials(x route.Proxy) (string, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if p := f.pools[x.Pool]; p != nil && p.external {
+		c := f.creds[x.Pool]
+		if a, ok := c.external[x.Address]; ok {
+			return a.Username, a.Password, nil
+		}
+		return "", "", c.err
+	}
 	user := x.Username
 	if p := f.pools[x.Pool]; user == "" && p != nil {
 		user = p.user
@@ -441,7 +455,7 @@ func (f *Fleet) applyPool(e jetstream.KeyValueEntry) {
 		f.table.SetSpec(name, nil)
 		return
 	}
-	info := &poolInfo{}
+	info := &poolInfo{external: v.Spec.Provider == events.ProviderExternal}
 	if v.Spec.Auth != nil {
 		info.user = v.Spec.Auth.Username
 	}
@@ -482,12 +496,12 @@ func (f *Fleet) applyCred(e jetstream.KeyValueEntry) {
 		f.mu.Unlock()
 		return
 	}
-	pw, err := f.open(pool, e.Value())
+	s, err := f.open(pool, e.Value())
 	if err != nil {
 		f.log.Warn("the pool's proxy password does not open", "pool", pool, "err", err)
 	}
 	f.mu.Lock()
-	f.creds[pool] = cred{password: pw, err: err}
+	f.creds[pool] = cred{password: s.Password, external: s.External, err: err}
 	f.mu.Unlock()
 }
 
@@ -501,28 +515,31 @@ func (f *Fleet) resetCreds(seen map[string]bool) {
 	}
 }
 
-// open opens one pool's sealed password. Its errors never quote the box
-// or its content.
-func (f *Fleet) open(pool string, value []byte) (string, error) {
+// open opens one pool's sealed password (and an external pool's
+// credentials). Its errors never quote the box or its content.
+func (f *Fleet) open(pool string, value []byte) (events.ProbeSecret, error) {
+	var none events.ProbeSecret
 	var c events.ProbeCredential
 	if err := json.Unmarshal(value, &c); err != nil {
-		return "", errors.New("the sealed password does not decode")
+		return none, errors.New("the sealed password does not decode")
 	}
 	plain, err := seal.Open(f.cfg.Key, &c.Sealed)
 	if errors.Is(err, seal.ErrWrongKey) {
-		return "", fmt.Errorf("%w: it was sealed to another gateway key; give every gateway the same --key-file", err)
+		return none, fmt.Errorf("%w: it was sealed to another gateway key; give every gateway the same --key-file", err)
 	}
 	if err != nil {
-		return "", err
+		return none, err
 	}
 	var s events.ProbeSecret
-	if err := json.Unmarshal(plain, &s); err != nil {
-		return "", errors.New("the sealed password opened but does not decode")
+	err = json.Unmarshal(plain, &s)
+	clear(plain)
+	if err != nil {
+		return none, errors.New("the sealed password opened but does not decode")
 	}
 	if s.Pool != pool {
-		return "", fmt.Errorf("the password under %q was sealed for pool %q", pool, s.Pool)
+		return none, fmt.Errorf("the password under %q was sealed for pool %q", pool, s.Pool)
 	}
-	return s.Password, nil
+	return s, nil
 }
 
 // announceKey writes the gateway's public key under _recipient in

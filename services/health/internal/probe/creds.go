@@ -40,6 +40,11 @@ type credCache struct {
 type poolAuth struct {
 	user     string // from the pool spec
 	password string
+	// external holds an external pool's credentials by proxy address.
+	external map[string]events.ProxyAuth
+	// isExternal: the pool's provider is external; its proxies are probed
+	// with their address's credentials (or none), never the password.
+	isExternal bool
 	// noPassword says why there is no password, if there is none.
 	noPassword error
 	at         time.Time
@@ -51,9 +56,17 @@ func newCredCache(pools, creds jetstream.KeyValue, key nkeys.KeyPair, log *slog.
 
 // credentials returns the basic-auth pair of the proxy's pool, or nil when
 // the pool has no auth. The username comes from the requested event (or the
-// pool spec), the password from the pool's sealed probe credential.
+// pool spec), the password from the pool's sealed probe credential. An
+// external proxy (one placed on entry [events.ProviderExternal]) is probed
+// with the credentials of its address from that credential, or none.
 func (c *credCache) credentials(ctx context.Context, v projection.Proxy) *Credentials {
 	a := c.auth(ctx, v)
+	if a.isExternal || v.Entry == events.ProviderExternal {
+		if x, ok := a.external[v.Address]; ok {
+			return &Credentials{Username: x.Username, Password: x.Password}
+		}
+		return nil
+	}
 	user := v.Username
 	if user == "" {
 		user = a.user
@@ -78,8 +91,11 @@ func (c *credCache) auth(ctx context.Context, v projection.Proxy) poolAuth {
 		if json.Unmarshal(e.Value(), &pool) == nil && pool.Spec.Auth != nil {
 			a.user = pool.Spec.Auth.Username
 		}
+		a.isExternal = pool.Provider == events.ProviderExternal || pool.Spec.Provider == events.ProviderExternal
 	}
-	a.password, a.noPassword = c.password(ctx, v.Pool)
+	var s events.ProbeSecret
+	s, a.noPassword = c.secret(ctx, v.Pool)
+	a.password, a.external = s.Password, s.External
 	if a.noPassword != nil && (a.user != "" || v.Username != "") {
 		c.log.Warn("no password for the pool's proxies; probing without it", "pool", v.Pool, "err", a.noPassword)
 	}
@@ -91,30 +107,33 @@ func (c *credCache) auth(ctx context.Context, v projection.Proxy) poolAuth {
 	return a
 }
 
-// password opens the pool's probe credential. Its errors never quote the
+// secret opens the pool's probe credential. Its errors never quote the
 // box or its content.
-func (c *credCache) password(ctx context.Context, pool string) (string, error) {
+func (c *credCache) secret(ctx context.Context, pool string) (events.ProbeSecret, error) {
+	var none events.ProbeSecret
 	e, err := c.creds.Get(ctx, pool)
 	if err != nil {
-		return "", fmt.Errorf("no probe credential in %s (the planner seals one to this health's key once it sees the key): %w", bus.BucketProbeCreds, err)
+		return none, fmt.Errorf("no probe credential in %s (the planner seals one to this health's key once it sees the key): %w", bus.BucketProbeCreds, err)
 	}
 	var cred events.ProbeCredential
 	if err := json.Unmarshal(e.Value(), &cred); err != nil {
-		return "", errors.New("the probe credential does not decode")
+		return none, errors.New("the probe credential does not decode")
 	}
 	plain, err := seal.Open(c.key, &cred.Sealed)
 	if errors.Is(err, seal.ErrWrongKey) {
-		return "", fmt.Errorf("%w: health replicas with different keys take turns announcing theirs; give every replica the same --probe-key-file", err)
+		return none, fmt.Errorf("%w: health replicas with different keys take turns announcing theirs; give every replica the same --probe-key-file", err)
 	}
 	if err != nil {
-		return "", err
+		return none, err
 	}
 	var s events.ProbeSecret
-	if err := json.Unmarshal(plain, &s); err != nil {
-		return "", errors.New("the probe credential opened but does not decode")
+	err = json.Unmarshal(plain, &s)
+	clear(plain)
+	if err != nil {
+		return none, errors.New("the probe credential opened but does not decode")
 	}
 	if s.Pool != pool {
-		return "", fmt.Errorf("the probe credential under %q was sealed for pool %q", pool, s.Pool)
+		return none, fmt.Errorf("the probe credential under %q was sealed for pool %q", pool, s.Pool)
 	}
-	return s.Password, nil
+	return s, nil
 }

@@ -1,13 +1,15 @@
 // Package probe checks every proxy through itself: for each proxy of the
-// fleet-proxies view that has an address and is running, ready or
-// unhealthy, it sends a plain HTTP GET and a GET through a CONNECT tunnel to
-// an echo endpoint via the proxy, on a jittered schedule with bounded
+// fleet-proxies view that has an address and is running, ready, unhealthy
+// or disabled, it sends a plain HTTP GET and a GET through a CONNECT tunnel
+// to an echo endpoint via the proxy, on a jittered schedule with bounded
 // concurrency. Counters (latency, failure streak, last error, egress IP,
 // how many other proxies share that egress IP) go to the fleet-probes
-// bucket; only transitions (running|unhealthy → ready, ready → unhealthy)
-// are appended to the event log. A running proxy that fails its probes
-// stays running (it may still be booting); the planner's ready timeout
-// deals with one that never gets ready.
+// bucket; only transitions (running|unhealthy → ready, ready → unhealthy,
+// and disabled → ready once the disabled proxy's time has passed) are
+// appended to the event log. A running proxy that fails its probes stays
+// running (it may still be booting); the planner's ready timeout deals with
+// one that never gets ready. External proxies are probed with the
+// credentials of their address, sealed to health with the pool's.
 //
 // Each proxy has its own due time; a [scheduler] starts the probe due
 // earliest as soon as it is due and a slot is free.
@@ -545,7 +547,7 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 	var kind string
 	var data any
 	switch {
-	case res.OK() && (cur.State == events.ProxyRunning || cur.State == events.ProxyUnhealthy):
+	case res.OK() && (cur.State == events.ProxyRunning || cur.State == events.ProxyUnhealthy || returns(cur, now)):
 		kind = events.ProxyReady
 		data = events.ProxyReadyData{Address: cur.Address, LatencyMS: res.HTTPLatency.Milliseconds(), EgressIP: res.EgressIP}
 	case !res.OK() && t.streak >= p.cfg.UnhealthyAfter && cur.State == events.ProxyReady:
@@ -611,6 +613,13 @@ func (p *Prober) probe(runCtx context.Context, b buckets, id string, view projec
 		}
 		span.End()
 	}
+}
+
+// returns reports whether a good probe at now returns v to service: v is
+// a disabled (external) proxy whose time out of service has passed. A
+// disabled proxy stays disabled before its time, and on a failed probe.
+func returns(v projection.Proxy, now time.Time) bool {
+	return v.State == events.ProxyDisabled && !now.Before(v.DisabledUntil)
 }
 
 // jitter returns d scaled by a random factor in [0.8, 1.2).

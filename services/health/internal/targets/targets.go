@@ -107,6 +107,12 @@ func (c *Checker) CheckAll(ctx context.Context) error {
 			c.log.Warn("agent heartbeat does not decode; not checking it", "key", k)
 			continue
 		}
+		if hb.Entry == events.ProviderExternal {
+			// External proxies have no agent: the planner speaks for
+			// them, and no agent may serve that entry.
+			c.log.Warn("a heartbeat claims the entry of external proxies; not checking it (no agent may serve it)", "key", k, "target", hb.Target)
+			continue
+		}
 		live[agent.HeartbeatKey(hb.Entry, hb.Target)] = hb
 	}
 

@@ -70,6 +70,9 @@ func TestCheckAllRecordsEveryAgent(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	beat("kvm", "gone")
+	// External proxies have no agent: a heartbeat claiming their entry
+	// is not checked (nor recorded as a target that does not answer).
+	beat(events.ProviderExternal, "external")
 
 	out, err := c.JS.KeyValue(ctx, bus.BucketTargets)
 	if err != nil {
@@ -126,6 +129,9 @@ func TestCheckAllRecordsEveryAgent(t *testing.T) {
 	gone, _ := get("kvm.gone")
 	if !strings.Contains(gone.Error, "no agent answers") {
 		t.Fatalf("kvm.gone: got %+v, want a no-responders error", gone)
+	}
+	if r, found := get(agent.HeartbeatKey(events.ProviderExternal, "external")); found {
+		t.Fatalf("the external entry was checked as an agent's target: %+v", r)
 	}
 	if r, found := get("old.target"); found {
 		t.Fatalf("old.target still recorded: %+v", r)

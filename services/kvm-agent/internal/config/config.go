@@ -153,7 +153,7 @@ var (
 
 // Check adds every problem of the configuration to e.
 func (c *Config) Check(e *agentconfig.Error) {
-	e.Identifier("entry", c.Entry)
+	e.Entry("entry", c.Entry)
 	e.Identifier("target", c.Target)
 	e.Labels("labels", c.Labels)
 

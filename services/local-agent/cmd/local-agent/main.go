@@ -63,6 +63,8 @@ func run(args []string, stderr io.Writer) int {
 	var problems []error
 	if fe := events.CheckIdentifier("entry", *entry); fe != nil {
 		problems = append(problems, fmt.Errorf("--entry: %w", fe))
+	} else if *entry == events.ProviderExternal {
+		problems = append(problems, fmt.Errorf("--entry: %q is reserved for external pools, whose proxies no agent serves; name the entry otherwise", *entry))
 	}
 	if fe := events.CheckIdentifier("target", *target); fe != nil {
 		problems = append(problems, fmt.Errorf("--target: %w", fe))

@@ -16,6 +16,7 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/embedded"
+	"proxyfleet/pkg/egress"
 	"proxyfleet/pkg/replica"
 	"proxyfleet/pkg/rungroup"
 	"proxyfleet/pkg/service"
@@ -31,6 +32,11 @@ It answers the operator API as the NATS micro service "fleet-planner":
                           (optional: targets, image, profile, port, auth,
                           userData, maxAge "72h", unhealthyAfter "2m",
                           egress, gateway, autoscale)
+                          {"name":"bought","provider":"external",
+                           "external":{"proxies":[{"url":"http://u:p@host:3128"}]}}
+                          (proxies proxyfleet does not create: listed by
+                          URL, or in external.file, which the leader
+                          watches; --external-allow-cidrs)
   fleet.api.pool.get      {"name":"demo"}
   fleet.api.pool.list     {}                       (a page: limit, after)
   fleet.api.pool.delete   {"name":"demo"}
@@ -135,6 +141,10 @@ func run() int {
 		"write a snapshot once the event log advanced this many sequences past the last one (-1: never by count)")
 	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", 10*time.Minute,
 		"write a snapshot at least this often while events arrive (-1s: never by time)")
+	fs.DurationVar(&cfg.ExternalFileInterval, "external-file-interval", 5*time.Second,
+		"how often the leader reads the files of external pools (external.file); a change becomes a new revision of the pool")
+	allow := fs.String("external-allow-cidrs", "",
+		"comma-separated ranges (CIDRs or addresses) where external pools' upstream proxies may be although the egress policy refuses them (loopback, private, ...); by default such an address is refused at apply")
 	id := fs.String("id", "", "replica id in the leader lease and its terms (default <hostname>-<pid>)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -147,6 +157,17 @@ func run() int {
 		return 2
 	}
 	cfg.ID = *id
+	for s := range strings.SplitSeq(*allow, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		pr, err := egress.ParseCIDR(s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "planner: --external-allow-cidrs %q %v\n", s, err)
+			return 2
+		}
+		cfg.ExternalAllowCIDRs = append(cfg.ExternalAllowCIDRs, pr)
+	}
 	if cfg.ID == "" {
 		cfg.ID = replica.ID("planner", replica.PID())
 	}

@@ -39,7 +39,8 @@ func (s *Server) poolApply(ctx context.Context, body []byte) (any, *api.APIError
 // default, not refused as the out-of-range value it is).
 func presence(spec *events.PoolSpec, present map[string]bool) []events.FieldError {
 	var v events.ValidationError
-	if !present["size"] {
+	if !present["size"] && spec.Provider != events.ProviderExternal {
+		// (An external pool's size is its list's length.)
 		// encoding/json would leave it 0: a re-apply that forgot the size
 		// must not empty the pool.
 		v.Add("size", "is required (send 0 to empty the pool)", "")

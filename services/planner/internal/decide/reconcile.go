@@ -48,6 +48,16 @@ func (k Kind) String() string {
 		return "recreate"
 	case Fail:
 		return "fail"
+	case List:
+		return "list"
+	case Run:
+		return "run"
+	case Unlist:
+		return "unlist"
+	case Forget:
+		return "forget"
+	case Disable:
+		return "disable"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -71,6 +81,10 @@ type Decision struct {
 	// Note, when set, is worth a log line of its own when the decision is
 	// stored.
 	Note string
+	// Listed is the listed proxy a List or Run records (external pools).
+	Listed Listed
+	// Until is when a Disable ends.
+	Until time.Time
 }
 
 // Input is one pool's view for one round.

@@ -47,6 +47,9 @@ func (b backend) poolCopy(name string) (Pool, bool) {
 // event is then not recorded, the secrets the pool had are put back, so a
 // refused or failed apply leaves nothing behind.
 func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.PoolView, aerr *api.APIError) {
+	if aerr := b.expandExternal(ctx, &spec); aerr != nil {
+		return api.PoolView{}, aerr
+	}
 	pub, sec := spec.Public(), spec.Secrets()
 	digest := sec.Digest(b.secrets.digestKey)
 	pubJSON, _ := json.Marshal(pub)

@@ -41,6 +41,14 @@ func (b backend) Retire(ctx context.Context, id string, r apiserver.Retirement) 
 		if aerr != nil || done(x) {
 			return x.ProxyView, aerr
 		}
+		if externalOf(x) {
+			// Nothing can replace an external proxy: a ban disables it,
+			// anything else is refused.
+			if r.Replace {
+				return b.disableBanned(ctx, id, r.Reason)
+			}
+			return events.ProxyView{}, errExternalNotReplaced(id)
+		}
 		var u *unit
 		var lerr *api.APIError
 		if aerr := b.asLeader(ctx, func(ctx context.Context, rc *reconciler, f *flight) {
@@ -107,6 +115,9 @@ func (b backend) Retire(ctx context.Context, id string, r apiserver.Retirement) 
 func (b backend) Recycle(ctx context.Context, id string) (events.ProxyView, *api.APIError) {
 	for range maxConflictRetries {
 		x, aerr := b.lookupProxy(ctx, id)
+		if aerr == nil && externalOf(x) {
+			return events.ProxyView{}, errExternalNotReplaced(id)
+		}
 		if aerr != nil || !decide.IsActive(x.State) {
 			return x.ProxyView, aerr
 		}

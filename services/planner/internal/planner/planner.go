@@ -25,6 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -123,6 +125,17 @@ type Config struct {
 	// which size the pools with autoscale by the gateways' demand
 	// (default 2s, the gateways' report interval). See autoscale.go.
 	AutoscaleInterval time.Duration
+	// ExternalAllowCIDRs are ranges the upstream proxies of external
+	// pools may be in although the egress policy refuses them (loopback,
+	// private, …): an operator's setting (--external-allow-cidrs).
+	ExternalAllowCIDRs []netip.Prefix
+	// Resolver resolves the hostnames of external proxies at apply, each
+	// address checked against the egress policy (default
+	// net.DefaultResolver).
+	Resolver Resolver
+	// ExternalFileInterval is how often the leader reads the files of
+	// external pools that name one (default 5s). See external.go.
+	ExternalFileInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -143,6 +156,10 @@ func (c *Config) defaults() {
 	def(&c.GCGrace, 10*time.Minute)
 	def(&c.InventoryTimeout, 10*time.Second)
 	def(&c.AutoscaleInterval, 2*time.Second)
+	def(&c.ExternalFileInterval, 5*time.Second)
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
 	if c.KeepFinished == 0 {
 		c.KeepFinished = defaultKeepFinished
 	}
@@ -216,6 +233,12 @@ type Planner struct {
 	snap *snapshots
 	// api serves the operator API over backend{p}.
 	api *apiserver.Server
+	// extObserver appends the observations of external proxies, as the
+	// agent of entry and target external (external.go).
+	extObserver *bus.EventStore
+	// cooldowns is fleet-gateway-cooldowns, read for the conditions of
+	// external pools; nil when it cannot be opened. Set by Run.
+	cooldowns jetstream.KeyValue
 
 	fp failpoints // test failpoints; empty in normal builds
 }
@@ -321,6 +344,7 @@ func New(conn *bus.Conn, cfg Config, log *slog.Logger, tracer trace.Tracer, mete
 		lease:   leaseState{deposed: make(chan *leadership, 1)},
 	}
 	p.snap = &snapshots{Planner: p, kick: make(chan struct{}, 1)}
+	p.extObserver = p.externalObserver()
 	if p.api, err = apiserver.New(backend{p}, conn.NC, apiserver.Config{ID: cfg.ID, Log: log, Tracer: tracer, Meter: m.meter, Buckets: durationBuckets}); err != nil {
 		return nil, fmt.Errorf("planner API: %w", err)
 	}
@@ -362,6 +386,7 @@ func (p *Planner) Run(ctx context.Context) error {
 		return err
 	}
 	p.lease.kv = leaseKV
+	p.cooldowns = p.openCooldowns(ctx)
 	gauges, err := p.registerGauges()
 	if err != nil {
 		return fmt.Errorf("planner metrics: %w", err)

@@ -153,7 +153,7 @@ func (c *credentials) syncProbeCred(ctx context.Context, r *credReader, pool, to
 	if err := json.Unmarshal(e.Value(), &s); err != nil {
 		return // poolSecrets reports it
 	}
-	if s.Password == "" {
+	if s.Password == "" && len(s.External) == 0 {
 		if err := r.kv.Purge(ctx, pool); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			c.log.Warn("remove the credential of a pool without password", "reader", r.name, "pool", pool, "err", err)
 		}
@@ -165,7 +165,7 @@ func (c *credentials) syncProbeCred(ctx context.Context, r *credReader, pool, to
 			return
 		}
 	}
-	plain, _ := json.Marshal(events.ProbeSecret{Pool: pool, Password: s.Password})
+	plain, _ := json.Marshal(events.ProbeSecret{Pool: pool, Password: s.Password, External: s.External})
 	box, err := seal.Seal(plain, to)
 	clear(plain)
 	if err != nil {

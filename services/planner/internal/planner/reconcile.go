@@ -244,6 +244,9 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 	defer t.Stop()
 	scale := time.NewTicker(rc.cfg.AutoscaleInterval)
 	defer scale.Stop()
+	files := time.NewTicker(rc.cfg.ExternalFileInterval)
+	defer files.Stop()
+	rc.watchFiles(ctx)
 	for {
 		took := rc.reconcile(ctx)
 		select {
@@ -254,6 +257,8 @@ func (rc *reconciler) reconcileLoop(ctx context.Context) {
 			rc.rest(ctx, took)
 		case <-scale.C:
 			rc.autoscale(ctx)
+		case <-files.C:
+			rc.watchFiles(ctx)
 		case in := <-inv:
 			rc.collectGarbage(ctx, in)
 		case j := <-rc.l.jobs:
@@ -275,6 +280,8 @@ func (rc *reconciler) recoverCommands(ctx context.Context) {
 		for _, m := range ps.members {
 			x := r.byID[m.ID]
 			switch {
+			case externalOf(x):
+				// No command is ever sent for an external proxy.
 			case x.State == events.ProxyRequested:
 				sec, ok := rc.poolSecrets(ctx, r, ps.pool)
 				if !ok {
@@ -402,6 +409,9 @@ func (rc *reconciler) flushOutbox(ctx context.Context, r *round, f *flight) {
 // again if no event touches it.
 func (rc *reconciler) reconcilePool(ctx context.Context, r *round, ps poolSnap, f *flight) decide.When {
 	pool := ps.pool
+	if decide.IsExternal(&pool.Pool) {
+		return rc.reconcileExternal(ctx, r, ps, f)
+	}
 	pctx := rc.poolCtx(ctx, pool)
 	in := &decide.Input{
 		Now: r.now, AgeNow: rc.ageNow(), Config: rc.rules, Pool: pool.Pool, Members: ps.members,
@@ -440,6 +450,12 @@ func (rc *reconciler) applyPlan(pctx context.Context, r *round, f *flight, pool 
 			if y, ok := r.byID[d.CausedBy]; ok && y.traceparent != "" {
 				ctx = causedBy(pctx, y.traceparent)
 			}
+		}
+		if externalOf(x) && d.Kind != decide.Create {
+			// A proxy left from before the pool stopped being external:
+			// it is forgotten as the external agent, never sent a command.
+			rc.forgetExternal(ctx, f, x, d.Reason)
+			continue
 		}
 		if d.Note != "" && d.Kind != decide.Create {
 			rc.log.InfoContext(ctx, d.Note, "pool", pool.Name, "proxy", x.ID, "unhealthySince", x.UnhealthySince,

@@ -43,6 +43,9 @@ type reconciler struct {
 	// traced is, per pool, the traceparent of the last request whose
 	// trace a round continued (see tracing.go).
 	traced map[string]string
+	// fileErrs is, per external pool whose file does not read, why (its
+	// Placed condition says it).
+	fileErrs map[string]string
 }
 
 // newReconciler returns the reconciler of term l.
@@ -58,5 +61,6 @@ func newReconciler(p *Planner, l *leadership) *reconciler {
 		orphanSince:  map[orphanKey]time.Time{},
 		missingSince: map[string]missing{},
 		lowDemand:    map[string]decide.LowDemand{},
+		fileErrs:     map[string]string{},
 	}
 }

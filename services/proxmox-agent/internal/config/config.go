@@ -119,7 +119,7 @@ var (
 
 // Check adds every problem of the configuration to e.
 func (c *Config) Check(e *agentconfig.Error) {
-	e.Identifier("entry", c.Entry)
+	e.Entry("entry", c.Entry)
 	e.Identifier("cluster", c.Cluster)
 	if c.APIURL == "" {
 		e.Add("apiURL", "is required (https://<node address>:8006)")

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -157,17 +158,12 @@ func run() int {
 		return 2
 	}
 	cfg.ID = *id
-	for s := range strings.SplitSeq(*allow, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		pr, err := egress.ParseCIDR(s)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "planner: --external-allow-cidrs %q %v\n", s, err)
-			return 2
-		}
-		cfg.ExternalAllowCIDRs = append(cfg.ExternalAllowCIDRs, pr)
+	allowed, err := parseAllowCIDRs(*allow)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "planner: --external-allow-cidrs: %v\n", err)
+		return 2
 	}
+	cfg.ExternalAllowCIDRs = allowed
 	if cfg.ID == "" {
 		cfg.ID = replica.ID("planner", replica.PID())
 	}
@@ -194,6 +190,23 @@ func run() int {
 	}
 	base.Log.Info("planner stopped")
 	return 0
+}
+
+// parseAllowCIDRs parses --external-allow-cidrs: comma-separated ranges
+// or single addresses ("" is none).
+func parseAllowCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for v := range strings.SplitSeq(s, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		pr, err := egress.ParseCIDR(v)
+		if err != nil {
+			return nil, fmt.Errorf("%q %w", v, err)
+		}
+		out = append(out, pr)
+	}
+	return out, nil
 }
 
 // agentList is the repeatable --agent flag.

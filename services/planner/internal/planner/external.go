@@ -60,11 +60,11 @@ func (rc *reconciler) reconcileExternal(ctx context.Context, r *round, ps poolSn
 		case decide.List:
 			rc.listExternal(pctx, f, pool, d.Listed)
 		case decide.Run:
-			rc.observeExternal(pctx, x.ID, x.Pool, events.ProxyRunning, events.ProxyRunningData{Address: d.Listed.Address, Attempt: 1}, x.LastSeq)
+			rc.observeExternal(pctx, x.ID, x.Pool, events.ProxyRunning, 1, events.ProxyRunningData{Address: d.Listed.Address, Attempt: 1}, x.LastSeq)
 		case decide.Unlist:
 			rc.unlistExternal(pctx, f, x, d.Reason)
 		case decide.Forget:
-			rc.observeExternal(pctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
+			rc.observeExternal(pctx, x.ID, x.Pool, events.ProxyDeleted, max(x.DeleteAttempt, 1), events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
 		case decide.Disable:
 			rc.disableExternal(pctx, f, x, d.Until, d.Reason)
 		case decide.Retire:
@@ -98,7 +98,7 @@ func (rc *reconciler) listExternal(ctx context.Context, f *flight, pool Pool, l 
 		[]bus.Decision{{Type: events.ProxyRequested, MsgID: req.msgID, Data: req.data}},
 		append(req.logArgs(), "address", l.Address),
 		func(ctx context.Context, seq uint64) {
-			rc.observeExternal(ctx, req.id, pool.Name, events.ProxyRunning, events.ProxyRunningData{Address: l.Address, Attempt: 1}, seq)
+			rc.observeExternal(ctx, req.id, pool.Name, events.ProxyRunning, 1, events.ProxyRunningData{Address: l.Address, Attempt: 1}, seq)
 		})
 }
 
@@ -108,7 +108,7 @@ func (rc *reconciler) listExternal(ctx context.Context, f *flight, pool Pool, l 
 func (rc *reconciler) unlistExternal(ctx context.Context, f *flight, x Proxy, reason string) {
 	d := events.ProxyRetiringData{Reason: reason}
 	rc.decide(ctx, f, x, events.ProxyRetiring, decisionID(x.ID, events.ProxyRetiring, x.LastSeq, d), d, func(ctx context.Context, seq uint64) {
-		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: x.DeleteAttempt + 1}, seq)
+		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, x.DeleteAttempt+1, events.ProxyDeletedData{Attempt: x.DeleteAttempt + 1}, seq)
 	})
 }
 
@@ -119,7 +119,7 @@ func (rc *reconciler) unlistExternal(ctx context.Context, f *flight, x Proxy, re
 func (rc *reconciler) forgetExternal(ctx context.Context, f *flight, x Proxy, reason string) {
 	switch x.State {
 	case events.ProxyRetiring:
-		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
+		rc.observeExternal(ctx, x.ID, x.Pool, events.ProxyDeleted, max(x.DeleteAttempt, 1), events.ProxyDeletedData{Attempt: max(x.DeleteAttempt, 1)}, x.LastSeq)
 	default:
 		if reason == "" {
 			reason = "the pool is no longer external"
@@ -136,15 +136,11 @@ func (rc *reconciler) disableExternal(ctx context.Context, f *flight, x Proxy, u
 }
 
 // observeExternal appends, as the external agent, the observation typ of
-// proxy id expecting its last sequence seq. Its id is the agent's for the
-// attempt, so a repeat after a crash is recognised; a conflict (the proxy
+// proxy id expecting its last sequence seq. Its id is the agent's for
+// attempt (of the create, or of the delete), so a repeat after a crash is recognised; a conflict (the proxy
 // moved on) leaves it to the next round.
-func (rc *reconciler) observeExternal(ctx context.Context, id, pool, typ string, data any, seq uint64) {
-	attempt := uint64(1)
-	if d, ok := data.(events.ProxyDeletedData); ok && d.Attempt > 0 {
-		attempt = uint64(d.Attempt)
-	}
-	got, err := rc.extObserver.Append(ctx, events.AggregateProxy, id, typ, events.ProxyEventID(id, typ, attempt), data, &bus.Expect{Seq: seq})
+func (rc *reconciler) observeExternal(ctx context.Context, id, pool, typ string, attempt int, data any, seq uint64) {
+	got, err := rc.extObserver.Append(ctx, events.AggregateProxy, id, typ, events.ProxyEventID(id, typ, uint64(max(attempt, 1))), data, &bus.Expect{Seq: seq})
 	if err != nil {
 		if ctx.Err() == nil && !errors.Is(err, bus.ErrConflict) {
 			rc.log.WarnContext(ctx, "record an external proxy's observation; the next round tries again", "proxy", id, "pool", pool, "type", typ, "err", err)

@@ -30,6 +30,7 @@ import (
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // The upgrade tier (make test-upgrade, docs/upgrading.md): a fleet of the
@@ -249,16 +250,29 @@ func (u *upgradeFleet) serviceVersions() map[string][]string {
 		u.t.Fatal(err)
 	}
 	out := map[string][]string{}
+	seen := map[string]bool{}
 	for {
 		m, err := sub.NextMsg(time.Second)
 		if err != nil {
 			break
 		}
 		var info struct {
-			Name    string `json:"name"`
-			Version string `json:"version"`
+			Name     string            `json:"name"`
+			ID       string            `json:"id"`
+			Version  string            `json:"version"`
+			Metadata map[string]string `json:"metadata"`
 		}
-		if json.Unmarshal(m.Data, &info) == nil {
+		if json.Unmarshal(m.Data, &info) != nil {
+			continue
+		}
+		// A planner replica answers once as a replica and, while it
+		// leads, once more as the leader: count it once.
+		key := info.Name + "/" + info.ID
+		if r := info.Metadata["replica"]; r != "" {
+			key = info.Name + "/replica/" + r
+		}
+		if !seen[key] {
+			seen[key] = true
 			out[info.Name] = append(out[info.Name], info.Version)
 		}
 	}
@@ -274,10 +288,12 @@ func (u *upgradeFleet) waitVersions(name string, want ...string) {
 	u.t.Helper()
 	sort.Strings(want)
 	var got map[string][]string
-	waitFor(u.t, 60*time.Second, fmt.Sprintf("%s instances of versions %v", name, want), func() bool {
+	if testwait.For(testwait.Context(u.t, 60*time.Second), func() bool {
 		got = u.serviceVersions()
 		return slices.Equal(got[name], want)
-	})
+	}) != nil {
+		u.t.Fatalf("timed out waiting for %s instances of versions %v; the services announce %v", name, want, got)
+	}
 }
 
 // proxyDecisions counts the planner's requested and retiring events on

@@ -68,6 +68,7 @@ BUILD_TAGS := grpcnotrace
 .PHONY: $(addprefix build-,$(SERVICES))
 $(addprefix build-,$(SERVICES)): build-%:
 	@mkdir -p $(BIN)
+	@if [ -z "$(VERSION)" ]; then echo "no VERSION: scripts/version.sh failed (see above; RELEASES, docs/upgrading.md)"; exit 1; fi
 	@echo "go build $*"; cd services/$* && $(GO) build -tags "$(BUILD_TAGS)" -ldflags "-X proxyfleet/pkg/buildinfo.Version=$(VERSION)" -o $(BIN)/$* ./cmd/$*
 
 # The pinned nats CLI is built once per machine into a cache outside the

@@ -136,7 +136,6 @@ type upgradeFleet struct {
 
 func newUpgradeFleet(t *testing.T, bins ...releaseBins) *upgradeFleet {
 	t.Helper()
-	needBinaries(t)
 	u := &upgradeFleet{url: startNATSServer(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -401,7 +400,8 @@ func (tr *traffic) end() {
 // client; each service is then replaced by the current tree's, one at a
 // time, with both versions running side by side for a while after each
 // step. No request fails beyond its one retry, no proxy is created or
-// retired, and the views equal a rebuild from the log afterwards.
+// retired (the same ids, the same processes, no requested or retiring
+// event), and the views equal a rebuild from the log afterwards.
 func TestUpgradeRolling(t *testing.T) {
 	prev := prevRelease(t)
 	cur := currentRelease(t)
@@ -431,6 +431,10 @@ func TestUpgradeRolling(t *testing.T) {
 		return tr.once(0) == nil && tr.once(1) == nil
 	})
 	ids := u.readyIDs(pool)
+	pids := map[string]int{}
+	for _, id := range ids {
+		pids[id] = u.statePID(id)
+	}
 	decisions := u.proxyDecisions()
 	tr.run(2, 20*time.Millisecond)
 	time.Sleep(hold)
@@ -498,6 +502,11 @@ func TestUpgradeRolling(t *testing.T) {
 	}
 	if after := u.readyIDs(pool); !slices.Equal(after, ids) {
 		t.Errorf("the pool's proxies changed during the upgrade: before %v, after %v", ids, after)
+	}
+	for _, id := range ids {
+		if pid := u.statePID(id); pid != pids[id] || syscall.Kill(pid, 0) != nil {
+			t.Errorf("proxy %s: its process %d was replaced by %d, or is gone, during the upgrade", id, pids[id], pid)
+		}
 	}
 	if d := u.proxyDecisions(); d != decisions {
 		t.Errorf("the planner created or retired %d proxies during the upgrade; want none", d-decisions)

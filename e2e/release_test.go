@@ -87,8 +87,9 @@ func TestReleases(t *testing.T) {
 	if rs[0].Version != "0.1.0" {
 		t.Fatalf("the first release is %s, want 0.1.0", rs[0].Version)
 	}
-	if err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Run(); err != nil {
-		t.Logf("no git history at hand: the releases' commits are not checked")
+	shallow, err := exec.Command("git", "-C", root, "rev-parse", "--is-shallow-repository").Output()
+	if err != nil || strings.TrimSpace(string(shallow)) != "false" {
+		t.Logf("no whole git history at hand (%v, shallow %q): the releases' commits are not checked", err, shallow)
 		return
 	}
 	for _, r := range rs {

@@ -50,9 +50,11 @@ RUN_SERVICES := planner health local-agent gateway
 .PHONY: build
 build: $(addprefix build-,$(SERVICES)) ## build every service binary into ./bin
 
-# VERSION is what every service announces (semver: the release and the
-# commit as build metadata).
-VERSION ?= $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && echo 0.1.0+$$c || echo 0.1.0)
+# VERSION is what every service announces (semver), derived from RELEASES
+# by scripts/version.sh: a release's commit is its version (0.1.0), any
+# other the next minor's pre-release with the commit (0.2.0-dev+<commit>);
+# each binary's --version prints it (docs/upgrading.md).
+VERSION ?= $(shell ./scripts/version.sh)
 
 # BUILD_TAGS are the build tags of every service binary. grpcnotrace keeps
 # golang.org/x/net/trace out (gRPC arrives with the OTLP exporters and the
@@ -66,6 +68,7 @@ BUILD_TAGS := grpcnotrace
 .PHONY: $(addprefix build-,$(SERVICES))
 $(addprefix build-,$(SERVICES)): build-%:
 	@mkdir -p $(BIN)
+	@if [ -z "$(VERSION)" ]; then echo "no VERSION: scripts/version.sh failed (see above; RELEASES, docs/upgrading.md)"; exit 1; fi
 	@echo "go build $*"; cd services/$* && $(GO) build -tags "$(BUILD_TAGS)" -ldflags "-X proxyfleet/pkg/buildinfo.Version=$(VERSION)" -o $(BIN)/$* ./cmd/$*
 
 # The pinned nats CLI is built once per machine into a cache outside the

@@ -92,6 +92,7 @@ func (f *Flags) Register(fs *flag.FlagSet, service string) {
 		"serve Prometheus metrics at http://<addr>/metrics (e.g. 127.0.0.1:9464); empty disables")
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "",
 		"write a CPU profile of this process (runtime/pprof; read it with go tool pprof) to this file, from the end of start-up until the process stops; empty: none (docs/performance.md)")
+	registerVersion(fs, service)
 	fs.BoolVar(&f.EnsureTopology, "ensure-topology", true,
 		"create or update the streams, buckets and this service's durable consumers at start; false binds the existing ones, created beforehand by `planner bootstrap` (deploy/nats)")
 }

@@ -1,0 +1,118 @@
+package bustest
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"proxyfleet/pkg/bus"
+)
+
+// GoldenMsg is one FLEET_EVENTS message of a golden event log: what a
+// release wrote, kept in pkg/events/testdata/golden-<version>/events.json
+// (make golden-log, docs/upgrading.md) and replayed by every later version.
+type GoldenMsg struct {
+	Seq     uint64          `json:"seq"`
+	Subject string          `json:"subject"`
+	Header  nats.Header     `json:"header,omitempty"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// Golden is a release's golden event log and the views that release
+// projected from it (views.json: bucket → key → value).
+type Golden struct {
+	Version string
+	Msgs    []GoldenMsg
+	Views   map[string]map[string]json.RawMessage
+}
+
+// GoldenDir is the directory of release version's golden log.
+func GoldenDir(version string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "events", "testdata", "golden-"+version)
+}
+
+// ReadGolden reads release version's golden log.
+func ReadGolden(t testing.TB, version string) Golden {
+	t.Helper()
+	g := Golden{Version: version}
+	dir := GoldenDir(version)
+	for name, into := range map[string]any{"events.json": &g.Msgs, "views.json": &g.Views} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("golden log %s: %v", version, err)
+		}
+		if err := json.Unmarshal(b, into); err != nil {
+			t.Fatalf("golden log %s: %s: %v", version, name, err)
+		}
+	}
+	if len(g.Msgs) == 0 {
+		t.Fatalf("golden log %s holds no event", version)
+	}
+	return g
+}
+
+// Load appends the golden log to c's FLEET_EVENTS, which must be empty,
+// each message at the sequence it had (a sequence the release's stream no
+// longer held, such as an expired fence, is left a gap) with its subject,
+// data and headers. Of the server's headers (Nats-*) only Nats-Msg-Id is
+// sent again: the others made the release's writes conditional or atomic
+// batches on that stream (Nats-Expected-*, Nats-Batch-*), would let a
+// fence expire during the test (Nats-TTL), or were added by the read
+// (Nats-Sequence, ...).
+func (g Golden) Load(t testing.TB, c *bus.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := c.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, gaps := uint64(1), 0
+	for _, m := range g.Msgs {
+		for ; next < m.Seq; next++ {
+			// A gap: a filler that expires on its own, as the release's
+			// fence messages did (the stream denies deletes).
+			gap := &nats.Msg{Subject: "fleet.evt.golden.gap", Data: []byte("{}"), Header: nats.Header{"Nats-TTL": []string{"1s"}}}
+			if _, err := c.JS.PublishMsg(ctx, gap); err != nil {
+				t.Fatalf("golden log %s: fill gap %d: %v", g.Version, next, err)
+			}
+			gaps++
+		}
+		msg := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
+		for k, v := range m.Header {
+			if !strings.HasPrefix(k, "Nats-") || k == "Nats-Msg-Id" {
+				msg.Header[k] = v
+			}
+		}
+		ack, err := c.JS.PublishMsg(ctx, msg)
+		if err != nil {
+			t.Fatalf("golden log %s: append %d (%s): %v", g.Version, m.Seq, m.Subject, err)
+		}
+		if ack.Sequence != m.Seq || ack.Duplicate {
+			t.Fatalf("golden log %s: %s stored at %d (duplicate %v), want %d", g.Version, m.Subject, ack.Sequence, ack.Duplicate, m.Seq)
+		}
+		next = m.Seq + 1
+	}
+	// The fillers expire before anything reads the log.
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == uint64(len(g.Msgs)) {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("golden log %s: %d of %d gap fillers still in the stream", g.Version, int(info.State.Msgs)-len(g.Msgs), gaps)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

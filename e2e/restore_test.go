@@ -290,11 +290,17 @@ func TestRestoreAfterLosingTheServersDisk(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(keys, "admin.nk"), []byte("SUAEXAMPLESEEDFORTHETEST"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := script(t, cli, srvA.url, "backup.sh", "--keys", keys, backupDir)
+	probeKey := filepath.Join(rf.dir, "health", "probe.xk")
+	gatewayKey := filepath.Join(rf.dir, "gateway-1", "gateway.xk")
+	out, err := script(t, cli, srvA.url, "backup.sh", "--keys", keys, "--keys", probeKey, "--keys", gatewayKey, backupDir)
 	if err != nil {
 		t.Fatalf("backup.sh: %v\n%s", err, out)
 	}
 	t.Logf("backup.sh:\n%s", out)
+	if list, err := exec.Command("tar", "-tf", filepath.Join(backupDir, "keys.tar")).CombinedOutput(); err != nil ||
+		!strings.Contains(string(list), filepath.Base(keys)+"/admin.nk") || !strings.Contains(string(list), "probe.xk") || !strings.Contains(string(list), "gateway.xk") {
+		t.Errorf("keys.tar: %v; want the secrets directory, probe.xk and gateway.xk:\n%s", err, list)
+	}
 	var rp recoveryPoint
 	if b, err := os.ReadFile(filepath.Join(backupDir, "recovery-point.json")); err != nil || json.Unmarshal(b, &rp) != nil {
 		t.Fatalf("recovery-point.json: %v\n%s", err, b)

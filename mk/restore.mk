@@ -1,4 +1,4 @@
-# Backup and restore (docs/backup.md). `make backup DIR=... [KEYS=...]` and
+# Backup and restore (docs/backup.md). `make backup DIR=... [KEYS="..."]` and
 # `make restore DIR=... [REPLICAS=N]` run scripts/backup.sh and
 # scripts/restore.sh with the pinned nats CLI; the connection and identity
 # come from the environment as for the nats CLI (NATS_URL, NATS_NKEY or
@@ -12,9 +12,9 @@
 # views and serve again. It prints the recovery point and the recovery time.
 
 .PHONY: backup
-backup: $(BIN)/nats ## back up every stream, bucket and object store (and KEYS=deploy secrets dir) of a running fleet into DIR (docs/backup.md)
-	@if [ -z "$(DIR)" ]; then echo "usage: make backup DIR=<new directory> [KEYS=<deploy secrets directory>]"; exit 2; fi
-	@NATS_CLI=$(BIN)/nats ./scripts/backup.sh $(if $(KEYS),--keys "$(KEYS)") "$(DIR)"
+backup: $(BIN)/nats ## back up every stream, bucket and object store of a running fleet into DIR, with KEYS="paths" (deploy secrets, probe.xk, gateway.xk) (docs/backup.md)
+	@if [ -z "$(DIR)" ]; then echo "usage: make backup DIR=<new directory> [KEYS=\"<deploy secrets dir> <probe.xk> <gateway.xk> ...\"]"; exit 2; fi
+	@NATS_CLI=$(BIN)/nats ./scripts/backup.sh $(foreach k,$(KEYS),--keys "$(k)") "$(DIR)"
 
 .PHONY: restore
 restore: $(BIN)/nats ## restore the backup in DIR into a fresh NATS server ([REPLICAS=N]; docs/backup.md)

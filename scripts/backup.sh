@@ -3,9 +3,14 @@
 # every JetStream stream of the account — FLEET_EVENTS, FLEET_CMDS, the
 # gateways' request log, every KV_* bucket and the OBJ_* object store —
 # with its durable consumers, through the pinned nats CLI's stream
-# snapshots, and, with --keys, the deploy secrets directory.
+# snapshots, and, with --keys, the keys that live outside NATS.
 #
-#   scripts/backup.sh [--keys SECRETS_DIR] BACKUP_DIR
+#   scripts/backup.sh [--keys PATH]... BACKUP_DIR
+#
+# --keys (repeatable) adds a file or directory to keys.tar under its base
+# name: the make deploy-secrets directory (nkeys, accounts.conf, TLS),
+# health's probe.xk and the gateway's gateway.xk (the gateway CA's key in
+# fleet-gateway-ca is sealed to it), the agents' key directories.
 #
 # The connection and the identity are the nats CLI's: NATS_URL and
 # NATS_NKEY (or NATS_CREDS, NATS_USER/NATS_PASSWORD), NATS_CA for TLS. The
@@ -27,16 +32,16 @@
 set -euo pipefail
 
 usage() {
-	echo "usage: $0 [--keys SECRETS_DIR] BACKUP_DIR   (NATS_URL and the nats CLI's credentials from the environment)" >&2
+	echo "usage: $0 [--keys PATH]... BACKUP_DIR   (NATS_URL and the nats CLI's credentials from the environment)" >&2
 	exit 2
 }
 
-keys=""
+keys=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--keys)
 		[ $# -ge 2 ] || usage
-		keys=$2
+		keys+=("$2")
 		shift 2
 		;;
 	-h | --help) usage ;;
@@ -58,10 +63,15 @@ if [ -e "$dest" ]; then
 	echo "backup: $dest exists: give a new directory (nothing was written)" >&2
 	exit 1
 fi
-if [ -n "$keys" ] && [ ! -d "$keys" ]; then
-	echo "backup: --keys: $keys is not a directory (the one make deploy-secrets wrote)" >&2
-	exit 1
-fi
+tarargs=()
+for k in "${keys[@]}"; do
+	if [ ! -e "$k" ]; then
+		echo "backup: --keys: $k does not exist (nothing was written)" >&2
+		exit 1
+	fi
+	k=$(cd "$(dirname "$k")" && pwd)/$(basename "$k")
+	tarargs+=(-C "$(dirname "$k")" "$(basename "$k")")
+done
 
 streams=$("$cli" stream ls --names) || { echo "backup: cannot list the streams (NATS_URL, credentials?)" >&2; exit 1; }
 if ! grep -qx FLEET_EVENTS <<<"$streams"; then
@@ -90,12 +100,12 @@ for s in $ordered; do
 done
 finished=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 
-if [ -n "$keys" ]; then
-	(umask 077 && tar -C "$keys" -cf "$partial/keys.tar" .)
+if [ ${#keys[@]} -gt 0 ]; then
+	(umask 077 && tar -cf "$partial/keys.tar" "${tarargs[@]}")
 fi
 
 jq -n --slurpfile ev "$partial/FLEET_EVENTS/backup.json" \
-	--arg started "$started" --arg finished "$finished" --arg keys "$([ -n "$keys" ] && echo keys.tar)" \
+	--arg started "$started" --arg finished "$finished" --arg keys "$([ ${#keys[@]} -gt 0 ] && echo keys.tar)" \
 	--argjson streams "$(printf '%s\n' $ordered | jq -R . | jq -s .)" \
 	'{stream: "FLEET_EVENTS", lastSeq: $ev[0].state.last_seq, lastTime: $ev[0].state.last_ts,
 	  started: $started, finished: $finished, streams: $streams, keys: $keys}' >"$partial/recovery-point.json"
@@ -103,5 +113,5 @@ jq -n --slurpfile ev "$partial/FLEET_EVENTS/backup.json" \
 mv "$partial" "$dest"
 trap - EXIT
 rp=$(jq -r '"FLEET_EVENTS sequence \(.lastSeq) at \(.lastTime)"' "$dest/recovery-point.json")
-echo "backup: $n streams in $dest$([ -n "$keys" ] && echo " and the keys in $dest/keys.tar")"
+echo "backup: $n streams in $dest$([ ${#keys[@]} -gt 0 ] && echo " and the keys in $dest/keys.tar")"
 echo "backup: recovery point: $rp"

@@ -98,6 +98,6 @@ if [ "$got_seq" != "$want_seq" ]; then
 fi
 echo "restore: ${#streams[@]} streams restored; FLEET_EVENTS ends at sequence $got_seq"
 if [ -f "$src/keys.tar" ]; then
-	echo "restore: the deploy secrets are in $src/keys.tar (tar -C DIR -xf): put them back where the services read them"
+	echo "restore: the keys are in $src/keys.tar (tar -tf lists them): put back those that were lost with their hosts"
 fi
 echo "restore: next: health --rebuild-views, then start the services (docs/operator-guide.md, Restore)"

@@ -34,6 +34,9 @@ const restoreAdminPassword = "restore-test-admin"
 // permSet finds the permission sets of deploy/nats/permissions.conf.
 var permSet = regexp.MustCompile(`(?m)^([A-Z0-9_]+_PERMS) =`)
 
+// gatewayCALoaded finds the expiry of the gateway CA a gateway loaded.
+var gatewayCALoaded = regexp.MustCompile(`"msg":"gateway CA loaded"[^\n]*?"not_after":"([^"]+)"`)
+
 // natsServer is one nats-server process with a file store.
 type natsServer struct {
 	t     *testing.T
@@ -164,9 +167,11 @@ type restoreFleet struct {
 	gwN  int    // gateway starts, each logging to its own file
 }
 
+// svc starts bin as process name (its log name) with its data in
+// <dir>/<bin>, which outlives the server as a service host's would.
 func (rf *restoreFleet) svc(name, bin string, args ...string) {
 	rf.t.Helper()
-	common := []string{"--nats-url", rf.conn.ClientURL(), "--data-dir", filepath.Join(rf.dir, name),
+	common := []string{"--nats-url", rf.conn.ClientURL(), "--data-dir", filepath.Join(rf.dir, bin),
 		"--ensure-topology=false", "--log-level", "debug"}
 	rf.startBinaryArgs(name, filepath.Join(binDir, bin), nil, append(common, args...))
 }
@@ -291,7 +296,7 @@ func TestRestoreAfterLosingTheServersDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	probeKey := filepath.Join(rf.dir, "health", "probe.xk")
-	gatewayKey := filepath.Join(rf.dir, "gateway-1", "gateway.xk")
+	gatewayKey := filepath.Join(rf.dir, "gateway", "gateway.xk")
 	out, err := script(t, cli, srvA.url, "backup.sh", "--keys", keys, "--keys", probeKey, "--keys", gatewayKey, backupDir)
 	if err != nil {
 		t.Fatalf("backup.sh: %v\n%s", err, out)
@@ -371,6 +376,17 @@ func TestRestoreAfterLosingTheServersDisk(t *testing.T) {
 	client = gatewayClient(t, rf.gw, "bk")
 	waitFor(t, 90*time.Second, "the gateway to serve through a ready proxy after the restore", func() bool { return rf.serves(client, site.URL) })
 	recovery := time.Since(t0)
+	// The restored gateway CA, the one of before, opens with the gateway
+	// host's key.
+	caBefore := gatewayCALoaded.FindStringSubmatch(rf.log("gateway-1"))
+	var caAfter []string
+	waitFor(t, 30*time.Second, "the gateway to load the restored gateway CA", func() bool {
+		caAfter = gatewayCALoaded.FindStringSubmatch(rf.log("gateway-2"))
+		return caAfter != nil
+	})
+	if caBefore == nil || caAfter[1] != caBefore[1] {
+		t.Errorf("the gateway CA after the restore (not after %s) is not the one of before (%v)", caAfter[1], caBefore)
+	}
 
 	// The proxies of the backup are adopted: the same ids ready, the same
 	// processes, and no second request for any of them.

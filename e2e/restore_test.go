@@ -320,6 +320,20 @@ func TestRestoreAfterLosingTheServersDisk(t *testing.T) {
 		t.Fatalf("recovery point %+v: want FLEET_EVENTS' last sequence and time, and the keys", rp)
 	}
 
+	// Bad input is refused before anything is written or changed: a
+	// backup into a directory that exists, a restore of a directory that
+	// is not a whole backup.
+	if out, err := script(t, cli, srvA.url, "backup.sh", backupDir); err == nil || !strings.Contains(out, "exists") {
+		t.Errorf("backup.sh into the existing %s: %v; want a refusal\n%s", backupDir, err, out)
+	}
+	partial := t.TempDir()
+	if out, err := script(t, cli, srvA.url, "restore.sh", partial); err == nil || !strings.Contains(out, "recovery-point.json is missing") {
+		t.Errorf("restore.sh of an empty directory: %v; want a refusal naming recovery-point.json\n%s", err, out)
+	}
+	if out, err := script(t, cli, srvA.url, "restore.sh", "--replicas", "7", backupDir); err == nil || !strings.Contains(out, "--replicas") {
+		t.Errorf("restore.sh --replicas 7: %v; want a refusal naming --replicas\n%s", err, out)
+	}
+
 	// A restore into a server that holds the streams is refused and
 	// changes nothing.
 	created := rf.streamCreated(bus.EventsStream)

@@ -3,114 +3,40 @@ package e2e_test
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 )
 
-// sellerProxy is a bought upstream proxy the test runs itself: an HTTP
-// forward proxy (plain requests and CONNECT) behind its own basic-auth
-// pair. It records every credential it is sent, refuses all but its own,
-// and names itself to the origin in X-Seller.
+// sellerProxy is a bought upstream proxy the test runs itself
+// ([testnet.AuthProxy]: plain requests and CONNECT behind its own
+// basic-auth pair, recording every credential it is sent, naming itself
+// to the origin in X-Seller), with the pair it demands.
 type sellerProxy struct {
+	*testnet.AuthProxy
 	name, user, pass string
 	addr             string
-
-	mu       sync.Mutex
-	seen     map[string]int // decoded "user:password" pairs sent to it
-	served   int
-	rejected int
 }
 
 func newSellerProxy(t *testing.T, name, user, pass string) *sellerProxy {
 	t.Helper()
-	p := &sellerProxy{name: name, user: user, pass: pass, seen: map[string]int{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return p
-}
-
-func (p *sellerProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(r.Header.Get("Proxy-Authorization"), "Basic "))
-	p.mu.Lock()
-	p.seen[string(raw)]++
-	ok := string(raw) == p.user+":"+p.pass
-	if ok {
-		p.served++
-	} else {
-		p.rejected++
-	}
-	p.mu.Unlock()
-	if !ok {
-		w.Header().Set("Proxy-Authenticate", `Basic realm="seller"`)
-		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
-		return
-	}
-	if r.Method == http.MethodConnect {
-		up, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		down, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			_ = up.Close()
-			return
-		}
-		_, _ = io.WriteString(down, "HTTP/1.1 200 Connection established\r\n\r\n")
-		go func() { _, _ = io.Copy(up, down); _ = up.Close() }()
-		_, _ = io.Copy(down, up)
-		_ = down.Close()
-		return
-	}
-	out := r.Clone(r.Context())
-	out.RequestURI = ""
-	out.Header.Del("Proxy-Authorization")
-	out.Header.Set("X-Seller", p.name)
-	tr := &http.Transport{DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	resp, err := tr.RoundTrip(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer resp.Body.Close()
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	p := testnet.NewAuthProxy(t, name, user, pass)
+	return &sellerProxy{AuthProxy: p, name: name, user: user, pass: pass, addr: p.Addr}
 }
 
 // creds returns the credentials the proxy was sent, and how often it
 // served and refused.
-func (p *sellerProxy) creds() (seen map[string]int, served, rejected int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	seen = map[string]int{}
-	for k, v := range p.seen {
-		seen[k] = v
-	}
-	return seen, p.served, p.rejected
-}
+func (p *sellerProxy) creds() (seen map[string]int, served, rejected int) { return p.Pairs() }
 
 // externalView is the part of a fleet-proxies value of an external proxy
 // the test reads.

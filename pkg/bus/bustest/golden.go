@@ -3,10 +3,13 @@ package bustest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,4 +118,54 @@ func (g Golden) Load(t testing.TB, c *bus.Conn) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// GoldenVersions lists the releases that have a golden log, or fails t
+// when there is none.
+func GoldenVersions(t testing.TB) []string {
+	t.Helper()
+	root := filepath.Dir(GoldenDir("x"))
+	dirs, err := filepath.Glob(filepath.Join(root, "golden-*"))
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no golden event log in %s: %v", root, err)
+	}
+	out := make([]string, 0, len(dirs))
+	for _, d := range dirs {
+		out = append(out, strings.TrimPrefix(filepath.Base(d), "golden-"))
+	}
+	return out
+}
+
+// Warnings is a slog handler keeping every record at warn or above: a
+// replay of a golden log must leave it empty (no event refused or
+// skipped).
+type Warnings struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// Enabled reports whether l is warn or above.
+func (w *Warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+// Handle keeps r as one line: level, message, attributes.
+func (w *Warnings) Handle(_ context.Context, r slog.Record) error {
+	line := fmt.Sprintf("%s %s", r.Level, r.Message)
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	w.mu.Lock()
+	w.lines = append(w.lines, line)
+	w.mu.Unlock()
+	return nil
+}
+
+// WithAttrs returns w: the lines keep only each record's own attributes.
+func (w *Warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+
+// WithGroup returns w.
+func (w *Warnings) WithGroup(string) slog.Handler { return w }
+
+// Lines returns the records kept so far.
+func (w *Warnings) Lines() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.lines...)
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -26,99 +24,32 @@ import (
 	"proxyfleet/pkg/bus/bustest"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/seal"
+	"proxyfleet/pkg/testnet"
 	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/gateway/internal/forward"
 	"proxyfleet/services/gateway/internal/reqlog"
 	"proxyfleet/services/gateway/internal/route"
 )
 
-// boughtProxy is an upstream HTTP proxy as a seller runs one: plain
-// requests and CONNECT, behind its own basic-auth pair. It records every
-// Proxy-Authorization it is sent and refuses any other than its own.
+// boughtProxy is an upstream HTTP proxy as a seller runs one
+// ([testnet.AuthProxy]: plain requests and CONNECT behind its own
+// basic-auth pair, recording every Proxy-Authorization it is sent), with
+// the pair it demands.
 type boughtProxy struct {
+	*testnet.AuthProxy
 	user, pass string
 	addr       string
-
-	mu       sync.Mutex
-	seen     map[string]int // decoded "user:password" pairs, by count
-	served   int
-	rejected int
 }
 
 func newBoughtProxy(t *testing.T, user, pass string) *boughtProxy {
 	t.Helper()
-	p := &boughtProxy{user: user, pass: pass, seen: map[string]int{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return p
-}
-
-func (p *boughtProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(r.Header.Get("Proxy-Authorization"), "Basic "))
-	p.mu.Lock()
-	p.seen[string(raw)]++
-	ok := string(raw) == p.user+":"+p.pass
-	if ok {
-		p.served++
-	} else {
-		p.rejected++
-	}
-	p.mu.Unlock()
-	if !ok {
-		w.Header().Set("Proxy-Authenticate", `Basic realm="seller"`)
-		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
-		return
-	}
-	if r.Method == http.MethodConnect {
-		up, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		down, _, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			_ = up.Close()
-			return
-		}
-		_, _ = io.WriteString(down, "HTTP/1.1 200 Connection established\r\n\r\n")
-		go func() { _, _ = io.Copy(up, down); _ = up.Close() }()
-		_, _ = io.Copy(down, up)
-		_ = down.Close()
-		return
-	}
-	out := r.Clone(r.Context())
-	out.RequestURI = ""
-	out.Header.Del("Proxy-Authorization")
-	resp, err := http.DefaultTransport.RoundTrip(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer resp.Body.Close()
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	p := testnet.NewAuthProxy(t, user, user, pass)
+	return &boughtProxy{AuthProxy: p, user: user, pass: pass, addr: p.Addr}
 }
 
 // pairs returns the credentials the proxy was sent, and how often it
 // served and refused.
-func (p *boughtProxy) pairs() (seen map[string]int, served, rejected int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	seen = map[string]int{}
-	for k, v := range p.seen {
-		seen[k] = v
-	}
-	return seen, p.served, p.rejected
-}
+func (p *boughtProxy) pairs() (seen map[string]int, served, rejected int) { return p.Pairs() }
 
 // TestExternalPoolRelaysWithEachProxysCredentials runs the gateway (its
 // NATS side and its server) on an embedded NATS server before three

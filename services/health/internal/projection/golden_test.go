@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,17 +24,12 @@ import (
 // views with the release's keys whose every field both versions have is
 // equal to the release's.
 func TestGoldenLogsReplay(t *testing.T) {
-	dirs, err := filepath.Glob(filepath.Join(filepath.Dir(bustest.GoldenDir("x")), "golden-*"))
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no golden event log in %s: %v", filepath.Dir(bustest.GoldenDir("x")), err)
-	}
-	for _, dir := range dirs {
-		version := strings.TrimPrefix(filepath.Base(dir), "golden-")
+	for _, version := range bustest.GoldenVersions(t) {
 		t.Run(version, func(t *testing.T) {
 			e := open(t)
 			g := bustest.ReadGolden(t, version)
 			g.Load(t, e.conn)
-			rec := &warnings{}
+			rec := &bustest.Warnings{}
 			ctx, cancel := context.WithCancel(e.ctx)
 			done := make(chan error, 1)
 			go func() { done <- projection.New(e.conn, slog.New(rec), nil).Run(ctx) }()
@@ -50,7 +42,7 @@ func TestGoldenLogsReplay(t *testing.T) {
 			}
 			e.caughtUp()
 			e.stop()
-			if w := rec.list(); len(w) > 0 {
+			if w := rec.Lines(); len(w) > 0 {
 				t.Errorf("the projection of %s's log warned %d times (an event refused or skipped):\n%s", version, len(w), strings.Join(w, "\n"))
 			}
 			for bucket, want := range g.Views {
@@ -132,30 +124,4 @@ func (e *env) bucket(name string) map[string]json.RawMessage {
 		out[k] = entry.Value()
 	}
 	return out
-}
-
-// warnings is a slog handler keeping every record at warn or above.
-type warnings struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
-func (w *warnings) Handle(_ context.Context, r slog.Record) error {
-	line := fmt.Sprintf("%s %s", r.Level, r.Message)
-	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
-	w.mu.Lock()
-	w.lines = append(w.lines, line)
-	w.mu.Unlock()
-	return nil
-}
-
-func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
-func (w *warnings) WithGroup(string) slog.Handler      { return w }
-
-func (w *warnings) list() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.lines...)
 }

@@ -1,15 +1,11 @@
 package planner
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	"proxyfleet/pkg/bus"
@@ -24,12 +20,7 @@ import (
 // (no warning), into the pools and live proxies the release's views hold,
 // each proxy's fields equal where both versions have them.
 func TestGoldenLogsFold(t *testing.T) {
-	dirs, err := filepath.Glob(filepath.Join(filepath.Dir(bustest.GoldenDir("x")), "golden-*"))
-	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no golden event log in %s: %v", filepath.Dir(bustest.GoldenDir("x")), err)
-	}
-	for _, dir := range dirs {
-		version := strings.TrimPrefix(filepath.Base(dir), "golden-")
+	for _, version := range bustest.GoldenVersions(t) {
 		t.Run(version, func(t *testing.T) {
 			c := bustest.Start(t)
 			g := bustest.ReadGolden(t, version)
@@ -38,7 +29,7 @@ func TestGoldenLogsFold(t *testing.T) {
 			if len(evs) != len(g.Msgs) {
 				t.Fatalf("%d events read back, the golden log has %d", len(evs), len(g.Msgs))
 			}
-			rec := &warnings{}
+			rec := &bustest.Warnings{}
 			st := newState(slog.New(rec), defaultKeepFinished)
 			for _, ev := range evs {
 				if ev.Unreadable != nil {
@@ -46,7 +37,7 @@ func TestGoldenLogsFold(t *testing.T) {
 				}
 				st.apply(ev)
 			}
-			if w := rec.list(); len(w) > 0 {
+			if w := rec.Lines(); len(w) > 0 {
 				t.Errorf("the fold of %s's log warned %d times (an event refused or skipped):\n%s", version, len(w), strings.Join(w, "\n"))
 			}
 			if st.seq != evs[len(evs)-1].Seq {
@@ -127,30 +118,4 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// warnings is a slog handler keeping every record at warn or above.
-type warnings struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-
-func (w *warnings) Handle(_ context.Context, r slog.Record) error {
-	line := fmt.Sprintf("%s %s", r.Level, r.Message)
-	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
-	w.mu.Lock()
-	w.lines = append(w.lines, line)
-	w.mu.Unlock()
-	return nil
-}
-
-func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
-func (w *warnings) WithGroup(string) slog.Handler      { return w }
-
-func (w *warnings) list() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.lines...)
 }

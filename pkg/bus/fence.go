@@ -114,16 +114,59 @@ func (s *EventStore) ClaimTerm(ctx context.Context, leader string, lease uint64)
 	}
 	msg := nats.NewMsg(events.PlannerTermSubject())
 	msg.Data = body
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgIDFor(s.idKey, msg.Subject, msgID)), jetstream.WithExpectLastSequencePerSubject(after))
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrWrongLastSequence {
-		return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, ErrConflict)
+	for attempt := 1; ; attempt++ {
+		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(msgIDFor(s.idKey, msg.Subject, msgID)), jetstream.WithExpectLastSequencePerSubject(after))
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jsErrWrongLastSequence || apiErr.ErrorCode == jsErrWrongLastSequenceConstant) {
+			last, ok := s.lastClaim(ctx)
+			switch {
+			case ok && last != nil && last.Seq > after && last.Envelope.ID == msgID:
+				// The claim itself is there: an attempt stored while
+				// its answer was lost (a stream leader change) and
+				// the publish sent again.
+				next.Seq = last.Seq
+				return next, nil
+			case ok && lastSeqOf(last) == after && attempt < claimAttempts:
+				// Nobody else claimed: a replicated stream refuses an
+				// expectation while it is unsure of the subject (a
+				// write still in flight, a new stream leader). The
+				// expectation still guards the claim: try again.
+				select {
+				case <-ctx.Done():
+					return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, ctx.Err())
+				case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+				}
+				continue
+			case ok && lastSeqOf(last) == after:
+				return Term{}, fmt.Errorf("open planner term %d: the server refused the claim %d times though no other claim is stored (%v); retry", next.Number, attempt, err)
+			}
+			return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, ErrConflict)
+		}
+		if err != nil {
+			return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, err)
+		}
+		next.Seq = ack.Sequence
+		return next, nil
 	}
-	if err != nil {
-		return Term{}, fmt.Errorf("open planner term %d: %w", next.Number, err)
+}
+
+// claimAttempts bounds how often ClaimTerm sends a claim the server
+// refused while no other claim was stored.
+const claimAttempts = 3
+
+// lastClaim reads the last term event (nil when there is none); ok is
+// false when the read failed.
+func (s *EventStore) lastClaim(ctx context.Context) (last *Event, ok bool) {
+	ev, err := s.lastOn(ctx, events.PlannerTermSubject())
+	return ev, err == nil
+}
+
+// lastSeqOf is ev's sequence, 0 for none.
+func lastSeqOf(ev *Event) uint64 {
+	if ev == nil {
+		return 0
 	}
-	next.Seq = ack.Sequence
-	return next, nil
+	return ev.Seq
 }
 
 // AppendFenced is [EventStore.Append] for a leader's decision: the event is

@@ -119,7 +119,7 @@ logs: ## the last warnings and errors of make run's services and of every proxy
 .PHONY: test
 test: $(BIN)/nats ## unit and integration tests (embedded NATS, real processes), no root needed
 	@for m in $(MODULES); do \
-		echo "== go test $$m"; (cd $$m && $(GO) test $(GOTEST_FLAGS) ./...) || exit 1; \
+		echo "== go test $$m"; (cd $$m && $(GO) test $(GOTEST_FLAGS) $${GOTEST_SELECT:+$$GOTEST_SELECT "$$GOTEST_PATTERN"} ./...) || exit 1; \
 	done
 
 # make fuzz runs every Go fuzz target (func FuzzX(f *testing.F) in a

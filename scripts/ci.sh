@@ -181,6 +181,8 @@ run_lane() {
 		start=$(date +%s)
 		log=$STATE/step-${pick//\//_}.log
 		case $pick in
+		test:e2e) GOTEST_SELECT=-skip GOTEST_PATTERN="$E2E_AFTER" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
+		test:e2e-after) GOTEST_SELECT=-run GOTEST_PATTERN="$E2E_AFTER" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
 		test:*) make --no-print-directory test MODULES="${pick#test:}" >"$log" 2>&1 ;;
 		*) make --no-print-directory "$pick" >"$log" 2>&1 ;;
 		esac
@@ -224,6 +226,18 @@ for t in "${tiers[@]}"; do
 	[ -n "${lane_tiers[$l]:-}" ] || lanes+=("$l")
 	lane_tiers[$l]+=" $t"
 done
+# The e2e module is the test lane's longest step. Its acceptance tests of
+# placement, tiers and external pools (E2E_AFTER: about 200 s, mostly
+# waiting on timers and processes) run as a step of their own
+# (test:e2e-after) in the upgrade lane, whose tiers also mostly wait;
+# test:e2e skips them, so every test of the module runs exactly once.
+E2E_AFTER='^(TestSpreadOverLabelledTargets|TestRegionSelectionThroughTheGateway|TestFallbackTierThroughTheGateway|TestPlacementBadInput|TestExternalPool|TestGatewayUnderMakeRun)$'
+if [ -n "${lane_tiers[upgrade]:-}" ]; then
+	lane_tiers[upgrade]+=" test:e2e-after"
+else
+	lane_tiers[test]+=" test:e2e-after"
+fi
+needs[test:e2e-after]=""
 echo
 echo "== ci: make test and the tiers in ${#lanes[@]} lanes: $(for l in "${lanes[@]}"; do printf '%s:%s; ' "$l" "${lane_tiers[$l]}"; done)"
 lane_pids=()

@@ -546,7 +546,12 @@ func (pf *partitionFleet) historyCheck(log []loggedEvent, calls []apiCall) {
 	}
 	terms := map[uint64]termRec{}
 	var latest uint64 // the newest term number seen so far in log order
+	type appliedRec struct {
+		at   time.Time
+		size int
+	}
 	applied := map[int][]events.PoolAppliedData{}
+	var appliedLog []appliedRec // pool p's applies in log order
 	replacing := map[string][]string{}
 	decisions := 0
 	for _, e := range log {
@@ -585,6 +590,7 @@ func (pf *partitionFleet) historyCheck(log []loggedEvent, calls []apiCall) {
 			var d events.PoolAppliedData
 			if err := e.env.DecodeData(&d); err == nil && d.Spec.Name == "p" {
 				applied[d.Revision] = append(applied[d.Revision], d)
+				appliedLog = append(appliedLog, appliedRec{at: e.at, size: d.Spec.Size})
 			}
 		case events.ProxyRequested:
 			var d events.ProxyRequestedData
@@ -631,10 +637,27 @@ func (pf *partitionFleet) historyCheck(log []loggedEvent, calls []apiCall) {
 		acked[c.op]++
 		switch c.op {
 		case "pool.apply":
-			got := applied[c.revision]
-			if len(got) != 1 || got[0].Spec.Size != c.size {
-				t.Fatalf("history: pool.apply of size %d acknowledged at revision %d via %s: the log holds %d pool applied events of that revision: %+v",
-					c.size, c.revision, nodeName(c.node), len(got), got)
+			// The reply is the pool after the apply: its revision is the
+			// one written, or a later one when another apply followed at
+			// once. The apply itself is in the log as a pool applied
+			// event of its size stored while the call was under way, or
+			// (an unchanged spec, nothing written) the pool's latest
+			// apply when the call was sent.
+			var latest, found bool
+			for i, a := range appliedLog {
+				within := !a.at.Before(c.sent) && !a.at.After(c.done)
+				latest = a.at.Before(c.sent) && (i+1 == len(appliedLog) || !appliedLog[i+1].at.Before(c.sent))
+				if a.size == c.size && (within || latest) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("history: pool.apply of size %d via %s, sent at %s and acknowledged at %s with revision %d, is not in the log: no pool applied of that size stored during the call, nor current when it was sent",
+					c.size, nodeName(c.node), c.sent.Format("15:04:05.000"), c.done.Format("15:04:05.000"), c.revision)
+			}
+			if got := applied[c.revision]; len(got) != 1 {
+				t.Errorf("history: the log holds %d pool applied events of revision %d, want exactly one", len(got), c.revision)
 			}
 			if pool.Revision < c.revision {
 				t.Fatalf("history: pool.apply acknowledged at revision %d; pool p's view is at revision %d", c.revision, pool.Revision)
@@ -668,8 +691,9 @@ func nodeName(i int) string {
 // unavailability measures fault f: the longest gap between acknowledged
 // calls from the fault's start to the end of its window, and the longest
 // time work waited for a decision: for each gap between consecutive
-// decisions within the window, from the first call sent in the gap to
-// the decision that ended it.
+// decisions from the fault's start, from the first call sent in the gap
+// to the decision that ended it (the first one after the window ends the
+// last gap; with none, the window's end).
 func unavailability(f *partitionFault, log []loggedEvent) {
 	last := f.start
 	for _, c := range f.calls {
@@ -691,9 +715,15 @@ func unavailability(f *partitionFault, log []loggedEvent) {
 		if typ == events.PoolApplied || typ == events.PoolDeleted {
 			continue
 		}
-		if _, _, ok := e.env.Leader(); ok && !e.at.Before(f.start) && !e.at.After(f.end) {
+		if _, _, ok := e.env.Leader(); ok && !e.at.Before(f.start) {
 			decided = append(decided, e.at)
+			if e.at.After(f.end) {
+				break // the one that ended the window's last wait
+			}
 		}
+	}
+	if len(decided) == 0 || !decided[len(decided)-1].After(f.end) {
+		decided = append(decided, f.end) // still waiting at the end
 	}
 	prev := f.start
 	for _, d := range decided {

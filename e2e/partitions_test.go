@@ -764,6 +764,7 @@ func TestPartitions(t *testing.T) {
 	run := func(label string, inject func() (unreachable []int), heal func()) {
 		f := &partitionFault{label: label}
 		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel() // a failed step ends the load too
 		done := make(chan struct{})
 		go pf.load(ctx, &f.calls, done)
 		time.Sleep(2 * time.Second)

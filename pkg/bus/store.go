@@ -450,6 +450,14 @@ func (s *EventStore) nextBefore(ctx context.Context, it jetstream.MessagesContex
 	}
 }
 
+// LastSeq returns the sequence of one aggregate's last event, 0 when it has
+// none, as the stream leader holds it (unlike [EventStore.Last], never from
+// a replica that lags behind): a projection that has reached it holds every
+// event of the aggregate acknowledged before the call.
+func (s *EventStore) LastSeq(ctx context.Context, aggregate, id string) (uint64, error) {
+	return s.lastSeq(ctx, events.AggregateFilter(aggregate, id))
+}
+
 // lastSeq is the sequence of the last message on filter, 0 when there is
 // none. It asks the stream leader (the message get API): a direct get may be
 // answered by a replica that lags behind, which would put the end of a read

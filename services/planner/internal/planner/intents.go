@@ -56,7 +56,7 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 	// prev is what fleet-secrets held for the pool before this request
 	// (nil: nothing), put the revision of this request's last write.
 	var prev jetstream.KeyValueEntry
-	var read bool
+	var read, current bool
 	var put uint64
 	defer func() {
 		if aerr != nil && put != 0 {
@@ -71,6 +71,20 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 		if ok && !cur.Deleted && cur.Revision > 0 && sec.Matches(b.secrets.digestKey, cur.SecretsDigest) {
 			curJSON, _ := json.Marshal(cur.Spec)
 			if bytes.Equal(curJSON, pubJSON) {
+				// Unchanged is acknowledged without a write, so it is
+				// judged on the log as it is now: this replica's
+				// projection may lag (a replica just reconnected after a
+				// partition), and would acknowledge a spec the log has
+				// since replaced. Read up to the pool's last event, then
+				// look again.
+				if !current {
+					if err := b.caughtUpWithLog(ctx, spec.Name); err != nil {
+						b.log.WarnContext(ctx, "pool apply: the projection is behind the log", "pool", spec.Name, "err", err)
+						return api.PoolView{}, api.Unavailable("this planner replica is behind the event log; nothing was applied, retry")
+					}
+					current = true
+					continue
+				}
 				if aerr := b.ensureSecrets(ctx, spec.Name, cur.Revision, sec); aerr != nil {
 					return api.PoolView{}, aerr
 				}
@@ -114,6 +128,18 @@ func (b backend) ApplyPool(ctx context.Context, spec events.PoolSpec) (_ api.Poo
 		return b.poolView(spec.Name), nil
 	}
 	return api.PoolView{}, errPoolConflict()
+}
+
+// caughtUpWithLog waits until the projection holds pool name's last event
+// as the stream leader has it.
+func (b backend) caughtUpWithLog(ctx context.Context, name string) error {
+	seq, err := b.store.LastSeq(ctx, events.AggregatePool, name)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return b.waitSeq(wctx, seq)
 }
 
 // fallbackCycle refuses a spec whose gateway.fallback leads back to the

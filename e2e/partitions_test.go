@@ -1,0 +1,934 @@
+//go:build partitions
+
+// The partition tier (make test-partitions, docs/scaling.md): the cluster
+// tier's three nats-server nodes each run in a network namespace of their
+// own with their services, joined by a bridge the test creates, and the
+// network between them is cut, made one-way and made lossy by iptables
+// (and tc netem where the kernel has it). It builds with the cluster tag
+// too (go test -tags "cluster partitions"): it reuses cluster_test.go's
+// invariants.
+
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/pkg/api"
+	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testgate"
+)
+
+// pnet is the test's network: a bridge in the test's namespace holding the
+// subnet's .254, and one namespace per node with a veth pair to the bridge
+// (eth0 inside, at .1, .2, .3). Every name carries the test process's pid,
+// so a second run never collides and a crashed run's leftovers are known
+// (their pid is gone) and removed first. Nothing leaves the machine: the
+// subnet is routed only to the bridge.
+type pnet struct {
+	t      *testing.T
+	pid    int
+	subnet string // 10.201.N
+	bridge string
+	ns     []string // namespace per node
+	hostIP string
+}
+
+const partitionNodes = 3
+
+var pnetName = regexp.MustCompile(`^pf[pbv]([0-9]+)`)
+
+func (n *pnet) nodeIP(i int) string { return fmt.Sprintf("%s.%d", n.subnet, i+1) }
+
+// run runs a command that must succeed.
+func (n *pnet) run(args ...string) {
+	n.t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		n.t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// inNS runs args in node i's namespace.
+func (n *pnet) inNS(i int, args ...string) ([]byte, error) {
+	return exec.Command("ip", append([]string{"netns", "exec", n.ns[i]}, args...)...).CombinedOutput()
+}
+
+// removeStale deletes namespaces and links of earlier runs whose process
+// is gone.
+func removeStale(t *testing.T) {
+	alive := func(name string) bool {
+		m := pnetName.FindStringSubmatch(name)
+		if m == nil {
+			return true // not ours
+		}
+		pid, _ := strconv.Atoi(m[1])
+		return syscall.Kill(pid, 0) == nil
+	}
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 0 && !alive(f[0]) {
+				t.Logf("partitions: removing namespace %s of an earlier run", f[0])
+				_ = exec.Command("ip", "netns", "del", f[0]).Run()
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "-o", "link", "show").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			name := strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0]
+			if !alive(name) {
+				t.Logf("partitions: removing link %s of an earlier run", name)
+				_ = exec.Command("ip", "link", "del", name).Run()
+			}
+		}
+	}
+}
+
+func newPNet(t *testing.T) *pnet {
+	t.Helper()
+	testgate.Need(t, os.Geteuid() == 0, "the partition tier creates network namespaces: run it as root")
+	for _, tool := range []string{"ip", "iptables"} {
+		testgate.NeedBinary(t, tool, "the partition tier needs iproute2 and iptables")
+	}
+	probe := fmt.Sprintf("pfp%d-probe", os.Getpid())
+	out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput()
+	testgate.Need(t, err == nil, fmt.Sprintf("ip netns add: %v %s", err, out))
+	_ = exec.Command("ip", "netns", "del", probe).Run()
+	removeStale(t)
+
+	pid := os.Getpid()
+	n := &pnet{t: t, pid: pid, subnet: fmt.Sprintf("10.201.%d", pid%250), bridge: fmt.Sprintf("pfb%d", pid)}
+	n.hostIP = n.subnet + ".254"
+	t.Cleanup(func() {
+		for _, ns := range n.ns {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				t.Logf("partitions: ip netns del %s: %v %s", ns, err, out)
+			}
+		}
+		if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil {
+			t.Logf("partitions: ip link del %s: %v %s", n.bridge, err, out)
+		}
+	})
+	n.run("ip", "link", "add", n.bridge, "type", "bridge")
+	n.run("ip", "addr", "add", n.hostIP+"/24", "dev", n.bridge)
+	n.run("ip", "link", "set", n.bridge, "up")
+	for i := 0; i < partitionNodes; i++ {
+		ns := fmt.Sprintf("pfp%d-n%d", pid, i+1)
+		veth := fmt.Sprintf("pfv%dn%d", pid, i+1)
+		n.run("ip", "netns", "add", ns)
+		n.ns = append(n.ns, ns)
+		n.run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		n.run("ip", "link", "set", veth, "master", n.bridge, "up")
+		n.run("ip", "-n", ns, "addr", "add", n.nodeIP(i)+"/24", "dev", "eth0")
+		n.run("ip", "-n", ns, "link", "set", "eth0", "up")
+		n.run("ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	t.Logf("partitions: bridge %s on %s.0/24, namespaces %s", n.bridge, n.subnet, strings.Join(n.ns, " "))
+	return n
+}
+
+// iptables adds rules in node i's namespace (they go with it).
+func (n *pnet) iptables(i int, args ...string) {
+	n.t.Helper()
+	if out, err := n.inNS(i, append([]string{"iptables", "-w"}, args...)...); err != nil {
+		n.t.Fatalf("iptables %s in %s: %v\n%s", strings.Join(args, " "), n.ns[i], err, out)
+	}
+}
+
+// isolate drops everything node i sends or receives on its link.
+func (n *pnet) isolate(i int) {
+	n.iptables(i, "-I", "INPUT", "-i", "eth0", "-j", "DROP")
+	n.iptables(i, "-I", "OUTPUT", "-o", "eth0", "-j", "DROP")
+}
+
+// heal removes every fault of every node.
+func (n *pnet) heal() {
+	for i := range n.ns {
+		n.iptables(i, "-F", "INPUT")
+		n.iptables(i, "-F", "OUTPUT")
+		_, _ = n.inNS(i, "tc", "qdisc", "del", "dev", "eth0", "root")
+	}
+}
+
+// lossy delays and drops packets on every node's link: tc netem (delay
+// 200ms, loss 5%) where the kernel has it; otherwise 5% loss by
+// iptables' statistic match, and no delay (netemOK false).
+func (n *pnet) lossy() (netemOK bool) {
+	netemOK = true
+	for i := range n.ns {
+		if out, err := n.inNS(i, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "200ms", "loss", "5%"); err != nil {
+			if i == 0 {
+				n.t.Logf("partitions: tc netem unavailable (%s): 5%% loss by iptables, no added latency", strings.TrimSpace(string(out)))
+			}
+			netemOK = false
+		}
+	}
+	if !netemOK {
+		for i := range n.ns {
+			_, _ = n.inNS(i, "tc", "qdisc", "del", "dev", "eth0", "root")
+			n.iptables(i, "-I", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random", "--probability", "0.05", "-j", "DROP")
+		}
+	}
+	return netemOK
+}
+
+// partitionFleet is the system on the namespaced cluster: per node a
+// nats-server, a planner, a health replica and a local agent.
+type partitionFleet struct {
+	*clusterFleet
+	net *pnet
+	// clients are API clients each connected to one node only; down
+	// marks the nodes the test cannot reach now.
+	mu      sync.Mutex
+	clients []*api.Client
+	down    map[int]bool
+}
+
+func newPartitionFleet(t *testing.T) *partitionFleet {
+	t.Helper()
+	bin := os.Getenv("PROXYFLEET_NATS_SERVER")
+	testgate.Need(t, bin != "", "no nats-server: make test-partitions builds the pinned one and sets PROXYFLEET_NATS_SERVER")
+	pn := newPNet(t)
+	needBinaries(t)
+	nc := &natsCluster{t: t, bin: bin}
+	var routes []string
+	for i := 0; i < partitionNodes; i++ {
+		routes = append(routes, fmt.Sprintf("%q", "nats-route://"+pn.nodeIP(i)+":6222"))
+	}
+	for i := 0; i < partitionNodes; i++ {
+		node := &natsNode{name: fmt.Sprintf("n%d", i+1), store: t.TempDir(), run: t.TempDir(),
+			client: "nats://" + pn.nodeIP(i) + ":4222", route: "nats-route://" + pn.nodeIP(i) + ":6222"}
+		conf := fmt.Sprintf(`server_name: %s
+listen: "%s:4222"
+jetstream { store_dir: %q }
+cluster {
+  name: proxyfleet-partitions
+  listen: "%s:6222"
+  ping_interval: "2s"
+  ping_max: 3
+  routes: [%s]
+}
+`, node.name, pn.nodeIP(i), node.store, pn.nodeIP(i), strings.Join(routes, ", "))
+		confPath := filepath.Join(node.run, "nats-server.conf")
+		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("ip", "netns", "exec", pn.ns[i], bin, "-c", confPath, "-l", filepath.Join(node.run, "nats-server.log"))
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start %s: %v", node.name, err)
+		}
+		node.cmd = cmd
+		nc.nodes = append(nc.nodes, node)
+	}
+	t.Cleanup(func() {
+		for i := range nc.nodes {
+			nc.stopNode(i, syscall.SIGTERM)
+		}
+	})
+	conn := nc.connect()
+	echoLn, err := net.Listen("tcp", pn.hostIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"ip": host})
+	}))
+	echo.Listener.Close()
+	echo.Listener = echoLn
+	echo.Start()
+	t.Cleanup(echo.Close)
+	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}, echo: echoLn.Addr().String()}
+	cf.fleet = &fleet{t: t, conn: conn, api: api.NewClient(conn.NC, api.WithTimeout(5*time.Second)), dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+	pf := &partitionFleet{clusterFleet: cf, net: pn, down: map[int]bool{}}
+	t.Cleanup(func() {
+		cf.mu.Lock()
+		names := make([]string, 0, len(cf.procs))
+		for n := range cf.procs {
+			names = append(names, n)
+		}
+		cf.mu.Unlock()
+		for _, n := range names {
+			cf.stop(n)
+		}
+		for _, d := range cf.stateDirs {
+			for _, pid := range proxyProcesses(agentExe(), d) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		keep, err := os.MkdirTemp("", "proxyfleet-partitions-logs-")
+		if err != nil {
+			return
+		}
+		for i := 0; i < partitionNodes; i++ {
+			for _, s := range []string{"planner", "health", "agent"} {
+				name := fmt.Sprintf("%s-n%d", s, i+1)
+				l := cf.log(name)
+				_ = os.WriteFile(filepath.Join(keep, name+".log"), []byte(l), 0o644)
+				if len(l) > 3000 {
+					l = l[len(l)-3000:]
+				}
+				t.Logf("---- %s log (tail) ----\n%s", name, l)
+			}
+			b, _ := os.ReadFile(filepath.Join(nc.nodes[i].run, "nats-server.log"))
+			_ = os.WriteFile(filepath.Join(keep, nc.nodes[i].name+".log"), b, 0o644)
+		}
+		t.Logf("logs kept in %s", keep)
+	})
+	boot := exec.Command(filepath.Join(binDir, "planner"), "bootstrap", "--nats-url", nc.urls(),
+		"--data-dir", filepath.Join(cf.dir, "bootstrap"), "--agent", "local/n1", "--agent", "local/n2", "--agent", "local/n3")
+	if out, err := boot.CombinedOutput(); err != nil {
+		t.Fatalf("planner bootstrap: %v\n%s", err, out)
+	}
+	for i := 0; i < partitionNodes; i++ {
+		c, err := nats.Connect(nc.nodes[i].client, nats.Name(fmt.Sprintf("partitions-api-n%d", i+1)),
+			nats.IgnoreDiscoveredServers(), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+			nats.PingInterval(time.Second), nats.MaxPingsOutstanding(2))
+		if err != nil {
+			t.Fatalf("connect to %s: %v", nc.nodes[i].name, err)
+		}
+		t.Cleanup(c.Close)
+		pf.clients = append(pf.clients, api.NewClient(c, api.WithTimeout(3*time.Second)))
+	}
+	return pf
+}
+
+// svcIn starts a service binary in node i's namespace, connected to every
+// node.
+func (pf *partitionFleet) svcIn(i int, name, bin string, args ...string) {
+	pf.t.Helper()
+	common := []string{"netns", "exec", pf.net.ns[i], filepath.Join(binDir, bin), "--nats-url", pf.nc.urls(),
+		"--data-dir", filepath.Join(pf.dir, name), "--ensure-topology=false", "--log-level", "debug"}
+	pf.startBinaryArgs(name, "ip", nil, append(common, args...))
+}
+
+func (pf *partitionFleet) startAll() {
+	for i := 0; i < partitionNodes; i++ {
+		node := fmt.Sprintf("n%d", i+1)
+		dir := pf.t.TempDir()
+		pf.stateDirs[node] = dir
+		pf.svcIn(i, "health-"+node, "health", "--echo-addr", "", "--echo-url", "http://"+pf.echo+"/",
+			"--probe-interval", "500ms", "--probe-timeout", "3s")
+		pf.svcIn(i, "agent-"+node, "local-agent", "--entry", "local", "--target", node, "--state-dir", dir,
+			"--ports", "0", "--capacity", "40", "--bind", pf.net.nodeIP(i), "--egress-allow", pf.echo)
+		pf.svcIn(i, "planner-"+node, "planner", "--id", "planner-"+node, "--reconcile-interval", "300ms",
+			"--gc-interval", "1s", "--gc-grace", clusterGCGrace.String())
+	}
+	for i := 0; i < partitionNodes; i++ {
+		pf.waitAgent("local", fmt.Sprintf("n%d", i+1))
+	}
+	pf.waitLeader()
+}
+
+// apiCall is one call of the load: what was asked, of which node, and
+// whether and how it was acknowledged.
+type apiCall struct {
+	op         string // pool.apply or proxy.recycle
+	node       int
+	sent, done time.Time
+	pool       string
+	size       int
+	revision   int    // pool.apply: the acknowledged revision
+	proxy      string // proxy.recycle: the proxy recycled
+	replacedBy string // proxy.recycle: its replacement, as acknowledged
+	acked      bool
+	err        string
+}
+
+// load sends API calls in a loop to the reachable nodes, round robin,
+// until ctx ends: pool.apply of pool p with a size that changes every
+// time, and every third call proxy.recycle of one of p's ready proxies.
+func (pf *partitionFleet) load(ctx context.Context, out *[]apiCall, done chan<- struct{}) {
+	defer close(done)
+	sizes := []int{3, 5, 4, 2, 4, 3}
+	recycled := map[string]bool{}
+	for k := 0; ctx.Err() == nil; k++ {
+		pf.mu.Lock()
+		var up []int
+		for i := range pf.clients {
+			if !pf.down[i] {
+				up = append(up, i)
+			}
+		}
+		pf.mu.Unlock()
+		node := up[k%len(up)]
+		cl := pf.clients[node]
+		c := apiCall{node: node, sent: time.Now(), pool: "p"}
+		cctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		if k%3 == 2 {
+			c.op = "proxy.recycle"
+			var pick []string
+			for v, err := range cl.ProxyList(cctx, api.ProxyListRequest{Pool: "p"}) {
+				if err != nil {
+					break
+				}
+				if v.State == "ready" && v.ReplacedBy == "" && !recycled[v.ID] {
+					pick = append(pick, v.ID)
+				}
+			}
+			if len(pick) == 0 {
+				cancel()
+				continue
+			}
+			c.proxy = pick[rand.IntN(len(pick))]
+			v, err := cl.Recycle(cctx, api.ProxyRecycleRequest{ID: c.proxy})
+			if err == nil {
+				c.acked, c.replacedBy = true, v.ReplacedBy
+				recycled[c.proxy] = true
+			} else {
+				c.err = err.Error()
+			}
+		} else {
+			c.op = "pool.apply"
+			c.size = sizes[k%len(sizes)]
+			v, err := cl.PoolApply(cctx, events.PoolSpec{Name: "p", Provider: "local", Size: c.size})
+			if err == nil {
+				c.acked, c.revision = true, v.Revision
+			} else {
+				c.err = err.Error()
+			}
+		}
+		cancel()
+		c.done = time.Now()
+		if ctx.Err() != nil && !c.acked {
+			return // cut short by the end of the load, not by the fault
+		}
+		*out = append(*out, c)
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// settle applies pool p's size n through the test's own connection until
+// the pools view holds it, recording every call in calls.
+func (pf *partitionFleet) settle(n int, calls *[]apiCall) {
+	pf.t.Helper()
+	waitFor(pf.t, 2*time.Minute, fmt.Sprintf("pool p settled at size %d", n), func() bool {
+		c := apiCall{op: "pool.apply", node: -1, sent: time.Now(), pool: "p", size: n}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		v, err := pf.api.PoolApply(ctx, events.PoolSpec{Name: "p", Provider: "local", Size: n})
+		cancel()
+		c.done = time.Now()
+		if err == nil {
+			c.acked, c.revision = true, v.Revision
+		} else {
+			c.err = err.Error()
+		}
+		*calls = append(*calls, c)
+		var pool struct {
+			Spec events.PoolSpec `json:"spec"`
+		}
+		raw, ok := pf.views(bus.BucketPools)["p"]
+		return ok && json.Unmarshal(raw, &pool) == nil && pool.Spec.Size == n
+	})
+}
+
+// partitionFault is one fault and when it was in force.
+type partitionFault struct {
+	label             string
+	start, heal, end  time.Time
+	calls             []apiCall
+	apiGap, decideGap time.Duration
+}
+
+// loggedEvent is one event of FLEET_EVENTS with its stream sequence and
+// time.
+type loggedEvent struct {
+	seq  uint64
+	at   time.Time
+	subj string
+	env  events.Envelope
+}
+
+// eventLog reads the whole of FLEET_EVENTS.
+func (pf *partitionFleet) eventLog() []loggedEvent {
+	pf.t.Helper()
+	var out []loggedEvent
+	waitFor(pf.t, 2*time.Minute, "the whole event log", func() bool {
+		out = nil
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, err := pf.conn.JS.Stream(ctx, bus.EventsStream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return false
+		}
+		last := info.State.LastSeq
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return false
+		}
+		// Fence messages expire (bus.FenceTTL): the log may end before
+		// last, and is read until it stops giving.
+		for seq, empty := uint64(0), 0; seq < last && empty < 5; {
+			batch, err := cons.FetchNoWait(500)
+			if err != nil {
+				return false
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n, empty = n+1, 0
+				md, err := m.Metadata()
+				if err != nil {
+					return false
+				}
+				seq = md.Sequence.Stream
+				env, err := events.DecodeEnvelope(m.Data())
+				if err != nil {
+					continue // a fence message's body is not an envelope
+				}
+				out = append(out, loggedEvent{seq: seq, at: md.Timestamp, subj: m.Subject(), env: env})
+			}
+			if batch.Error() != nil {
+				return false
+			}
+			if n == 0 {
+				empty++
+				if ctx.Err() != nil {
+					return false
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// historyCheck checks the log against the calls: every acknowledged
+// pool.apply is one pool applied event of its revision and size, and the
+// pools view holds that revision or a later one; every acknowledged
+// recycle that named a replacement is one proxy requested event replacing
+// the proxy. And every decision was fenced: it names a term opened by the
+// replica it names, and no newer term had opened before it was stored;
+// terms number 1, 2, … and no two replicas share one.
+func (pf *partitionFleet) historyCheck(log []loggedEvent, calls []apiCall) {
+	t := pf.t
+	t.Helper()
+	type termRec struct {
+		seq    uint64
+		leader string
+	}
+	terms := map[uint64]termRec{}
+	var latest uint64 // the newest term number seen so far in log order
+	type appliedRec struct {
+		at   time.Time
+		size int
+	}
+	applied := map[int][]events.PoolAppliedData{}
+	var appliedLog []appliedRec // pool p's applies in log order
+	replacing := map[string][]string{}
+	decisions := 0
+	for _, e := range log {
+		_, _, typ, _, ok := events.ParseEventSubject(e.subj)
+		if e.subj == events.PlannerTermSubject() {
+			var d events.PlannerTermData
+			if err := e.env.DecodeData(&d); err != nil {
+				t.Fatalf("history: term event %d: %v", e.seq, err)
+			}
+			if prev, dup := terms[d.Term]; dup {
+				t.Fatalf("history: term %d opened twice: by %s at %d and by %s at %d", d.Term, prev.leader, prev.seq, d.Leader, e.seq)
+			}
+			if d.Term != latest+1 {
+				t.Fatalf("history: term %d at %d follows term %d", d.Term, e.seq, latest)
+			}
+			terms[d.Term], latest = termRec{seq: e.seq, leader: d.Leader}, d.Term
+			continue
+		}
+		if term, leader, isDecision := e.env.Leader(); isDecision {
+			decisions++
+			tr, known := terms[term]
+			switch {
+			case !known:
+				t.Fatalf("history: decision %d (%s) names term %d, which no term event opened before it", e.seq, e.subj, term)
+			case tr.leader != leader:
+				t.Fatalf("history: decision %d (%s) by %s under term %d, which %s opened", e.seq, e.subj, leader, term, tr.leader)
+			case term != latest:
+				t.Fatalf("history: decision %d (%s) of term %d stored after term %d opened: not fenced", e.seq, e.subj, term, latest)
+			}
+		}
+		if !ok {
+			continue
+		}
+		switch typ {
+		case events.PoolApplied:
+			var d events.PoolAppliedData
+			if err := e.env.DecodeData(&d); err == nil && d.Spec.Name == "p" {
+				applied[d.Revision] = append(applied[d.Revision], d)
+				appliedLog = append(appliedLog, appliedRec{at: e.at, size: d.Spec.Size})
+			}
+		case events.ProxyRequested:
+			var d events.ProxyRequestedData
+			if err := e.env.DecodeData(&d); err == nil && d.Replaces != "" {
+				_, id, _, _, _ := events.ParseEventSubject(e.subj)
+				replacing[d.Replaces] = append(replacing[d.Replaces], id)
+			}
+		}
+	}
+	var pool struct {
+		Revision int `json:"revision"`
+	}
+	raw := pf.views(bus.BucketPools)["p"]
+	if err := json.Unmarshal(raw, &pool); err != nil {
+		t.Fatalf("history: pool p's view %q: %v", raw, err)
+	}
+	// An acknowledgement is never older than one the client already had:
+	// a pool.apply sent after another was acknowledged returns that
+	// revision or a later one (a replica answering from a projection that
+	// stopped following the log would return an older one, or take the
+	// spec for unchanged and write nothing).
+	byDone := append([]apiCall(nil), calls...)
+	sort.Slice(byDone, func(i, j int) bool { return byDone[i].done.Before(byDone[j].done) })
+	for _, c := range calls {
+		if c.op != "pool.apply" || !c.acked {
+			continue
+		}
+		for _, d := range byDone {
+			if !d.done.Before(c.sent) {
+				break
+			}
+			if d.op == "pool.apply" && d.acked && d.revision > c.revision {
+				t.Errorf("history: pool.apply of size %d sent at %s by %s was acknowledged with revision %d, older than revision %d acknowledged at %s before it was sent: a stale answer",
+					c.size, c.sent.Format("15:04:05.000"), nodeName(c.node), c.revision, d.revision, d.done.Format("15:04:05.000"))
+				break
+			}
+		}
+	}
+	acked := map[string]int{}
+	for _, c := range calls {
+		if !c.acked {
+			continue
+		}
+		acked[c.op]++
+		switch c.op {
+		case "pool.apply":
+			// The reply is the pool after the apply: its revision is the
+			// one written, or a later one when another apply followed at
+			// once. The apply itself is in the log as a pool applied
+			// event of its size stored while the call was under way, or
+			// (an unchanged spec, nothing written) the pool's latest
+			// apply when the call was sent.
+			var latest, found bool
+			for i, a := range appliedLog {
+				within := !a.at.Before(c.sent) && !a.at.After(c.done)
+				latest = a.at.Before(c.sent) && (i+1 == len(appliedLog) || !appliedLog[i+1].at.Before(c.sent))
+				if a.size == c.size && (within || latest) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("history: pool.apply of size %d via %s, sent at %s and acknowledged at %s with revision %d, is not in the log: no pool applied of that size stored during the call, nor current when it was sent",
+					c.size, nodeName(c.node), c.sent.Format("15:04:05.000"), c.done.Format("15:04:05.000"), c.revision)
+			}
+			if got := applied[c.revision]; len(got) != 1 {
+				t.Errorf("history: the log holds %d pool applied events of revision %d, want exactly one", len(got), c.revision)
+			}
+			if pool.Revision < c.revision {
+				t.Fatalf("history: pool.apply acknowledged at revision %d; pool p's view is at revision %d", c.revision, pool.Revision)
+			}
+		case "proxy.recycle":
+			if c.replacedBy == "" {
+				continue // the proxy was no longer active: nothing to decide
+			}
+			got := replacing[c.proxy]
+			if len(got) != 1 || got[0] != c.replacedBy {
+				t.Fatalf("history: proxy.recycle of %s acknowledged with replacement %s: the log holds replacements %v", c.proxy, c.replacedBy, got)
+			}
+		}
+	}
+	t.Logf("partitions: history: %d acknowledged pool.apply and %d proxy.recycle each in the log exactly once; %d decisions under %d terms, each fenced by its replica's term",
+		acked["pool.apply"], acked["proxy.recycle"], decisions, len(terms))
+	if acked["pool.apply"] == 0 || decisions == 0 {
+		t.Fatalf("history: nothing to check: %d acknowledged applies, %d decisions", acked["pool.apply"], decisions)
+	}
+}
+
+// nodeName names the node an API call went to (-1: the test's own
+// connection, to any node).
+func nodeName(i int) string {
+	if i < 0 {
+		return "any node"
+	}
+	return fmt.Sprintf("n%d", i+1)
+}
+
+// unavailability measures fault f: the longest gap between acknowledged
+// calls from the fault's start to the end of its window, and the longest
+// time work waited for a decision: for each gap between consecutive
+// decisions from the fault's start, from the first call sent in the gap
+// to the decision that ended it (the first one after the window ends the
+// last gap; with none, the window's end).
+func unavailability(f *partitionFault, log []loggedEvent) {
+	last := f.start
+	for _, c := range f.calls {
+		if c.acked {
+			if g := c.done.Sub(last); g > f.apiGap {
+				f.apiGap = g
+			}
+			last = c.done
+		}
+	}
+	if g := f.end.Sub(last); g > f.apiGap {
+		f.apiGap = g
+	}
+	var decided []time.Time
+	for _, e := range log {
+		// The reconciler's decisions: the operator's intents (pool
+		// applied, deleted) are fenced too but written by any replica.
+		_, _, typ, _, _ := events.ParseEventSubject(e.subj)
+		if typ == events.PoolApplied || typ == events.PoolDeleted {
+			continue
+		}
+		if _, _, ok := e.env.Leader(); ok && !e.at.Before(f.start) {
+			decided = append(decided, e.at)
+			if e.at.After(f.end) {
+				break // the one that ended the window's last wait
+			}
+		}
+	}
+	if len(decided) == 0 || !decided[len(decided)-1].After(f.end) {
+		decided = append(decided, f.end) // still waiting at the end
+	}
+	prev := f.start
+	for _, d := range decided {
+		for _, c := range f.calls {
+			if !c.sent.Before(prev) && c.sent.Before(d) {
+				if g := d.Sub(c.sent); g > f.decideGap {
+					f.decideGap = g
+				}
+				break
+			}
+		}
+		prev = d
+	}
+}
+
+// TestPartitions runs the system on three nodes in network namespaces and
+// partitions the network four ways while API calls keep coming: a minority
+// node isolated, the leader planner's node isolated, an asymmetric
+// partition (n1 sends to n2 but does not hear from it), and loss (with
+// latency where tc netem exists) on every link. After each fault heals,
+// the cluster tier's invariants hold (every pool at its size, no proxy
+// twice, no leaked instance, no lost command); at the end the views equal
+// a rebuild and the history check passes. It prints each fault's
+// unavailability of the API and of new decisions.
+func TestPartitions(t *testing.T) {
+	pf := newPartitionFleet(t)
+	pf.startAll()
+	sizes := map[string]int{"p": 3, "s": 2}
+	pf.apply("p", 3)
+	pf.apply("s", 2)
+	pf.invariants("start", sizes)
+
+	hold := 25 * time.Second // longer than the services' dead-server detection (bus.PingInterval × 4)
+	after := 10 * time.Second
+	var faults []*partitionFault
+	var all []apiCall
+	settle := 0
+	run := func(label string, inject func() (unreachable []int), heal func()) {
+		f := &partitionFault{label: label}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel() // a failed step ends the load too
+		done := make(chan struct{})
+		go pf.load(ctx, &f.calls, done)
+		time.Sleep(2 * time.Second)
+		f.start = time.Now()
+		down := inject()
+		pf.mu.Lock()
+		for _, i := range down {
+			pf.down[i] = true
+		}
+		pf.mu.Unlock()
+		time.Sleep(hold)
+		heal()
+		f.heal = time.Now()
+		pf.mu.Lock()
+		pf.down = map[int]bool{}
+		pf.mu.Unlock()
+		time.Sleep(after)
+		f.end = time.Now()
+		cancel()
+		<-done
+		all = append(all, f.calls...)
+		faults = append(faults, f)
+		acked := 0
+		for _, c := range f.calls {
+			if c.acked {
+				acked++
+			}
+		}
+		t.Logf("partitions: %s: %d calls, %d acknowledged", label, len(f.calls), acked)
+		// What a client saw instead of an acknowledgement, by kind.
+		errs := map[string]int{}
+		for _, c := range f.calls {
+			if !c.acked {
+				e := c.err
+				if len(e) > 100 {
+					e = e[:100] + "…"
+				}
+				errs[c.op+": "+e]++
+			}
+		}
+		for e, n := range errs {
+			t.Logf("partitions: %s: %d× %s", label, n, e)
+		}
+		unavailability(f, pf.eventLog())
+		t.Logf("partitions: %s: unavailability: API %.1fs, decisions %.1fs", label, f.apiGap.Seconds(), f.decideGap.Seconds())
+		// A settled size, outside the load's sizes and unlike the last
+		// one, so that no replica can take it for the current spec: it is
+		// applied until the pools view (read from the stream, not from a
+		// planner) holds it, and it enters the history like the load's.
+		settle++
+		sizes["p"] = []int{1, 6}[settle%2]
+		pf.settle(sizes["p"], &all)
+		pf.invariants(label, sizes)
+	}
+
+	leaderNode := func() int {
+		term := pf.currentTerm()
+		n, err := strconv.Atoi(strings.TrimPrefix(term.Leader, "planner-n"))
+		if err != nil {
+			t.Fatalf("leader %q is not one of the test's planners", term.Leader)
+		}
+		return n - 1
+	}
+
+	run("minority node isolated", func() []int {
+		i := (leaderNode() + 1) % partitionNodes
+		pf.net.isolate(i)
+		t.Logf("partitions: isolated n%d (the leader planner runs elsewhere)", i+1)
+		return []int{i}
+	}, pf.net.heal)
+
+	var before *bus.Term
+	run("leader planner's node isolated", func() []int {
+		before = pf.currentTerm()
+		i := leaderNode()
+		pf.net.isolate(i)
+		t.Logf("partitions: isolated n%d, where %s leads term %d", i+1, before.Leader, before.Number)
+		return []int{i}
+	}, pf.net.heal)
+	if after := pf.currentTerm(); after.Number <= before.Number || after.Leader == before.Leader {
+		t.Fatalf("leader's node isolated: still term %d by %s after healing, want a newer term of another replica", after.Number, after.Leader)
+	} else {
+		t.Logf("partitions: leader's node isolated: term %d by %s → term %d by %s", before.Number, before.Leader, after.Number, after.Leader)
+	}
+
+	run("asymmetric partition (n1 sends to n2, hears nothing from it)", func() []int {
+		pf.net.iptables(0, "-I", "INPUT", "-i", "eth0", "-s", pf.net.nodeIP(1), "-j", "DROP")
+		return nil
+	}, pf.net.heal)
+
+	netem := false
+	run("loss on every link (and 200ms latency with netem)", func() []int {
+		netem = pf.net.lossy()
+		return nil
+	}, pf.net.heal)
+	if !netem {
+		t.Logf("partitions: the last fault ran without latency: this kernel has no netem qdisc")
+	}
+
+	log := pf.eventLog()
+	pf.historyCheck(log, all)
+	sort.SliceStable(faults, func(i, j int) bool { return faults[i].start.Before(faults[j].start) })
+	t.Logf("partitions: unavailability per fault (held %s, measured until %s after healing):", hold, after)
+	for _, f := range faults {
+		t.Logf("partitions:   %-62s API %6.1fs   decisions %6.1fs", f.label, f.apiGap.Seconds(), f.decideGap.Seconds())
+	}
+	pf.viewsMatchRebuildAll("end")
+}
+
+// viewsMatchRebuildAll is viewsMatchRebuild for the namespaced fleet:
+// every writer stopped, the views rebuilt from the log by health
+// --rebuild-views and required identical to the projected ones.
+func (pf *partitionFleet) viewsMatchRebuildAll(label string) {
+	pf.t.Helper()
+	for i := 0; i < partitionNodes; i++ {
+		for _, s := range []string{"planner", "health", "agent"} {
+			pf.stop(fmt.Sprintf("%s-n%d", s, i+1))
+		}
+	}
+	pf.caughtUp(label, bus.EventsStream)
+	pf.caughtUp(label, "KV_"+bus.BucketProxies)
+	pf.caughtUp(label, "KV_"+bus.BucketPools)
+	snapshot := func() map[string]map[string][]byte {
+		return map[string]map[string][]byte{
+			bus.BucketProxies: pf.views(bus.BucketProxies),
+			bus.BucketPools:   pf.views(bus.BucketPools),
+		}
+	}
+	before := snapshot()
+	waitFor(pf.t, time.Minute, label+": the views to read the same twice", func() bool {
+		time.Sleep(500 * time.Millisecond)
+		again := snapshot()
+		same := sameViews(again[bus.BucketProxies], before[bus.BucketProxies]) && sameViews(again[bus.BucketPools], before[bus.BucketPools])
+		before = again
+		return same
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for attempt := 1; ; attempt++ {
+		out, err := exec.Command(filepath.Join(binDir, "health"), "--nats-url", pf.nc.urls(),
+			"--data-dir", filepath.Join(pf.dir, "health-rebuild"), "--rebuild-views").CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			pf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
+		}
+		pf.t.Logf("partitions: %s: health --rebuild-views attempt %d failed, again: %v: %s", label, attempt, err, lastLine(out))
+		time.Sleep(3 * time.Second)
+	}
+	pf.caughtUp(label, "KV_"+bus.BucketProxies)
+	pf.caughtUp(label, "KV_"+bus.BucketPools)
+	var diff string
+	if !poll(time.Minute, func() bool {
+		diff = ""
+		for bucket, want := range before {
+			if got := pf.views(bucket); !sameViews(got, want) {
+				diff = fmt.Sprintf("%s differs after rebuild:\n got %s\nwant %s", bucket, dump(got), dump(want))
+				return false
+			}
+		}
+		return true
+	}) {
+		pf.t.Fatalf("%s: %s", label, diff)
+	}
+	pf.t.Logf("partitions: %s: views identical to a rebuild (%d proxies, %d pools)", label,
+		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))
+}

@@ -147,13 +147,19 @@ func panels(r *run) []panel {
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	st := panel{title: "STREAM AND BUCKET MESSAGES (LOG10)"}
+	// Only the streams and buckets whose size changed: the others are
+	// listed in soak.json.
+	st := panel{title: "STREAM AND BUCKET MESSAGES (LOG10), THOSE THAT CHANGED"}
 	for _, k := range names {
 		l := series{name: k}
+		changed := false
 		for _, s := range r.Samples {
+			changed = changed || s.Streams[k].Msgs != r.Samples[0].Streams[k].Msgs
 			l.y = append(l.y, math.Log10(float64(s.Streams[k].Msgs)+1))
 		}
-		st.lines = append(st.lines, l)
+		if changed {
+			st.lines = append(st.lines, l)
+		}
 	}
 	ps = append(ps, st)
 	tr := panel{title: "CLIENT REQUESTS PER S, FAILED, PROXY PROCESSES"}
@@ -226,7 +232,7 @@ func draw(r *run) *image.RGBA {
 		for m := 0.0; m <= (t1-t0)/60; m += minuteStep((t1 - t0) / 60) {
 			xx := xOf(t0 + m*60)
 			fill(img, image.Rect(xx, area.Min.Y, xx+1, area.Max.Y), color.RGBA{0xdd, 0xdd, 0xdd, 255})
-			text(img, xx-4, area.Max.Y+3, fmt.Sprintf("%.0fM", m), color.RGBA{0x44, 0x44, 0x44, 255})
+			text(img, xx-4, area.Max.Y+3, fmt.Sprintf("%gM", m), color.RGBA{0x44, 0x44, 0x44, 255})
 		}
 		// The run's halves, which the bounds compare.
 		mid := xOf(r.Samples[len(r.Samples)/2].T)

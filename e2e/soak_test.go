@@ -373,7 +373,8 @@ func TestSoak(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), total)
 	defer cancel()
 	var reqs sync.WaitGroup
-	go client.run(ctx, rate, &reqs)
+	clientDone := make(chan struct{})
+	go func() { defer close(clientDone); client.run(ctx, rate, &reqs) }()
 
 	// The churn: one step every stepEvery, the same cycle over and over,
 	// so that both halves of the run see the same mix.
@@ -416,6 +417,7 @@ sampling:
 	}
 	tick.Stop()
 	<-churnDone
+	<-clientDone // no request starts any more: reqs.Wait may not race an Add
 	reqs.Wait()
 	elapsed := time.Since(t0)
 
@@ -482,7 +484,9 @@ sampling:
 	}
 
 	// The bounds.
-	for _, v := range soakCheck(run.Samples) {
+	bad, report := soakCheck(run.Samples)
+	fmt.Println(strings.Join(report, "\n"))
+	for _, v := range bad {
 		t.Error(v)
 	}
 	soakWrite(t, out, &run)
@@ -679,9 +683,8 @@ const (
 )
 
 // soakCheck applies the bounds to the samples and returns every figure
-// that broke them, and prints each figure's halves.
-func soakCheck(samples []soakSample) []string {
-	var bad []string
+// that broke them, and a line for each figure's halves.
+func soakCheck(samples []soakSample) (bad, report []string) {
 	half := len(samples) / 2
 	first, second := samples[:half], samples[half:]
 	figures := func(name string, ss []soakSample) map[string]float64 {
@@ -701,7 +704,7 @@ func soakCheck(samples []soakSample) []string {
 		for _, k := range []string{"rss_bytes", "goroutines", "open_fds"} {
 			bd := soakBounds[k]
 			limit := math.Min(a[k]*bd.Factor+bd.Slack, bd.Cap)
-			fmt.Printf("soak: %-12s %-10s first half max %12.0f, second half max %12.0f, bound %12.0f\n", n, k, a[k], b[k], limit)
+			report = append(report, fmt.Sprintf("soak: %-12s %-10s first half max %12.0f, second half max %12.0f, bound %12.0f", n, k, a[k], b[k], limit))
 			if a[k] == 0 || b[k] == 0 {
 				bad = append(bad, fmt.Sprintf("%s: %s was never read in one half of the run (first %.0f, second %.0f)", n, k, a[k], b[k]))
 				continue
@@ -743,14 +746,14 @@ func soakCheck(samples []soakSample) []string {
 		}
 		r1, m1 := rate(first)
 		r2, m2 := rate(second)
-		fmt.Printf("soak: %-28s msgs/s first half %7.2f, second half %7.2f; max msgs %d, %d; bytes at the end %d\n",
-			k, r1, r2, m1, m2, samples[len(samples)-1].Streams[k].Bytes)
+		report = append(report, fmt.Sprintf("soak: %-28s msgs/s first half %7.2f, second half %7.2f; max msgs %d, %d; bytes at the end %d",
+			k, r1, r2, m1, m2, samples[len(samples)-1].Streams[k].Bytes))
 		if r2 > math.Max(r1, 0)*soakStreamFactor+soakStreamSlack {
 			bad = append(bad, fmt.Sprintf("stream %s grew faster in the second half (%.2f msgs/s) than %.0f times the first's (%.2f) + %.1f",
 				k, r2, soakStreamFactor, r1, soakStreamSlack))
 		}
 	}
-	return bad
+	return bad, report
 }
 
 // soakWrite writes the run to out/soak.json and out/soak.csv (one row a
@@ -804,7 +807,8 @@ func TestSoakBoundsCatchALeak(t *testing.T) {
 			change(i, &smp)
 			ss = append(ss, smp)
 		}
-		return soakCheck(ss)
+		bad, _ := soakCheck(ss)
+		return bad
 	}
 	if bad := run(func(int, *soakSample) {}); len(bad) != 0 {
 		t.Fatalf("a steady run broke the bounds: %v", bad)

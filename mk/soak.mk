@@ -32,8 +32,9 @@ soak: ## the long run: churn and gateway traffic for SOAK (30m), sampled every S
 	cd e2e && $(GO) run ./internal/soakplot -in $(SOAK_OUT)/soak.json -out $(SOAK_OUT)/soak.png
 
 .PHONY: soak-pictures
-soak-pictures: ## draw docs/img/soak-run.png from the samples of the last make soak (SOAK_OUT)
-	cd e2e && $(GO) run ./internal/soakplot -in $(SOAK_OUT)/soak.json -out $(CURDIR)/docs/img/soak-run.png
+soak-pictures: ## docs/img/soak-run.png and its samples (soak-run.json) from the last make soak (SOAK_OUT)
+	cp $(SOAK_OUT)/soak.json docs/img/soak-run.json
+	cd e2e && $(GO) run ./internal/soakplot -in $(CURDIR)/docs/img/soak-run.json -out $(CURDIR)/docs/img/soak-run.png
 
 # make test-all's run: 3 minutes, sampled every 10 s, a churn step every
 # 10 s (two cycles and more of the eight steps), on the embedded JetStream

@@ -33,6 +33,9 @@ func egressThroughReadyProxy(t *testing.T, f *fleet) {
 	f.dumpLogsOnFailure()
 	f.startAll()
 	f.apply(events.PoolSpec{Name: "egress", Provider: "local", Size: 1})
+	// The proxy outlives the services (an agent's restart adopts it): the
+	// pool goes before they stop, so no proxy is left behind.
+	t.Cleanup(func() { f.deletePoolAndWait("egress") })
 	p := f.waitPool("egress", 1, "ready", 90*time.Second)[0]
 
 	nats, err := url.Parse(f.conn.ClientURL())

@@ -238,22 +238,7 @@ func newClusterFleet(t *testing.T) *clusterFleet {
 	t.Cleanup(echo.Close)
 	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}, echo: echo.Listener.Addr().String()}
 	cf.fleet = &fleet{t: t, conn: conn, api: api.NewClient(conn.NC, api.WithTimeout(5*time.Second)), dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
-	t.Cleanup(func() {
-		cf.mu.Lock()
-		names := make([]string, 0, len(cf.procs))
-		for n := range cf.procs {
-			names = append(names, n)
-		}
-		cf.mu.Unlock()
-		for _, n := range names {
-			cf.stop(n)
-		}
-		for _, d := range cf.stateDirs {
-			for _, pid := range proxyProcesses(agentExe(), d) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
+	t.Cleanup(cf.stopAll)
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -926,4 +911,23 @@ func poll(within time.Duration, cond func() bool) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return true
+}
+
+// stopAll stops every service of the fleet and kills the proxies its
+// agents left running (the proxies outlive their agents by design).
+func (cf *clusterFleet) stopAll() {
+	cf.mu.Lock()
+	names := make([]string, 0, len(cf.procs))
+	for n := range cf.procs {
+		names = append(names, n)
+	}
+	cf.mu.Unlock()
+	for _, n := range names {
+		cf.stop(n)
+	}
+	for _, d := range cf.stateDirs {
+		for _, pid := range proxyProcesses(agentExe(), d) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }

@@ -266,22 +266,7 @@ cluster {
 	cf := &clusterFleet{nc: nc, stateDirs: map[string]string{}, echo: echoLn.Addr().String()}
 	cf.fleet = &fleet{t: t, conn: conn, api: api.NewClient(conn.NC, api.WithTimeout(5*time.Second)), dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
 	pf := &partitionFleet{clusterFleet: cf, net: pn, down: map[int]bool{}}
-	t.Cleanup(func() {
-		cf.mu.Lock()
-		names := make([]string, 0, len(cf.procs))
-		for n := range cf.procs {
-			names = append(names, n)
-		}
-		cf.mu.Unlock()
-		for _, n := range names {
-			cf.stop(n)
-		}
-		for _, d := range cf.stateDirs {
-			for _, pid := range proxyProcesses(agentExe(), d) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
+	t.Cleanup(cf.stopAll)
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return

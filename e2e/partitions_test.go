@@ -435,10 +435,25 @@ func (pf *partitionFleet) settle(n int, calls *[]apiCall) {
 		var pool struct {
 			Spec events.PoolSpec `json:"spec"`
 		}
-		raw, ok := pf.views(bus.BucketPools)["p"]
-		return ok && json.Unmarshal(raw, &pool) == nil && pool.Spec.Size == n
+		holds := func() bool {
+			raw, ok := pf.views(bus.BucketPools)["p"]
+			return ok && json.Unmarshal(raw, &pool) == nil && pool.Spec.Size == n
+		}
+		if !holds() {
+			return false
+		}
+		// A load request a client gave up on may still be answered by a
+		// planner that was cut off (its queue drains after the heal) and
+		// be recorded after this apply: the size is settled only once it
+		// holds past the clients' request timeout.
+		time.Sleep(settleQuiet)
+		return holds()
 	})
 }
+
+// settleQuiet is how long a settled size must hold: longer than a load
+// request's timeout, so none a planner answers late overwrites it.
+const settleQuiet = 15 * time.Second
 
 // partitionFault is one fault and when it was in force.
 type partitionFault struct {

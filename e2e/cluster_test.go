@@ -674,66 +674,7 @@ func (cf *clusterFleet) viewsMatchRebuild(label string) {
 	for _, n := range names {
 		cf.stop(n)
 	}
-	// A view is read by direct get, which any replica answers: wait until
-	// every replica of both views holds what the projection wrote.
-	cf.caughtUp(label, bus.EventsStream)
-	cf.caughtUp(label, "KV_"+bus.BucketProxies)
-	cf.caughtUp(label, "KV_"+bus.BucketPools)
-	snapshot := func() map[string]map[string][]byte {
-		return map[string]map[string][]byte{
-			bus.BucketProxies: cf.views(bus.BucketProxies),
-			bus.BucketPools:   cf.views(bus.BucketPools),
-		}
-	}
-	// Nothing writes any more: two reads a moment apart that agree are
-	// what the replicas hold.
-	before := snapshot()
-	waitFor(cf.t, time.Minute, label+": the views to read the same twice", func() bool {
-		time.Sleep(500 * time.Millisecond)
-		again := snapshot()
-		same := sameViews(again[bus.BucketProxies], before[bus.BucketProxies]) && sameViews(again[bus.BucketPools], before[bus.BucketPools])
-		before = again
-		return same
-	})
-	// The rebuild drops and recreates the R3 views: right after a fault
-	// the cluster may time out a bucket creation, or refuse to place its
-	// replicas until the meta leader hears again from a node that was
-	// stopped ("no suitable peers"); the rebuild is idempotent and an
-	// operator runs it again.
-	deadline := time.Now().Add(2 * time.Minute)
-	for attempt := 1; ; attempt++ {
-		cmd := exec.Command(filepath.Join(binDir, "health"), "--nats-url", cf.nc.urls(),
-			"--data-dir", filepath.Join(cf.dir, "health-rebuild"), "--rebuild-views")
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			cf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
-		}
-		cf.t.Logf("cluster: %s: health --rebuild-views attempt %d failed, again: %v: %s", label, attempt, err, lastLine(out))
-		time.Sleep(3 * time.Second) // pacing between attempts of an operator's command
-	}
-	cf.caughtUp(label, "KV_"+bus.BucketProxies)
-	cf.caughtUp(label, "KV_"+bus.BucketPools)
-	// The rebuilt views are read by direct get too: a replica may serve
-	// an older value for a moment, so they must become identical, and a
-	// rebuild that differs never does.
-	var diff string
-	if !poll(time.Minute, func() bool {
-		diff = ""
-		for bucket, want := range before {
-			if got := cf.views(bucket); !sameViews(got, want) {
-				diff = fmt.Sprintf("%s differs after rebuild:\n got %s\nwant %s", bucket, dump(got), dump(want))
-				return false
-			}
-		}
-		return true
-	}) {
-		cf.t.Fatalf("%s: %s", label, diff)
-	}
-	cf.t.Logf("cluster: %s: views identical to a rebuild (%d proxies, %d pools)", label,
-		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))
+	cf.rebuildMatches("cluster", label)
 	cf.startAll()
 }
 
@@ -930,4 +871,72 @@ func (cf *clusterFleet) stopAll() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// rebuildMatches, with every writer stopped, rebuilds fleet-proxies and
+// fleet-pools from FLEET_EVENTS (health --rebuild-views) and requires
+// them byte-identical to what the services projected; tier names the
+// tier in its log lines.
+func (cf *clusterFleet) rebuildMatches(tier, label string) {
+	cf.t.Helper()
+	// A view is read by direct get, which any replica answers: wait until
+	// every replica of both views holds what the projection wrote.
+	cf.caughtUp(label, bus.EventsStream)
+	cf.caughtUp(label, "KV_"+bus.BucketProxies)
+	cf.caughtUp(label, "KV_"+bus.BucketPools)
+	snapshot := func() map[string]map[string][]byte {
+		return map[string]map[string][]byte{
+			bus.BucketProxies: cf.views(bus.BucketProxies),
+			bus.BucketPools:   cf.views(bus.BucketPools),
+		}
+	}
+	// Nothing writes any more: two reads a moment apart that agree are
+	// what the replicas hold.
+	before := snapshot()
+	waitFor(cf.t, time.Minute, label+": the views to read the same twice", func() bool {
+		time.Sleep(500 * time.Millisecond)
+		again := snapshot()
+		same := sameViews(again[bus.BucketProxies], before[bus.BucketProxies]) && sameViews(again[bus.BucketPools], before[bus.BucketPools])
+		before = again
+		return same
+	})
+	// The rebuild drops and recreates the R3 views: right after a fault
+	// the cluster may time out a bucket creation, or refuse to place its
+	// replicas until the meta leader hears again from a node that was
+	// stopped ("no suitable peers"); the rebuild is idempotent and an
+	// operator runs it again.
+	deadline := time.Now().Add(2 * time.Minute)
+	for attempt := 1; ; attempt++ {
+		cmd := exec.Command(filepath.Join(binDir, "health"), "--nats-url", cf.nc.urls(),
+			"--data-dir", filepath.Join(cf.dir, "health-rebuild"), "--rebuild-views")
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
+		}
+		cf.t.Logf("%s: %s: health --rebuild-views attempt %d failed, again: %v: %s", tier, label, attempt, err, lastLine(out))
+		time.Sleep(3 * time.Second) // pacing between attempts of an operator's command
+	}
+	cf.caughtUp(label, "KV_"+bus.BucketProxies)
+	cf.caughtUp(label, "KV_"+bus.BucketPools)
+	// The rebuilt views are read by direct get too: a replica may serve
+	// an older value for a moment, so they must become identical, and a
+	// rebuild that differs never does.
+	var diff string
+	if !poll(time.Minute, func() bool {
+		diff = ""
+		for bucket, want := range before {
+			if got := cf.views(bucket); !sameViews(got, want) {
+				diff = fmt.Sprintf("%s differs after rebuild:\n got %s\nwant %s", bucket, dump(got), dump(want))
+				return false
+			}
+		}
+		return true
+	}) {
+		cf.t.Fatalf("%s: %s", label, diff)
+	}
+	cf.t.Logf("%s: %s: views identical to a rebuild (%d proxies, %d pools)", tier, label,
+		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))
 }

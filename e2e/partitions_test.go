@@ -884,51 +884,5 @@ func (pf *partitionFleet) viewsMatchRebuildAll(label string) {
 			pf.stop(fmt.Sprintf("%s-n%d", s, i+1))
 		}
 	}
-	pf.caughtUp(label, bus.EventsStream)
-	pf.caughtUp(label, "KV_"+bus.BucketProxies)
-	pf.caughtUp(label, "KV_"+bus.BucketPools)
-	snapshot := func() map[string]map[string][]byte {
-		return map[string]map[string][]byte{
-			bus.BucketProxies: pf.views(bus.BucketProxies),
-			bus.BucketPools:   pf.views(bus.BucketPools),
-		}
-	}
-	before := snapshot()
-	waitFor(pf.t, time.Minute, label+": the views to read the same twice", func() bool {
-		time.Sleep(500 * time.Millisecond)
-		again := snapshot()
-		same := sameViews(again[bus.BucketProxies], before[bus.BucketProxies]) && sameViews(again[bus.BucketPools], before[bus.BucketPools])
-		before = again
-		return same
-	})
-	deadline := time.Now().Add(2 * time.Minute)
-	for attempt := 1; ; attempt++ {
-		out, err := exec.Command(filepath.Join(binDir, "health"), "--nats-url", pf.nc.urls(),
-			"--data-dir", filepath.Join(pf.dir, "health-rebuild"), "--rebuild-views").CombinedOutput()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			pf.t.Fatalf("%s: health --rebuild-views: %v\n%s", label, err, out)
-		}
-		pf.t.Logf("partitions: %s: health --rebuild-views attempt %d failed, again: %v: %s", label, attempt, err, lastLine(out))
-		time.Sleep(3 * time.Second)
-	}
-	pf.caughtUp(label, "KV_"+bus.BucketProxies)
-	pf.caughtUp(label, "KV_"+bus.BucketPools)
-	var diff string
-	if !poll(time.Minute, func() bool {
-		diff = ""
-		for bucket, want := range before {
-			if got := pf.views(bucket); !sameViews(got, want) {
-				diff = fmt.Sprintf("%s differs after rebuild:\n got %s\nwant %s", bucket, dump(got), dump(want))
-				return false
-			}
-		}
-		return true
-	}) {
-		pf.t.Fatalf("%s: %s", label, diff)
-	}
-	pf.t.Logf("partitions: %s: views identical to a rebuild (%d proxies, %d pools)", label,
-		len(before[bus.BucketProxies]), len(before[bus.BucketPools]))
+	pf.rebuildMatches("partitions", label)
 }

@@ -321,7 +321,7 @@ func (term *terminal) useDir(dir string) {
 	term.typeKeys("cd " + dir + "\n")
 }
 
-const stoppedLine = "stopped gateway, local-agent, health and planner"
+const stoppedLine = "stopped console, gateway, local-agent, health and planner"
 
 // TestRunStopsOnCtrlC types make run into a terminal with its output on the
 // terminal, in a file, and in a pipe (stdout alone, and with stderr), then

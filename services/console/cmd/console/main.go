@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -53,7 +54,10 @@ type flags struct {
 	historyEvery time.Duration
 	tailSize     int
 	hashPassword bool
+	tlsCert      string
+	tlsKey       string
 	users        access.Users
+	tls          *tls.Config
 }
 
 func parse(args []string) (*flags, error) {
@@ -65,6 +69,8 @@ func parse(args []string) (*flags, error) {
 	fs.IntVar(&f.pageSize, "page-size", 100, "proxies on one page of a pool (1-1000)")
 	fs.DurationVar(&f.historyEvery, "history-every", 10*time.Second, "time between two points of each pool's history of ready against desired (60 points are kept)")
 	fs.IntVar(&f.tailSize, "tail", 1000, "events of the log the events page keeps (100-100000)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM, with its chain), with --tls-key; browsers keep the session cookie (Secure) only over HTTPS or on localhost")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
 	fs.BoolVar(&f.hashPassword, "hash-password", false, "read a password from stdin (one line), print its bcrypt hash for a users file line, and exit")
 	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
@@ -80,6 +86,16 @@ func parse(args []string) (*flags, error) {
 	}
 	if f.tailSize < 100 || f.tailSize > 100_000 {
 		return nil, fmt.Errorf("--tail %d: want 100 to 100000", f.tailSize)
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together: give both or neither")
+	}
+	if f.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", f.tlsCert, f.tlsKey, err)
+		}
+		f.tls = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	loopback, err := web.IsLoopback(f.listen)
 	if err != nil {
@@ -127,6 +143,10 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	scheme := "http"
+	if f.tls != nil {
+		ln, scheme = tls.NewListener(ln, f.tls), "https"
+	}
 	base, err := service.Start(ctx, "console", f.base)
 	if err != nil {
 		_ = ln.Close()
@@ -134,6 +154,9 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 	}
 	defer base.Close()
 	log := base.Log
+	if loopback, _ := web.IsLoopback(f.listen); !loopback && f.tls == nil {
+		log.Warn("serving plain HTTP beyond loopback: browsers keep the session cookie (Secure) only over HTTPS, so signing in fails; give --tls-cert and --tls-key, or serve it behind a TLS proxy")
+	}
 
 	store := fleetview.New()
 	stats := traffic.New()
@@ -161,7 +184,7 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 	if f.users == nil {
 		mode = "open on loopback: no sign-in, every visitor is an operator"
 	}
-	log.Info("console serving", "listen", ln.Addr().String(), "url", "http://"+ln.Addr().String()+"/", "access", mode,
+	log.Info("console serving", "listen", ln.Addr().String(), "url", scheme+"://"+ln.Addr().String()+"/", "access", mode,
 		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := g.Run(ctx); err != nil {
 		return err

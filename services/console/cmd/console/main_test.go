@@ -93,3 +93,14 @@ func TestHashPassword(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTLSFlags(t *testing.T) {
+	for _, args := range [][]string{{"--tls-cert", "c.pem"}, {"--tls-key", "k.pem"}} {
+		if _, err := parse(args); err == nil || !strings.Contains(err.Error(), "--tls-cert and --tls-key go together") {
+			t.Errorf("parse %q: got %v, want both or neither", args, err)
+		}
+	}
+	if _, err := parse([]string{"--tls-cert", "missing.pem", "--tls-key", "missing.key"}); err == nil || !strings.Contains(err.Error(), "--tls-cert missing.pem") {
+		t.Errorf("missing files: got %v, want an error naming --tls-cert", err)
+	}
+}

@@ -8,6 +8,7 @@ package tail
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -146,7 +147,7 @@ func (t *Tail) describe(ev bus.Event) (Entry, bool) {
 	switch ev.Kind {
 	case events.ProxyRequested:
 		var d events.ProxyRequestedData
-		if ev.DecodeData(&d) != nil {
+		if decode(ev, &d) != nil {
 			return e, false
 		}
 		if len(t.pools) >= maxPools {
@@ -165,40 +166,40 @@ func (t *Tail) describe(ev bus.Event) (Entry, bool) {
 		e.Text = "provisioning" + where
 	case events.ProxyRunning:
 		var d events.ProxyRunningData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = "running at " + orUnknown(d.Address) + where
 	case events.ProxyReady:
 		var d events.ProxyReadyData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = fmt.Sprintf("ready: a probe went through in %d ms", d.LatencyMS)
 		if d.EgressIP != "" {
 			e.Text += ", egress " + d.EgressIP
 		}
 	case events.ProxyUnhealthy:
 		var d events.ProxyUnhealthyData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = fmt.Sprintf("unhealthy after %d failed probes: %s", d.Streak, orUnknown(d.Reason))
 	case events.ProxyFailed:
 		var d events.ProxyFailedData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = fmt.Sprintf("failed (%s)%s: %s", orUnknown(d.Class), where, orUnknown(d.Reason))
 	case events.ProxyRetiring:
 		var d events.ProxyRetiringData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = "retiring because " + orUnknown(d.Reason)
 		if d.SkipCleanup {
 			e.Text += " (its instance is left in place)"
 		}
 	case events.ProxyDisabled:
 		var d events.ProxyDisabledData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = fmt.Sprintf("disabled until %s because %s", d.Until.UTC().Format(time.TimeOnly), orUnknown(d.Reason))
 	case events.ProxyDeleted:
 		e.Text = "deleted" + where
 		delete(t.pools, ev.ID)
 	case events.ProxyAbandoned:
 		var d events.ProxyAbandonedData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		e.Text = "abandoned: " + orUnknown(d.Reason)
 		delete(t.pools, ev.ID)
 	default:
@@ -211,7 +212,7 @@ func (t *Tail) poolText(ev bus.Event) string {
 	switch ev.Kind {
 	case events.PoolApplied:
 		var d events.PoolAppliedData
-		if ev.DecodeData(&d) != nil {
+		if decode(ev, &d) != nil {
 			return "applied"
 		}
 		return fmt.Sprintf("applied: revision %d, size %d", d.Revision, d.Spec.Size)
@@ -219,11 +220,11 @@ func (t *Tail) poolText(ev bus.Event) string {
 		return "deleted: its proxies are retired"
 	case events.PoolScaled:
 		var d events.PoolScaledData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		return fmt.Sprintf("scaled to %d from %d: %s", d.Size, d.Previous, orUnknown(d.Reason))
 	case events.PoolCondition:
 		var d events.PoolConditionData
-		_ = ev.DecodeData(&d)
+		_ = decode(ev, &d)
 		s := fmt.Sprintf("%s=%s %s", d.Type, d.Status, d.Reason)
 		if d.Message != "" {
 			s += ": " + d.Message
@@ -232,6 +233,11 @@ func (t *Tail) poolText(ev bus.Event) string {
 	}
 	return ev.Kind
 }
+
+// decode reads an event's data for display: no validation, which is the
+// writers' and the projections' business (an event the tail cannot read
+// still shows, with less said).
+func decode(ev bus.Event, out any) error { return json.Unmarshal(ev.Data, out) }
 
 func orUnknown(s string) string {
 	if strings.TrimSpace(s) == "" {

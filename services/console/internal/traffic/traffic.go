@@ -177,17 +177,25 @@ func (s *Stats) Add(r events.GatewayRequest) {
 // Rate is counts over a span, per second.
 type Rate struct {
 	Counts
+	// Span is the time the counts cover; zero for no counts.
 	Span time.Duration
 }
 
+func (r Rate) per(n int64) float64 {
+	if r.Span <= 0 {
+		return 0
+	}
+	return float64(n) / r.Span.Seconds()
+}
+
 // PerSecond is the requests per second.
-func (r Rate) PerSecond() float64 { return float64(r.Requests) / r.Span.Seconds() }
+func (r Rate) PerSecond() float64 { return r.per(r.Requests) }
 
 // FailuresPerSecond is the failures per second.
-func (r Rate) FailuresPerSecond() float64 { return float64(r.Failures) / r.Span.Seconds() }
+func (r Rate) FailuresPerSecond() float64 { return r.per(r.Failures) }
 
 // BansPerSecond is the bans per second.
-func (r Rate) BansPerSecond() float64 { return float64(r.Bans) / r.Span.Seconds() }
+func (r Rate) BansPerSecond() float64 { return r.per(r.Bans) }
 
 // FailureShare is the share of the requests that failed (0 without any).
 func (r Rate) FailureShare() float64 {
@@ -205,9 +213,12 @@ func (r Rate) BanShare() float64 {
 	return float64(r.Bans) / float64(r.Requests)
 }
 
-// each calls fn with every pool slot within span before now.
-func (s *Stats) each(span time.Duration, fn func(pool string, ps *poolSlot)) {
-	nowIdx := s.now().UnixNano() / int64(SlotLen)
+// each calls fn with every pool slot of the last span/SlotLen slots, the
+// current one included, and returns the time those slots cover so far:
+// the current slot has only begun.
+func (s *Stats) each(span time.Duration, fn func(pool string, ps *poolSlot)) time.Duration {
+	now := s.now().UnixNano()
+	nowIdx := now / int64(SlotLen)
 	n := int64(span / SlotLen)
 	for i := range s.slots {
 		sl := &s.slots[i]
@@ -218,6 +229,8 @@ func (s *Stats) each(span time.Duration, fn func(pool string, ps *poolSlot)) {
 			fn(p, ps)
 		}
 	}
+	covered := time.Duration(n-1)*SlotLen + time.Duration(now-nowIdx*int64(SlotLen))
+	return max(covered, time.Second)
 }
 
 // Pools returns each pool's rate over the last [RateSpan].
@@ -225,12 +238,15 @@ func (s *Stats) Pools() map[string]Rate {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := map[string]Rate{}
-	s.each(RateSpan, func(pool string, ps *poolSlot) {
+	span := s.each(RateSpan, func(pool string, ps *poolSlot) {
 		r := out[pool]
-		r.Span = RateSpan
 		r.add(ps.Counts)
 		out[pool] = r
 	})
+	for p, r := range out {
+		r.Span = span
+		out[p] = r
+	}
 	return out
 }
 
@@ -264,12 +280,12 @@ func (s *Stats) Sites(span time.Duration) []SiteRate {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	m := map[[2]string]*SiteRate{}
-	s.each(span, func(pool string, ps *poolSlot) {
+	covered := s.each(span, func(pool string, ps *poolSlot) {
 		for site, c := range ps.sites {
 			k := [2]string{pool, site}
 			r := m[k]
 			if r == nil {
-				r = &SiteRate{Pool: pool, Site: site, Rate: Rate{Span: span}}
+				r = &SiteRate{Pool: pool, Site: site}
 				m[k] = r
 			}
 			r.add(*c)
@@ -277,6 +293,7 @@ func (s *Stats) Sites(span time.Duration) []SiteRate {
 	})
 	out := make([]SiteRate, 0, len(m))
 	for _, r := range m {
+		r.Span = covered
 		out = append(out, *r)
 	}
 	sort.Slice(out, func(i, j int) bool {

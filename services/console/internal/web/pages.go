@@ -43,7 +43,6 @@ func (s *Server) fleet() fleetBody {
 	b := fleetBody{Pools: make([]fleetPool, len(pools)), HistorySpan: s.historySpan()}
 	for i, p := range pools {
 		r := rates[p.Name]
-		r.Span = traffic.RateSpan
 		b.Pools[i] = fleetPool{PoolSummary: p, Traffic: r, History: historySVG(p.Name, p.History, 160, 36)}
 	}
 	return b
@@ -99,7 +98,6 @@ func (s *Server) pool(name, after string) poolBody {
 		return b
 	}
 	b.Traffic = s.cfg.Traffic.Pools()[name]
-	b.Traffic.Span = traffic.RateSpan
 	b.History = historySVG(name, sum.History, 480, 80)
 	for _, st := range slices.Sorted(maps.Keys(sum.Counts.States)) {
 		b.States = append(b.States, kv{st, strconv.Itoa(sum.Counts.States[st])})
@@ -329,7 +327,6 @@ func (s *Server) gateway() gatewayBody {
 	seen := map[string]bool{}
 	for _, p := range s.cfg.Store.Pools(now) {
 		r := rates[p.Name]
-		r.Span = traffic.RateSpan
 		seen[p.Name] = true
 		b.Pools = append(b.Pools, gwPool{Name: p.Name, RPS: p.RequestsPerSecond, Connections: p.Connections, Rate: r})
 	}

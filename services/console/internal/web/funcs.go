@@ -31,6 +31,8 @@ var funcs = template.FuncMap{
 			return "0"
 		case f < 10:
 			return fmt.Sprintf("%.2f", f)
+		case f < 100:
+			return fmt.Sprintf("%.1f", f)
 		default:
 			return fmt.Sprintf("%.0f", f)
 		}

@@ -236,6 +236,16 @@ func (s *Sessions) Get(id string) (*Session, bool) {
 	return &c, true
 }
 
+// Valid reports whether the session with id is live, without keeping it
+// alive: an open page's live updates do not count as use.
+func (s *Sessions) Valid(id string) bool {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := s.m[id]
+	return ss != nil && !now.After(ss.expires) && !now.After(ss.idle)
+}
+
 // End ends the session with id.
 func (s *Sessions) End(id string) {
 	s.mu.Lock()

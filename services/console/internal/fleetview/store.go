@@ -572,10 +572,24 @@ type Target struct {
 	Proxies  int
 	Entry    string
 	TargetID string
+	// Live is whether the agent's heartbeat is fresh.
+	Live bool
 }
 
+// AgentFresh is how old an agent's heartbeat may be and the agent still
+// count as alive: fleet-agents drops a key some 15s after its last
+// heartbeat without telling its watchers.
+const AgentFresh = 30 * time.Second
+
+// HealthFresh is how long a health replica counts as alive after it last
+// renewed its key (every beat, a few seconds at most): fleet-health drops
+// a lapsed key without telling its watchers either.
+const HealthFresh = 10 * time.Second
+
 // Targets returns every target an agent announced or health checked, by
-// key, and the live health replicas with the time each last renewed.
+// key, and the live health replicas with the time each last renewed. An
+// agent whose last heartbeat is older than [AgentFresh] is not alive:
+// its Agent is kept and Live is false.
 func (s *Store) Targets() ([]Target, map[string]time.Time) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -591,11 +605,13 @@ func (s *Store) Targets() ([]Target, map[string]time.Time) {
 		placed[v.Entry+"."+v.Target]++
 	}
 	out := make([]Target, 0, len(keys))
+	now := time.Now()
 	for k := range keys {
 		t := Target{Key: k, Proxies: placed[k]}
 		t.Entry, t.TargetID, _ = strings.Cut(k, ".")
 		if a, ok := s.agents[k]; ok {
 			t.Agent = &a
+			t.Live = now.Sub(a.At) < AgentFresh
 		}
 		if c, ok := s.checks[k]; ok {
 			t.Check = &c
@@ -605,7 +621,9 @@ func (s *Store) Targets() ([]Target, map[string]time.Time) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	health := make(map[string]time.Time, len(s.health))
 	for k, v := range s.health {
-		health[k] = v
+		if now.Sub(v) < HealthFresh {
+			health[k] = v
+		}
 	}
 	return out, health
 }

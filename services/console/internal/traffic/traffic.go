@@ -330,6 +330,8 @@ type Follower struct {
 	js    jetstream.JetStream
 	stats *Stats
 	log   *slog.Logger
+	// next is the stream sequence after the last record read (0: none).
+	next uint64
 }
 
 // NewFollower returns a follower of js's request log into stats.
@@ -366,13 +368,17 @@ func (f *Follower) Run(ctx context.Context) error {
 	return nil
 }
 
+// read reads the request log from where the last read ended, or from
+// [Window] ago at first: a read that starts again counts nothing twice.
 func (f *Follower) read(ctx context.Context) error {
-	start := f.stats.now().Add(-Window)
-	cons, err := f.js.OrderedConsumer(ctx, bus.RequestLogStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.GatewayLogAll},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &start,
-	})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.GatewayLogAll}}
+	if f.next > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, f.next
+	} else {
+		start := f.stats.now().Add(-Window)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
+	}
+	cons, err := f.js.OrderedConsumer(ctx, bus.RequestLogStream, cfg)
 	if err != nil {
 		return err
 	}
@@ -391,6 +397,9 @@ func (f *Follower) read(ctx context.Context) error {
 				return nil
 			}
 			return err
+		}
+		if md, err := msg.Metadata(); err == nil {
+			f.next = md.Sequence.Stream + 1
 		}
 		var r events.GatewayRequest
 		if json.Unmarshal(msg.Data(), &r) != nil {

@@ -171,8 +171,8 @@ func (s *Server) scale(ctx context.Context, name string, n int) error {
 	if !ok || sum.Pool == nil {
 		return &pageError{status: http.StatusConflict, text: "The console's view holds no pool " + name + " (deleted, or not projected yet): it cannot tell whether the pool has secrets, so it does not scale it."}
 	}
-	if note := scaleNote(sum.Pool); note != "" && sum.Pool.Spec.Autoscale == nil {
-		return &pageError{status: http.StatusConflict, text: note}
+	if p := sum.Pool; p.Provider == events.ProviderExternal || p.HasSecrets || p.Spec.Auth != nil {
+		return &pageError{status: http.StatusConflict, text: scaleNote(p)}
 	}
 	pv, err := s.cfg.API.PoolGet(ctx, name)
 	if err != nil {

@@ -91,6 +91,9 @@ func (s *Server) live(fn liveFunc) http.HandlerFunc {
 			if k == last && time.Since(sent) < s.cfg.Refresh {
 				continue
 			}
+			if !s.open() && !s.sessions.Valid(ss.ID) {
+				return // signed out or expired: the page's next load signs in again
+			}
 			last = k
 			if !send() {
 				return
@@ -130,7 +133,7 @@ func (s *Server) poolLive(r *http.Request, _ view) (func() string, func(view) ([
 	return key, func(v view) ([]patch, error) {
 		b := s.pool(name, after)
 		if !b.Known {
-			return nil, nil
+			return []patch{}, nil
 		}
 		st, err := s.fragment("pool", "poolstatus", "pool-status", v, b)
 		if err != nil {

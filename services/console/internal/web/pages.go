@@ -242,10 +242,13 @@ func (s *Server) targets() targetsBody {
 		row := targetRow{Key: t.Key, Name: t.Entry + "/" + t.TargetID, Check: t.Check, ChecksOK: t.Check != nil && t.Check.OK}
 		row.Capacity = strconv.Itoa(t.Proxies) + " placed"
 		if a := t.Agent; a != nil {
-			row.Live = true
+			row.Live = t.Live
 			row.Type = a.Type
 			row.Version = a.Version
 			row.Heartbeat = since(a.At, now) + " ago, up " + since(a.StartedAt, now)
+			if !t.Live {
+				row.Heartbeat = "none for " + since(a.At, now)
+			}
 			if a.Capacity > 0 {
 				row.Capacity += fmt.Sprintf(" of %d", a.Capacity)
 			} else {

@@ -29,6 +29,9 @@
     } catch (e) {
       return;
     }
+    if (!Array.isArray(patches)) {
+      return;
+    }
     for (var i = 0; i < patches.length; i++) {
       var el = document.getElementById(patches[i].id);
       if (!el) {

@@ -284,12 +284,12 @@ func TestRunScript(t *testing.T) {
 	}
 	var stops []time.Time
 	for _, s := range []struct{ log, msg string }{
-		{"gateway", "gateway stopped"}, {"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
+		{"console", "console stopped"}, {"gateway", "gateway stopped"}, {"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
 	} {
 		stops = append(stops, lastLogTime(t, filepath.Join(r.runDir, "logs", s.log+".log"), s.msg))
 	}
-	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) {
-		t.Errorf("stopped at %v (gateway, agent, health, planner); want that order", stops)
+	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) || !stops[3].Before(stops[4]) {
+		t.Errorf("stopped at %v (console, gateway, agent, health, planner); want that order", stops)
 	}
 }
 

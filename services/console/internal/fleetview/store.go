@@ -91,6 +91,19 @@ type Demand struct {
 	At                time.Time `json:"at"`
 }
 
+// Cooldown is one proxy kept off one site by a gateway's ban rule
+// (fleet-gateway-cooldowns): until Until, no gateway sends the site through
+// it.
+type Cooldown struct {
+	Proxy   string    `json:"proxy"`
+	Pool    string    `json:"pool"`
+	Site    string    `json:"site"`
+	Rule    string    `json:"rule"`
+	Gateway string    `json:"gateway"`
+	At      time.Time `json:"at"`
+	Until   time.Time `json:"until"`
+}
+
 // Sample is one point of a pool's history.
 type Sample struct {
 	At      time.Time
@@ -123,7 +136,9 @@ type Store struct {
 	checks  map[string]TargetCheck
 	health  map[string]time.Time // health replica -> when its key was written
 	demand  map[string]Demand    // "<pool>.<gateway>"
-	synced  map[string]bool      // bucket -> its initial values are in
+	// cooldowns are by proxy, then by their key "<proxy>.<site>".
+	cooldowns map[string]map[string]Cooldown
+	synced    map[string]bool // bucket -> its initial values are in
 	// gen counts changes of anything; targetsGen those of agents, checks
 	// and health replicas.
 	gen, targetsGen uint64
@@ -136,7 +151,7 @@ func New() *Store {
 	return &Store{
 		pools: map[string]*poolIndex{}, proxies: map[string]*events.ProxyView{}, probes: map[string]Probe{},
 		agents: map[string]Agent{}, checks: map[string]TargetCheck{}, health: map[string]time.Time{},
-		demand: map[string]Demand{}, synced: map[string]bool{},
+		demand: map[string]Demand{}, cooldowns: map[string]map[string]Cooldown{}, synced: map[string]bool{},
 	}
 }
 
@@ -405,6 +420,66 @@ func (s *Store) PutDemand(key string, v *Demand) {
 	s.sig.bump()
 }
 
+// PutCooldown records the fleet-gateway-cooldowns value under key
+// "<proxy>.<site>" (nil: deleted).
+func (s *Store) PutCooldown(key string, v *Cooldown) {
+	proxy, _, _ := strings.Cut(key, ".")
+	s.mu.Lock()
+	if v == nil {
+		if m := s.cooldowns[proxy]; m != nil {
+			delete(m, key)
+			if len(m) == 0 {
+				delete(s.cooldowns, proxy)
+			}
+		}
+	} else {
+		m := s.cooldowns[proxy]
+		if m == nil {
+			m = map[string]Cooldown{}
+			s.cooldowns[proxy] = m
+		}
+		m[key] = *v
+	}
+	pool := ""
+	if px := s.proxies[proxy]; px != nil {
+		pool = px.Pool
+	} else if v != nil {
+		pool = v.Pool
+	}
+	s.changed(pool)
+	s.mu.Unlock()
+	s.sig.bump()
+}
+
+// Cooldowns returns the cooldowns in force at now, the latest to end
+// first: of proxy id, or of every proxy when id is "".
+func (s *Store) Cooldowns(id string, now time.Time) []Cooldown {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Cooldown
+	add := func(m map[string]Cooldown) {
+		for _, c := range m {
+			if c.Until.After(now) {
+				out = append(out, c)
+			}
+		}
+	}
+	if id != "" {
+		add(s.cooldowns[id])
+	} else {
+		for _, m := range s.cooldowns {
+			add(m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Until.Equal(out[j].Until) {
+			return out[i].Until.After(out[j].Until)
+		}
+		return out[i].Proxy+out[i].Site < out[j].Proxy+out[j].Site
+	})
+	return out
+}
+
 // markSynced notes that bucket's initial values are in.
 func (s *Store) markSynced(bucket string) {
 	s.mu.Lock()
@@ -496,6 +571,8 @@ func (s *Store) summaryLocked(name string, now time.Time) PoolSummary {
 // ProxyRow is one proxy of a pool page.
 type ProxyRow struct {
 	Proxy events.ProxyView
+	// Cooling counts the sites the gateways keep off the proxy now.
+	Cooling int
 	// Probe is the proxy's last probe; HasProbe is false before the first.
 	Probe    Probe
 	HasProbe bool
@@ -515,6 +592,7 @@ type Page struct {
 // id after ("" for the first page). It finds the start by binary search
 // in the pool's sorted index.
 func (s *Store) Proxies(pool, after string, limit int) Page {
+	now := time.Now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	p := s.pools[pool]
@@ -534,6 +612,11 @@ func (s *Store) Proxies(pool, after string, limit int) Page {
 	for _, id := range p.ids[start:end] {
 		row := ProxyRow{Proxy: *s.proxies[id]}
 		row.Probe, row.HasProbe = s.probes[id]
+		for _, c := range s.cooldowns[id] {
+			if c.Until.After(now) {
+				row.Cooling++
+			}
+		}
 		pg.Rows = append(pg.Rows, row)
 	}
 	if end < len(p.ids) && end > start {

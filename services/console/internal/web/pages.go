@@ -56,6 +56,8 @@ func (s *Server) historySpan() string {
 type proxyRow struct {
 	ID, State, Reason, Age, Where, Labels, Address, Egress, Probe, Replaced string
 	Gateway                                                                 traffic.Counts
+	// Cooling counts the sites the gateways keep off the proxy.
+	Cooling int
 }
 
 type poolBody struct {
@@ -120,7 +122,7 @@ func (s *Server) pool(name, after string) poolBody {
 
 func makeRow(row fleetview.ProxyRow, gw traffic.Counts, now time.Time) proxyRow {
 	p := row.Proxy
-	out := proxyRow{ID: p.ID, State: p.State, Reason: p.Reason, Age: since(p.CreatedAt, now), Address: p.Address, Gateway: gw}
+	out := proxyRow{ID: p.ID, State: p.State, Reason: p.Reason, Age: since(p.CreatedAt, now), Address: p.Address, Gateway: gw, Cooling: row.Cooling}
 	if p.Entry != "" {
 		out.Where = p.Entry + "/" + p.Target
 	}
@@ -309,13 +311,19 @@ type gwPool struct {
 }
 
 type gatewayBody struct {
-	Stream   bool
-	Pools    []gwPool
-	Failing  []traffic.SiteRate
-	Sites    []traffic.SiteRate
-	Window   string
-	MaxSites int
+	Stream    bool
+	Pools     []gwPool
+	Failing   []traffic.SiteRate
+	Sites     []traffic.SiteRate
+	Window    string
+	MaxSites  int
+	Cooldowns []fleetview.Cooldown
+	// MoreCooldowns counts those not shown.
+	MoreCooldowns int
 }
+
+// cooldownsShown bounds the cooldowns the gateway page lists.
+const cooldownsShown = 50
 
 // sitesShown bounds the sites the gateway page lists.
 const sitesShown = 100
@@ -346,5 +354,10 @@ func (s *Server) gateway() gatewayBody {
 		sites = sites[:sitesShown]
 	}
 	b.Sites = sites
+	b.Cooldowns = s.cfg.Store.Cooldowns("", now)
+	if len(b.Cooldowns) > cooldownsShown {
+		b.MoreCooldowns = len(b.Cooldowns) - cooldownsShown
+		b.Cooldowns = b.Cooldowns[:cooldownsShown]
+	}
 	return b
 }

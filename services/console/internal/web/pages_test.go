@@ -83,8 +83,13 @@ func TestGatewayPage(t *testing.T) {
 		f.stats.Add(events.GatewayRequest{Time: now, Pool: "demo", Site: "example.com", Outcome: events.RequestOK, Proxies: []string{"demo-000000"}})
 	}
 	f.stats.Add(events.GatewayRequest{Time: now, Pool: "demo", Site: "shop.example", Outcome: events.RequestProxyError, Ban: "captcha", Proxies: []string{"demo-000001"}})
+	f.store.PutCooldown(events.CooldownKey("demo-000001", "shop.example"), &fleetview.Cooldown{Proxy: "demo-000001", Pool: "demo", Site: "shop.example", Rule: "captcha", Gateway: "gw-1", Until: now.Add(time.Hour)})
+	f.store.PutCooldown(events.CooldownKey("demo-000000", "old.example"), &fleetview.Cooldown{Proxy: "demo-000000", Pool: "demo", Site: "old.example", Rule: "captcha", Until: now.Add(-time.Minute)})
 	c := f.client(t)
 	_, body := c.get("/gateway")
+	if strings.Contains(body, "old.example") || !strings.Contains(body, `<tr><th scope="row">demo-000001</th><td><a href="/pools/demo">demo</a></td><td>shop.example</td><td>captcha</td>`) {
+		t.Errorf("the gateway page does not list the cooldown in force (only):\n%s", body)
+	}
 	for _, want := range []string{`<tr id="gw-pool-demo">`, "12.5", "shop.example", "10.0%"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the gateway page lacks %s", want)
@@ -95,8 +100,8 @@ func TestGatewayPage(t *testing.T) {
 		t.Errorf("the fleet page lacks the pool's rates:\n%s", body)
 	}
 	_, body = c.get("/pools/demo")
-	if !strings.Contains(body, "1 req, 1 failed, 1 banned") {
-		t.Errorf("the pool page lacks the gateway's counts per proxy")
+	if !strings.Contains(body, "1 req, 1 failed, 1 banned") || strings.Count(body, "kept off 1 site<") != 1 {
+		t.Errorf("the pool page lacks the gateway's counts and cooldowns per proxy")
 	}
 }
 

@@ -184,7 +184,7 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 	if f.users == nil {
 		mode = "open on loopback: no sign-in, every visitor is an operator"
 	}
-	log.Info("console serving", "listen", ln.Addr().String(), "url", scheme+"://"+ln.Addr().String()+"/", "access", mode,
+	log.Info("console serving", "listen", ln.Addr().String(), "addr", ln.Addr().String(), "url", scheme+"://"+ln.Addr().String()+"/", "access", mode,
 		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := g.Run(ctx); err != nil {
 		return err

@@ -65,6 +65,14 @@ func TestLiveBurstOf10000Proxies(t *testing.T) {
 				t.Fatal(err)
 			}
 			futures = append(futures, fut)
+			if i%1000 == 999 {
+				// At most a thousand in flight: the client's bound.
+				select {
+				case <-conn.JS.PublishAsyncComplete():
+				case <-ctx.Done():
+					t.Fatal(ctx.Err())
+				}
+			}
 		}
 		for _, fut := range futures {
 			select {

@@ -10,7 +10,9 @@
   }
   var status = document.getElementById("live-status");
   function say(text, state) {
-    if (status) {
+    // Only a change is written: the badge is a live region, and a screen
+    // reader would repeat it at every patch otherwise.
+    if (status && status.getAttribute("data-state") !== state) {
       status.textContent = text;
       status.setAttribute("data-state", state);
     }

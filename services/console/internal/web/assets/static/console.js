@@ -12,7 +12,7 @@
   function say(text, state) {
     // Only a change is written: the badge is a live region, and a screen
     // reader would repeat it at every patch otherwise.
-    if (status && status.getAttribute("data-state") !== state) {
+    if (status && (status.getAttribute("data-state") !== state || status.textContent !== text)) {
       status.textContent = text;
       status.setAttribute("data-state", state);
     }

@@ -170,7 +170,8 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 		_ = ln.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// No WriteTimeout: the live streams last as long as their pages.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	hs.RegisterOnShutdown(srv.OnShutdown)
 
 	g := rungroup.Group{Log: log}

@@ -166,7 +166,7 @@ func scaleNote(p *fleetview.Pool) string {
 	case p.HasSecrets || p.Spec.Auth != nil:
 		return "This pool has a password, user-data or credentials, which the console never holds: scale it by applying its whole spec through the API."
 	case p.Spec.Autoscale != nil:
-		return "This pool autoscales: the console scales it by changing its starting size, and autoscaling keeps it within its bounds."
+		return "This pool autoscales between its min and max, and a re-apply keeps the size autoscaling reached: change its autoscale bounds through the API."
 	}
 	return ""
 }

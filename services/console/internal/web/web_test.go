@@ -548,3 +548,27 @@ func TestLivePoolPageFollowsChangesCoalesced(t *testing.T) {
 		}
 	}
 }
+
+func TestScaleRefusedWhereAnApplyWouldNotScale(t *testing.T) {
+	f := newFixture(t, nil)
+	f.addPool("auto", 2)
+	sum, _ := f.store.Pool("auto", time.Now())
+	p := *sum.Pool
+	p.Spec.Autoscale = &events.Autoscale{Min: 1, Max: 5, TargetConnections: 4}
+	f.store.PutPool("auto", &p)
+	c := f.client(t)
+	_, page := c.get("/pools/auto")
+	if strings.Contains(page, `class="act-scale"`) || !strings.Contains(page, "autoscales between its min and max") {
+		t.Errorf("an autoscaled pool's page offers to scale it, or does not say why not")
+	}
+	if !strings.Contains(page, `class="act-delete"`) || !strings.Contains(page, `class="act-recycle"`) {
+		t.Errorf("an autoscaled pool's page lacks its other actions")
+	}
+	resp, body := c.post("/pools/auto/scale", url.Values{"csrf": {csrfOf(t, page)}, "replicas": {"4"}, "confirm": {"yes"}})
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "autoscale bounds") {
+		t.Errorf("scaling an autoscaled pool: %s, want 409 saying why\n%s", resp.Status, body)
+	}
+	if calls := f.api.Calls(); len(calls) != 0 {
+		t.Errorf("the refused scale reached the API: %v", calls)
+	}
+}

@@ -140,10 +140,10 @@ type Store struct {
 	cooldowns map[string]map[string]Cooldown
 	synced    map[string]bool // bucket -> its initial values are in
 	// gen counts changes of anything; targetsGen those of agents, checks
-	// and health replicas.
+	// and health replicas. Readers compare them to tell whether what they
+	// show changed (the live pages poll them: a burst of changes costs
+	// them nothing).
 	gen, targetsGen uint64
-
-	sig signal
 }
 
 // New returns an empty store.
@@ -154,34 +154,6 @@ func New() *Store {
 		demand: map[string]Demand{}, cooldowns: map[string]map[string]Cooldown{}, synced: map[string]bool{},
 	}
 }
-
-// signal wakes whoever waits for the next change.
-type signal struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-func (s *signal) bump() {
-	s.mu.Lock()
-	if s.ch != nil {
-		close(s.ch)
-		s.ch = nil
-	}
-	s.mu.Unlock()
-}
-
-func (s *signal) wait() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ch == nil {
-		s.ch = make(chan struct{})
-	}
-	return s.ch
-}
-
-// Changed returns a channel closed at the next change of anything in the
-// store. Readers coalesce: they wait on it, then read what they show.
-func (s *Store) Changed() <-chan struct{} { return s.sig.wait() }
 
 // Gen is a number that changes whenever anything in the store does.
 func (s *Store) Gen() uint64 {
@@ -257,7 +229,6 @@ func (s *Store) PutPool(name string, v *Pool) {
 		s.changed(name)
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // scrubPool keeps only the public part of a pool's spec, whatever the
@@ -324,7 +295,6 @@ func (s *Store) PutProxy(id string, v *events.ProxyView) {
 		}
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 func insertSorted(ids []string, id string) []string {
@@ -357,7 +327,6 @@ func (s *Store) PutProbe(id string, v *Probe) {
 	}
 	s.changed(pool)
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutAgent records the heartbeat under key "<entry>.<target>" (nil: gone).
@@ -371,7 +340,6 @@ func (s *Store) PutAgent(key string, v *Agent) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutCheck records a target's checks under key "<entry>.<target>" (nil:
@@ -386,7 +354,6 @@ func (s *Store) PutCheck(key string, v *TargetCheck) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutHealth records that health replica id renewed its key at at (zero:
@@ -401,7 +368,6 @@ func (s *Store) PutHealth(id string, at time.Time) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutDemand records one gateway's demand report under key
@@ -417,7 +383,6 @@ func (s *Store) PutDemand(key string, v *Demand) {
 	}
 	s.changed(pool)
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutCooldown records the fleet-gateway-cooldowns value under key
@@ -448,7 +413,6 @@ func (s *Store) PutCooldown(key string, v *Cooldown) {
 	}
 	s.changed(pool)
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // Cooldowns returns the cooldowns in force at now, the latest to end
@@ -486,7 +450,6 @@ func (s *Store) markSynced(bucket string) {
 	s.synced[bucket] = true
 	s.gen++
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // Counts are a pool's proxies as the fleet page shows them.
@@ -727,5 +690,4 @@ func (s *Store) Sample(now time.Time) {
 		s.changed(name)
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }

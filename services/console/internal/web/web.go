@@ -193,6 +193,9 @@ func (s *Server) OnShutdown() {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", s.static)
+	mux.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/static/favicon.svg", http.StatusMovedPermanently)
+	})
 	mux.HandleFunc("GET /{$}", s.page("fleet", s.fleetData))
 	mux.HandleFunc("GET /pools/{name}", s.page("pool", s.poolData))
 	mux.HandleFunc("GET /targets", s.page("targets", s.targetsData))

@@ -154,3 +154,28 @@ func TestStaticAssetsAndHeaders(t *testing.T) {
 		t.Errorf("GET /healthz: %s %q", resp.Status, body)
 	}
 }
+
+func TestOnlyLivePagesOpenAStream(t *testing.T) {
+	f := newFixture(t, usersOf(t))
+	f.addPool("demo", 1)
+	c := f.client(t)
+	_, login := c.get("/login")
+	if strings.Contains(login, "data-live") || strings.Contains(login, `id="live-status"`) {
+		t.Error("the sign-in page asks for live updates")
+	}
+	if resp, _ := c.get("/live/login"); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /live/login: %s, want 204 (an EventSource stops)", resp.Status)
+	}
+	c.login("otto", "correct horse battery")
+	_, page := c.get("/pools/demo")
+	if !strings.Contains(page, "<body data-live>") || !strings.Contains(page, `id="live-status"`) {
+		t.Error("the pool page does not ask for live updates")
+	}
+	_, confirm := c.post("/pools/demo/delete", url.Values{"csrf": {csrfOf(t, page)}})
+	if !strings.Contains(confirm, `id="confirm"`) || strings.Contains(confirm, "data-live") {
+		t.Error("the confirmation page asks for live updates")
+	}
+	if resp, _ := c.get("/live/pools/demo/delete"); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /live/pools/demo/delete: %s, want 204", resp.Status)
+	}
+}

@@ -206,6 +206,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /live/targets", s.live(s.targetsLive))
 	mux.HandleFunc("GET /live/events", s.live(s.eventsLive))
 	mux.HandleFunc("GET /live/gateway", s.live(s.gatewayLive))
+	// No other page has live updates: 204 tells an EventSource to stop.
+	mux.HandleFunc("GET /live/", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("POST /pools/{name}/scale", s.action("scale"))
 	mux.HandleFunc("POST /pools/{name}/delete", s.action("delete"))
 	mux.HandleFunc("POST /pools/{name}/proxies/{id}/recycle", s.action("recycle"))
@@ -247,6 +249,9 @@ type view struct {
 	CSRF    string
 	Now     time.Time
 	Body    any
+	// Live is whether the page has live updates at /live + its path:
+	// console.js opens a stream only then.
+	Live bool
 }
 
 // open reports whether the console runs without users.
@@ -314,7 +319,9 @@ func (s *Server) page(name string, build builder) http.HandlerFunc {
 			s.message(w, r, ss, http.StatusInternalServerError, "The page failed", "The console could not build this page; its log says why.", "/")
 			return
 		}
-		s.render(w, r, name, http.StatusOK, start, s.newView(ss, title, navOf(name), body))
+		v := s.newView(ss, title, navOf(name), body)
+		v.Live = true
+		s.render(w, r, name, http.StatusOK, start, v)
 	}
 }
 

@@ -5,7 +5,9 @@
 // sends at most a few patches a second, each replacing what it replaces.
 (function () {
   "use strict";
-  if (!window.EventSource) {
+  // Only the pages with live updates say so (sign-in, confirmation and
+  // message pages have none).
+  if (!window.EventSource || !document.body.hasAttribute("data-live")) {
     return;
   }
   var status = document.getElementById("live-status");

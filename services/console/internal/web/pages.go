@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/console/internal/fleetview"
 	"proxyfleet/services/console/internal/traffic"
 )
@@ -155,6 +156,7 @@ func makeRow(row fleetview.ProxyRow, gw traffic.Counts, now time.Time) proxyRow 
 	case p.Replaces != "":
 		out.Replaced = "replaces " + p.Replaces
 	}
+	out.Reason, out.Probe, out.Replaced = telemetry.RedactURL(out.Reason), telemetry.RedactURL(out.Probe), telemetry.RedactURL(out.Replaced)
 	return out
 }
 

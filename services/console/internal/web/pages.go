@@ -85,12 +85,9 @@ func (s *Server) poolData(r *http.Request) (string, any, error) {
 	if !events.IsIdentifier(name) {
 		return "", nil, &pageError{status: http.StatusNotFound, title: "No such pool", text: "A pool name is " + events.IdentifierRule + "."}
 	}
-	b := s.pool(name, r.URL.Query().Get("after"))
-	if !b.Known {
-		return "Pool " + name, b, &pageError{status: http.StatusNotFound, title: "No pool " + name,
-			text: "The console knows no pool named " + name + ": it was never applied, or it was deleted and its proxies are gone."}
-	}
-	return "Pool " + name, b, nil
+	// A pool the views do not hold (yet) has its page too, live: a pool
+	// just applied appears on it as soon as health projects it.
+	return "Pool " + name, s.pool(name, r.URL.Query().Get("after")), nil
 }
 
 func (s *Server) pool(name, after string) poolBody {

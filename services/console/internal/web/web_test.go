@@ -283,9 +283,25 @@ func TestPoolPagePagesTheProxiesByID(t *testing.T) {
 	if strings.Contains(body, "?after=") {
 		t.Error("the last page links to a next page")
 	}
-	resp, _ = c.get("/pools/nothere")
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /pools/nothere: %s, want 404", resp.Status)
+	// A pool the views do not hold yet: its page waits for it, live.
+	resp, body = c.get("/pools/later")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="pool-unknown"`) || !strings.Contains(body, `<span id="count-ready">0</span>`) || !strings.Contains(body, "<body data-live>") {
+		t.Fatalf("GET /pools/later: %s\n%s", resp.Status, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := c.live(ctx, "/live/pools/later")
+	if p := s.next(t, 5*time.Second); p != "[]" {
+		t.Errorf("the first patch of an unknown pool: %s, want none", p)
+	}
+	f.addPool("later", 3)
+	for {
+		if p := s.next(t, 5*time.Second); strings.Contains(p, `count-ready\"\u003e2\u003c`) {
+			break
+		}
+	}
+	if resp, _ := c.get("/pools/Not_An_Identifier"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /pools/Not_An_Identifier: %s, want 404", resp.Status)
 	}
 }
 

@@ -227,8 +227,15 @@ func (d *Delayer) request(msg uint16, body []byte) error {
 	}
 	buf := make([]byte, 1<<16)
 	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	if err := d.f.SetReadDeadline(deadline); err != nil {
+		return err
+	}
+	defer func() { _ = d.f.SetReadDeadline(time.Time{}) }()
+	for {
 		n, err := d.recv(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errors.New("no acknowledgement from the kernel within 5s")
+		}
 		if err != nil {
 			return err
 		}
@@ -249,7 +256,6 @@ func (d *Delayer) request(msg uint16, body []byte) error {
 			return nil
 		}
 	}
-	return errors.New("no acknowledgement from the kernel within 5s")
 }
 
 // send writes one nfnetlink_queue message for d's queue.

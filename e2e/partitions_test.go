@@ -398,6 +398,25 @@ cluster {
 			_ = os.WriteFile(filepath.Join(keep, nc.nodes[i].name+".log"), b, 0o644)
 		}
 		t.Logf("logs kept in %s", keep)
+		// The views come from health's one pinned projector: say who
+		// holds the consumer and how far it is, for a stuck projection.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if cons, err := conn.JS.Consumer(ctx, bus.EventsStream, bus.HealthProjection); err != nil {
+			t.Logf("consumer %s: %v", bus.HealthProjection, err)
+		} else if info, err := cons.Info(ctx); err != nil {
+			t.Logf("consumer %s: %v", bus.HealthProjection, err)
+		} else {
+			b, _ := json.Marshal(struct {
+				Delivered, AckFloor jetstream.SequenceInfo
+				NumPending          uint64
+				NumAckPending       int
+				NumWaiting          int
+				Cluster             *jetstream.ClusterInfo
+				PriorityGroups      []jetstream.PriorityGroupState
+			}{info.Delivered, info.AckFloor, info.NumPending, info.NumAckPending, info.NumWaiting, info.Cluster, info.PriorityGroups})
+			t.Logf("consumer %s at the end: %s", bus.HealthProjection, b)
+		}
 	})
 	boot := exec.Command(filepath.Join(binDir, "planner"), "bootstrap", "--nats-url", nc.urls(),
 		"--data-dir", filepath.Join(cf.dir, "bootstrap"), "--agent", "local/n1", "--agent", "local/n2", "--agent", "local/n3")

@@ -9,6 +9,7 @@ package testnet
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -36,6 +37,33 @@ func Refusing(t testing.TB) *net.TCPAddr {
 func Shared(t testing.TB) *net.TCPAddr {
 	t.Helper()
 	return reserve(t, true)
+}
+
+// Killable returns a loopback listener whose port stays held after the
+// listener closes: a test's server "dies" by closing it, and from then on
+// a dial to its address is refused at once. A port freed by a plain Close
+// goes back to the kernel, which may give it to the next listener on :0
+// (another test's server), so a dial meant to fail would reach a stranger
+// instead. The port is held by a [Shared] reservation; the listener binds
+// it with SO_REUSEPORT.
+func Killable(t testing.TB) net.Listener {
+	t.Helper()
+	addr := reserve(t, true)
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", addr.String())
+	if err != nil {
+		t.Fatalf("testnet: listen on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
 }
 
 func reserve(t testing.TB, reusePort bool) *net.TCPAddr {

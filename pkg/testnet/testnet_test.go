@@ -23,6 +23,32 @@ func TestRefusingRefusesAndHoldsThePort(t *testing.T) {
 	}
 }
 
+// TestKillableRefusesOnceClosed: a Killable listener serves until it is
+// closed; then a dial is refused and its port cannot be taken by another
+// listener.
+func TestKillableRefusesOnceClosed(t *testing.T) {
+	ln := testnet.Killable(t)
+	addr := ln.Addr().String()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial %s while it listens: %v", addr, err)
+	}
+	c.Close()
+	ln.Close()
+	if _, err := net.Dial("tcp", addr); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial %s after close = %v, want connection refused", addr, err)
+	}
+	if other, err := net.Listen("tcp", addr); err == nil {
+		other.Close()
+		t.Fatalf("listen on %s after close succeeded; the port is not held", addr)
+	}
+}
+
 // TestSharedPortServesTheChildListener: a listener that also asks for
 // SO_REUSEPORT binds the reserved port and receives its connections.
 func TestSharedPortServesTheChildListener(t *testing.T) {

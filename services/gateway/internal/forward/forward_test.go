@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/testnet"
 	"proxyfleet/services/gateway/internal/ban"
 	"proxyfleet/services/gateway/internal/route"
 )
@@ -38,7 +39,7 @@ type upstream struct {
 func newUpstream(t *testing.T, auth string) *upstream {
 	u := &upstream{t: t, auth: auth}
 	tr := &http.Transport{}
-	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.requests.Add(1)
 		u.mu.Lock()
 		u.seenAuth = append(u.seenAuth, r.Header.Get("Proxy-Authorization"))
@@ -92,6 +93,12 @@ func newUpstream(t *testing.T, auth string) *upstream {
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
 	}))
+	// A test kills an upstream by closing its server: its port stays held,
+	// so a dial to it is refused rather than reaching another test's
+	// server on a reused port.
+	u.srv.Listener.Close()
+	u.srv.Listener = testnet.Killable(t)
+	u.srv.Start()
 	t.Cleanup(u.srv.Close)
 	t.Cleanup(tr.CloseIdleConnections)
 	return u

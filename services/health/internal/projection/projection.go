@@ -274,7 +274,12 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
 	}
-	if len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID == "" {
+	var holder string
+	if len(info.PriorityGroups) > 0 {
+		holder = info.PriorityGroups[0].PinnedClientID
+	}
+	p.log.Debug("following the consumer", "pinned_to", holder, "ack_floor", info.AckFloor.Stream, "pending", info.NumPending)
+	if holder == "" {
 		if _, err := p.reset(ctx); err != nil {
 			return err
 		}

@@ -291,8 +291,8 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		// next is the consumer (delivery) sequence the next message
 		// delivered under pin must carry, from the last reset on.
 		next uint64
-		// last is when this projector last received a delivery, or
-		// last pulled afresh.
+		// last is when this projector last received a delivery,
+		// applied a batch, or pulled afresh (see [Projector.receive]).
 		last = time.Now()
 	)
 	defer func() {
@@ -336,6 +336,9 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			if err := p.applyBatch(ctx, b, true); err != nil {
 				return err
 			}
+			// A batch that took long to apply (its writes retried)
+			// is progress too: the stall check counts from here.
+			last = time.Now()
 			p.behind.Store(len(src.in) >= behindAt)
 			continue
 		}

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -72,3 +73,10 @@ func (p *Projector) PullAndForget(ctx context.Context) error {
 
 // StopWait is how long a stopped pull waits at most for its unsubscribe.
 const StopWait = stopWait
+
+// SetStall sets how long a pinned projector may receive nothing while
+// events wait before it gives the pin up.
+func (p *Projector) SetStall(d time.Duration) { p.stallAfter = d }
+
+// SetDeaf sets the deaf test hook (see Projector.deaf).
+func (p *Projector) SetDeaf(f func() bool) { p.deaf = f }

@@ -72,7 +72,22 @@ const (
 	stopWait = 5 * time.Second
 	// stopPoll is how often a stopped pull checks that it unsubscribed.
 	stopPoll = 5 * time.Millisecond
+	// stallAfter is how long a pinned projector may receive nothing while
+	// the consumer has events for it (not delivered yet, or delivered and
+	// not acknowledged) before it counts as stalled and gives the pin up
+	// (see [Projector.receive]). A working projector gets every such
+	// event within bus.HealthProjectionAckWait (a delivery it lost comes
+	// again then), and its pull requests are renewed every pullExpiry, so
+	// past both nothing legitimate is still on its way.
+	stallAfter = bus.HealthProjectionAckWait + pullExpiry
+	// stallCheck is how often a waiting projector looks at the time since
+	// its last delivery.
+	stallCheck = time.Second
 )
+
+// errStalled ends [Projector.follow] when the projector holds the pin and
+// receives nothing although the consumer has events for it.
+var errStalled = errors.New("pinned to this projector, which receives nothing of the events waiting; giving the consumer up")
 
 // pinHeader names the pin of the projector a message was delivered to.
 const pinHeader = "Nats-Pin-Id"
@@ -151,6 +166,13 @@ type Projector struct {
 	// replayKeys bounds the keys of one batch of a replay: replayKeyLimit
 	// but in tests.
 	replayKeys int
+	// stallAfter is stallAfter but in tests.
+	stallAfter time.Duration
+
+	// deaf, a test hook, simulates deliveries that never reach the
+	// projector while its pull requests go on (and renew its pin): while
+	// it returns true, every message pulled is dropped unseen.
+	deaf func() bool
 
 	// crash, a test hook, simulates the process dying in a batch: it is
 	// asked about every KV write (wave, bucket, key), and once (-1, "",
@@ -176,7 +198,7 @@ func New(c *bus.Conn, log *slog.Logger, tel *telemetry.Telemetry) *Projector {
 	return &Projector{
 		conn: c, log: log, tracer: tracer, meter: meter, applied: applied, statsEvery: bus.ConsumerMetricsInterval, rejects: bus.NewRejects(log, 0), misplaced: bus.NewRejects(log, 0),
 		proxies: newBucket[Proxy](bus.BucketProxies, log), pools: newBucket[Pool](bus.BucketPools, log),
-		replayKeys: replayKeyLimit,
+		replayKeys: replayKeyLimit, stallAfter: stallAfter,
 	}
 }
 
@@ -252,7 +274,12 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("consumer %s: %w", ConsumerName, err)
 	}
-	if len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID == "" {
+	var holder string
+	if len(info.PriorityGroups) > 0 {
+		holder = info.PriorityGroups[0].PinnedClientID
+	}
+	p.log.Debug("following the consumer", "pinned_to", holder, "ack_floor", info.AckFloor.Stream, "pending", info.NumPending)
+	if holder == "" {
 		if _, err := p.reset(ctx); err != nil {
 			return err
 		}
@@ -264,6 +291,9 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		// next is the consumer (delivery) sequence the next message
 		// delivered under pin must carry, from the last reset on.
 		next uint64
+		// last is when this projector last received a delivery,
+		// applied a batch, or pulled afresh (see [Projector.receive]).
+		last = time.Now()
 	)
 	defer func() {
 		if src != nil {
@@ -282,7 +312,7 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			}
 			src = newSource(p, it, pin, maxAckPending)
 		}
-		b, err := src.next(ctx, batchLimit, 0)
+		b, err := p.receive(ctx, cons, src, pin, &last)
 		if err != nil {
 			return err
 		}
@@ -306,6 +336,9 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 			if err := p.applyBatch(ctx, b, true); err != nil {
 				return err
 			}
+			// A batch that took long to apply (its writes retried)
+			// is progress too: the stall check counts from here.
+			last = time.Now()
 			p.behind.Store(len(src.in) >= behindAt)
 			continue
 		}
@@ -320,9 +353,52 @@ func (p *Projector) follow(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		pin, next = b.pin, first
+		pin, next, last = b.pin, first, time.Now()
+		p.log.Debug("consumer reset to its acknowledgement floor; pulling again", "pin", pin, "first_delivery", first)
 		p.proxies.forget()
 		p.pools.forget()
+	}
+}
+
+// receive returns the next batch of src. While it waits it checks, every
+// stallCheck, whether this projector holds the pin (pin, set once it
+// reset the consumer) and has received nothing for stallAfter although
+// the consumer has events for it: it then returns errStalled, and
+// [Projector.follow]'s return unpins the consumer so another projector
+// takes over. Without this, a projector whose pull requests go on
+// (renewing the pin, and answered by heartbeats, so its iterator reports
+// no error) while no delivery reaches it would keep the pin, and the
+// views would stay where they are, for as long as it runs.
+func (p *Projector) receive(ctx context.Context, cons jetstream.Consumer, src *source, pin string, last *time.Time) (*batchIn, error) {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, stallCheck)
+		b, err := src.next(wctx, batchLimit, 0)
+		cancel()
+		if err == nil {
+			*last = time.Now()
+			return b, nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return nil, err
+		}
+		if pin == "" || time.Since(*last) < p.stallAfter {
+			continue
+		}
+		ictx, icancel := context.WithTimeout(ctx, stopWait)
+		info, err := cons.Info(ictx)
+		icancel()
+		if err != nil {
+			// The iterator's heartbeats tell whether the server is
+			// still there; ask again at the next check.
+			p.log.Debug("no delivery for a while and the consumer cannot be read", "for", time.Since(*last).Round(time.Second).String(), "err", err)
+			continue
+		}
+		if len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID != pin ||
+			(info.NumPending == 0 && info.NumAckPending == 0) {
+			continue // idle, or no longer this projector's
+		}
+		return nil, fmt.Errorf("%w (no delivery for %s; %d events not delivered, %d unacknowledged)",
+			errStalled, time.Since(*last).Round(time.Second), info.NumPending, info.NumAckPending)
 	}
 }
 
@@ -603,8 +679,12 @@ type source struct {
 	wg   sync.WaitGroup
 	pin  string
 	nc   *nats.Conn
+	log  *slog.Logger
 	held *delivery // the start of the next batch: a message or the error
-	seen string    // the pin of the last message pulled, kept by the puller
+	// seen is the pin of the last message pulled, kept by the puller.
+	seen atomic.Pointer[string]
+	// exited: the puller has returned (see [source.stop]).
+	exited bool
 }
 
 // delivery is one message and its event, or the error that ended the
@@ -631,13 +711,17 @@ type batchIn struct {
 // while the caller applies the previous batch. A batch holds the messages
 // of one pin: the pin the caller holds, or the first message alone.
 func newSource(p *Projector, it jetstream.MessagesContext, pin string, ahead int) *source {
-	s := &source{it: it, nc: p.conn.NC, in: make(chan delivery, ahead), done: make(chan struct{}), pin: pin}
+	s := &source{it: it, nc: p.conn.NC, log: p.log, in: make(chan delivery, ahead), done: make(chan struct{}), pin: pin}
 	s.wg.Go(func() {
 		for {
 			m, err := it.Next()
 			d := delivery{msg: m, err: err}
 			if err == nil {
-				s.seen = m.Headers().Get(pinHeader)
+				seen := m.Headers().Get(pinHeader)
+				s.seen.Store(&seen)
+				if p.deaf != nil && p.deaf() {
+					continue
+				}
 				if md, merr := m.Metadata(); merr == nil {
 					d.ev, d.ok, d.end = p.prepare(md.Sequence.Stream, m.Subject(), m.Data(), m.Headers()), true, md.NumPending
 				}
@@ -743,18 +827,41 @@ func (b *batchIn) add(d delivery, until uint64) {
 
 // stop ends the pulling, dropping the messages in flight, and returns the
 // pin of the last message pulled ("" if none was).
+//
+// It waits at most stopWait for the puller to return: the iterator's Next
+// returns once the client has unsubscribed, which nothing on this side
+// bounds, and a projector waiting for it without end would neither
+// project nor give its pin up. A puller that did not return is left
+// behind; it returns whenever Next does, and drops what it got.
 func (s *source) stop() string {
 	s.it.Stop()
 	close(s.done)
-	s.wg.Wait()
-	return s.seen
+	exited := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(exited)
+	}()
+	t := time.NewTimer(stopWait)
+	defer t.Stop()
+	select {
+	case <-exited:
+		s.exited = true
+	case <-t.C:
+		s.log.Warn("pulling did not stop in time; going on without waiting for it", "waited", stopWait.String())
+	}
+	if seen := s.seen.Load(); seen != nil {
+		return *seen
+	}
+	return ""
 }
 
 // forgotten returns once the server has dropped the pull requests of the
 // stopped source s (their inbox has no subscriber any more), so that a
 // reset made after it delivers nothing to them.
 func (s *source) forgotten() {
-	if it, ok := s.it.(interface{ Closed() <-chan struct{} }); ok {
+	// Closed takes the lock the iterator's Next holds while it waits: only
+	// once the puller returned can it be asked.
+	if it, ok := s.it.(interface{ Closed() <-chan struct{} }); ok && s.exited {
 		// The channel Closed returns for a Messages iterator is closed
 		// only if the iterator has unsubscribed by the time Closed is
 		// called (its unsubscribe, after Stop, is asynchronous): ask

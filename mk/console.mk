@@ -43,15 +43,19 @@ PREREQ_CHECK_axe  := test -e $(AXE_DIR)/.installed
 # The browser harness's own tests (a loopback page under the console's
 # Content-Security-Policy, the guard, axe-core finding what it should),
 # then the console's. PROXYFLEET_REQUIRE_INTEGRATION=1: a missing chromium
-# or axe-core fails them instead of skipping.
+# or axe-core fails them instead of skipping. No -race: the 10,000-proxy
+# pool's JetStream server runs embedded in the test process, which the
+# race detector would slow several-fold, and the tests' own code is a
+# browser driver (the services' races are make test's).
 CONSOLE_TESTS ?= ^TestConsole
+CONSOLE_GOTEST_FLAGS ?= -count=1 -timeout 30m
 
 .PHONY: test-console
 test-console: chromium-install axe-install ## the console in headless Chromium: live pages, actions, roles, CSRF, 10,000 proxies, axe-core (root; installs chromium, axe-core)
 	cd e2e && PROXYFLEET_CHROMIUM=$(CHROMIUM) PROXYFLEET_AXE=$(AXE_JS) PROXYFLEET_REQUIRE_INTEGRATION=1 \
-		$(GO) test -tags console $(GOTEST_FLAGS) -v -run '^TestBrowser' ./internal/browser/
+		$(GO) test -tags console $(CONSOLE_GOTEST_FLAGS) -v -run '^TestBrowser' ./internal/browser/
 	cd e2e && PROXYFLEET_CHROMIUM=$(CHROMIUM) PROXYFLEET_AXE=$(AXE_JS) PROXYFLEET_REQUIRE_INTEGRATION=1 \
-		$(GO) test -tags console $(GOTEST_FLAGS) -v -run '$(CONSOLE_TESTS)' .
+		$(GO) test -tags console $(CONSOLE_GOTEST_FLAGS) -v -run '$(CONSOLE_TESTS)' .
 
 TEST_ALL_TIERS += test-console
 TIER_NEEDS_test-console := debian-packages axe

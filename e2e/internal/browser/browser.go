@@ -161,6 +161,12 @@ func (b *Browser) NewTab() (context.Context, context.CancelFunc) {
 	return chromedp.NewContext(b.ctx)
 }
 
+// NewSession opens a tab in a browser context of its own: its cookies and
+// storage are its own, as a second visitor's would be; cancel closes it.
+func (b *Browser) NewSession() (context.Context, context.CancelFunc) {
+	return chromedp.NewContext(b.ctx, chromedp.WithNewBrowserContext())
+}
+
 // Refused lists the hosts (host:port) outside loopback the browser tried
 // to reach since it started, in order, each once.
 func (b *Browser) Refused() []string { return b.guard.refused() }

@@ -188,7 +188,13 @@ func TestBrowserReachesLoopbackOnly(t *testing.T) {
 	if err := chromedp.Do(tab, chromedp.Navigate("https://198.51.100.7/")); err == nil {
 		t.Errorf("an HTTPS navigation outside loaded a page")
 	}
-	want := []string{"192.0.2.1:80", "assets.example.net:443", "203.0.113.9:8080", "outside.example:80", "198.51.100.7:443"}
+	// A tab in a browser context of its own goes through the guard too.
+	session, cancelSession := b.NewSession()
+	defer cancelSession()
+	if err := chromedp.Do(session, chromedp.Navigate("http://second.example/")); err != nil {
+		t.Logf("navigation outside from a second session: %v", err)
+	}
+	want := []string{"192.0.2.1:80", "assets.example.net:443", "203.0.113.9:8080", "outside.example:80", "198.51.100.7:443", "second.example:80"}
 	ctx, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel2()
 	if err := testwait.For(ctx, func() bool {

@@ -39,13 +39,14 @@ help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_-]+:.*## /{printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "make run's knobs (docs/local.md): PROXYFLEET_RUN_DIR (.run), PROXYFLEET_NATS_ADDR (127.0.0.1:4222),"
-	@echo "PROXYFLEET_ECHO_ADDR (127.0.0.1:8480), PROXYFLEET_GATEWAY_ADDR (127.0.0.1:8888), PROXYFLEET_PORTS (20000-20999),"
+	@echo "PROXYFLEET_ECHO_ADDR (127.0.0.1:8480), PROXYFLEET_GATEWAY_ADDR (127.0.0.1:8888), PROXYFLEET_CONSOLE_ADDR (127.0.0.1:8090),"
+	@echo "PROXYFLEET_PORTS (20000-20999),"
 	@echo "PROXYFLEET_LOG_LEVEL (info);"
-	@echo "port 0 lets the kernel pick. More flags per service: PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS, e.g."
+	@echo "port 0 lets the kernel pick. More flags per service: PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS, CONSOLE_FLAGS, e.g."
 	@echo '  make run AGENT_FLAGS="--source-addrs 203.0.113.10,203.0.113.11 --squid /usr/sbin/squid"'
 
 # The binaries make run starts; `make build` builds every service.
-RUN_SERVICES := planner health local-agent gateway
+RUN_SERVICES := planner health local-agent gateway console
 
 .PHONY: build
 build: $(addprefix build-,$(SERVICES)) ## build every service binary into ./bin
@@ -104,7 +105,7 @@ $(BIN)/nats: $(NATSCLI_BIN)
 nats: $(BIN)/nats ## link the pinned nats CLI into ./bin/nats (built once into ~/.cache/proxyfleet)
 
 .PHONY: run
-run: $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## start NATS (embedded), planner, health, local-agent and the gateway; Ctrl-C stops them (knobs: docs/local.md)
+run: $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## start NATS (embedded), planner, health, local-agent, the gateway and the console (http://127.0.0.1:8090); Ctrl-C stops them (knobs: docs/local.md)
 	@./scripts/run.sh
 
 .PHONY: rebuild-views

@@ -59,7 +59,7 @@ var (
 func needBinaries(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() {
-		for _, svc := range []string{"planner", "health", "local-agent", "gateway"} {
+		for _, svc := range []string{"planner", "health", "local-agent", "gateway", "console"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", svc, err, out)

@@ -88,8 +88,8 @@ func TestRunBannerMetrics(t *testing.T) {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	if got := strings.Join(names, " "); got != "health local-agent planner" {
-		t.Errorf("banner's metrics services %q; want health local-agent planner (the gateway's metrics are off)", got)
+	if got := strings.Join(names, " "); got != "console health local-agent planner" {
+		t.Errorf("banner's metrics services %q; want console health local-agent planner (the gateway's metrics are off)", got)
 	}
 	if len(targets) != len(urls) {
 		t.Errorf("metrics-targets.json %v; banner %v", targets, urls)
@@ -226,7 +226,7 @@ func TestObserve(t *testing.T) {
 	}
 
 	// Every service is a target that is up.
-	waitFor(t, 60*time.Second, "Prometheus to scrape the 4 services", func() bool {
+	waitFor(t, 60*time.Second, "Prometheus to scrape the 5 services", func() bool {
 		var res struct {
 			Data struct {
 				ActiveTargets []struct {
@@ -244,7 +244,7 @@ func TestObserve(t *testing.T) {
 				up[tg.Labels["job"]] = true
 			}
 		}
-		return up["planner"] && up["health"] && up["local-agent"] && up["gateway"]
+		return up["planner"] && up["health"] && up["local-agent"] && up["gateway"] && up["console"]
 	})
 	// The planner's report of the pool, as Prometheus stored it.
 	query := func(q string) (float64, bool) {

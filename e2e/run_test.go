@@ -56,7 +56,7 @@ func runEnv(t *testing.T, runDir string, env ...string) []string {
 	}
 	testgate.NeedFile(t, natsCLI, "the pinned nats CLI (make nats)")
 	bin := t.TempDir()
-	for _, name := range []string{"planner", "health", "local-agent", "gateway"} {
+	for _, name := range []string{"planner", "health", "local-agent", "gateway", "console"} {
 		if err := os.Symlink(filepath.Join(binDir, name), filepath.Join(bin, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -70,6 +70,7 @@ func runEnv(t *testing.T, runDir string, env ...string) []string {
 		"PROXYFLEET_NATS_ADDR=127.0.0.1:0",
 		"PROXYFLEET_ECHO_ADDR=127.0.0.1:0",
 		"PROXYFLEET_GATEWAY_ADDR=127.0.0.1:0",
+		"PROXYFLEET_CONSOLE_ADDR=127.0.0.1:0",
 		// Proxy ports from the kernel, and so a capacity (a test's own
 		// AGENT_FLAGS replace these).
 		"PROXYFLEET_PORTS=0",
@@ -121,7 +122,7 @@ func startRunScriptIn(t *testing.T, runDir string, env []string) *runScript {
 		cleanScript(t, "stop", r.runDir)
 		if t.Failed() {
 			t.Logf("---- run.sh output ----\n%s", r.output())
-			for _, name := range []string{"planner", "health", "local-agent", "gateway"} {
+			for _, name := range []string{"planner", "health", "local-agent", "gateway", "console"} {
 				b, _ := os.ReadFile(filepath.Join(r.runDir, "logs", name+".log"))
 				if len(b) > 6000 {
 					b = b[len(b)-6000:]
@@ -277,18 +278,18 @@ func TestRunScript(t *testing.T) {
 	if r.err != nil {
 		t.Errorf("run.sh after SIGINT: %v, want exit status 0", r.err)
 	}
-	want := "stopped gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)\n"
+	want := "stopped console, gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)\n"
 	if after != want {
 		t.Errorf("run.sh printed after SIGINT:\n%q\nwant one line:\n%q", after, want)
 	}
 	var stops []time.Time
 	for _, s := range []struct{ log, msg string }{
-		{"gateway", "gateway stopped"}, {"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
+		{"console", "console stopped"}, {"gateway", "gateway stopped"}, {"local-agent", "agent stopped"}, {"health", "health stopped"}, {"planner", "planner stopped"},
 	} {
 		stops = append(stops, lastLogTime(t, filepath.Join(r.runDir, "logs", s.log+".log"), s.msg))
 	}
-	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) {
-		t.Errorf("stopped at %v (gateway, agent, health, planner); want that order", stops)
+	if !stops[0].Before(stops[1]) || !stops[1].Before(stops[2]) || !stops[2].Before(stops[3]) || !stops[3].Before(stops[4]) {
+		t.Errorf("stopped at %v (console, gateway, agent, health, planner); want that order", stops)
 	}
 }
 

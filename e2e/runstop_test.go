@@ -241,7 +241,7 @@ func runServices(runDir string) map[int]string {
 	return found
 }
 
-// servicePids returns the pid of each of make run's four services, failing
+// servicePids returns the pid of each of make run's five services, failing
 // unless each runs exactly once.
 func servicePids(t *testing.T, runDir string) map[string]int {
 	t.Helper()
@@ -253,8 +253,8 @@ func servicePids(t *testing.T, runDir string) map[string]int {
 		}
 		pids[name] = pid
 	}
-	if len(pids) != 4 {
-		t.Fatalf("services with their state in %s: %v, want planner, health, local-agent and gateway", runDir, pids)
+	if len(pids) != 5 {
+		t.Fatalf("services with their state in %s: %v, want planner, health, local-agent, gateway and console", runDir, pids)
 	}
 	return pids
 }
@@ -321,7 +321,7 @@ func (term *terminal) useDir(dir string) {
 	term.typeKeys("cd " + dir + "\n")
 }
 
-const stoppedLine = "stopped gateway, local-agent, health and planner"
+const stoppedLine = "stopped console, gateway, local-agent, health and planner"
 
 // TestRunStopsOnCtrlC types make run into a terminal with its output on the
 // terminal, in a file, and in a pipe (stdout alone, and with stderr), then

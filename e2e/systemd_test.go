@@ -36,7 +36,7 @@ func TestSystemdUnitsHardened(t *testing.T) {
 	for _, u := range units {
 		names = append(names, filepath.Base(u))
 	}
-	for _, want := range []string{"planner.service", "health.service", "local-agent.service", "kvm-agent.service", "gateway.service"} {
+	for _, want := range []string{"planner.service", "health.service", "local-agent.service", "kvm-agent.service", "gateway.service", "console.service"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("deploy/systemd lacks %s (found %v)", want, names)
 		}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts the whole system on one machine: the planner (hosting the embedded
-# NATS server), the health service, a local-agent and the crawler gateway,
-# each as its own process, with state under ./.run. Ctrl-C, SIGTERM and
-# SIGHUP stop them in order (gateway, agent, health, planner); they stop by
+# NATS server), the health service, a local-agent, the crawler gateway and
+# the console, each as its own process, with state under ./.run. Ctrl-C,
+# SIGTERM and SIGHUP stop them in order (console, gateway, agent, health,
+# planner); they stop by
 # themselves if the script dies; a run finds the services an earlier one
 # left and stops them. Proxy processes keep running and are found again by
 # the next `make run` (see docs/local.md).
@@ -21,15 +22,17 @@
 #                         free port)
 #   PROXYFLEET_GATEWAY_ADDR  the gateway's client address (127.0.0.1:8888;
 #                         port 0: a free port); it accepts any password there
+#   PROXYFLEET_CONSOLE_ADDR  the console's address (127.0.0.1:8090; port 0: a
+#                         free port); open without sign-in, so loopback only
 #   PROXYFLEET_PORTS      the local-agent's proxy port range (20000-20999)
 #                         (0: ports from the kernel; give the agent --capacity)
-#   PROXYFLEET_BIN        where planner, health, local-agent, gateway and nats
+#   PROXYFLEET_BIN        where planner, health, local-agent, gateway, console and nats
 #                         are (./bin)
 #   PROXYFLEET_LOG_LEVEL  every service's log level (info)
 #   PROXYFLEET_LABELS     the local-agent's target labels, key=value[,...]
 #                         (region=local; empty: none); the banner's labelled
 #                         example uses the first
-#   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS
+#   PLANNER_FLAGS, HEALTH_FLAGS, AGENT_FLAGS, GATEWAY_FLAGS, CONSOLE_FLAGS
 #                         extra flags for each service, split at spaces
 #                         (AGENT_FLAGS="--source-addrs 203.0.113.10 --log-level debug")
 #   OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables reach the
@@ -124,19 +127,21 @@ fi
 NATS_ADDR=${PROXYFLEET_NATS_ADDR:-127.0.0.1:4222}
 ECHO_ADDR=${PROXYFLEET_ECHO_ADDR:-127.0.0.1:8480}
 GATEWAY_ADDR=${PROXYFLEET_GATEWAY_ADDR:-127.0.0.1:8888}
+CONSOLE_ADDR=${PROXYFLEET_CONSOLE_ADDR:-127.0.0.1:8090}
 PORTS=${PROXYFLEET_PORTS:-20000-20999}
 LABELS=${PROXYFLEET_LABELS-region=local}
 read -r -a planner_flags <<<"${PLANNER_FLAGS:-}"
 read -r -a health_flags <<<"${HEALTH_FLAGS:-}"
 read -r -a agent_flags <<<"${AGENT_FLAGS:-}"
 read -r -a gateway_flags <<<"${GATEWAY_FLAGS:-}"
+read -r -a console_flags <<<"${CONSOLE_FLAGS:-}"
 # The shell's NATS settings are for the operator's own servers, not for the
 # one make run embeds (the services read the first three, the nats CLI all).
 NATS_VARS="NATS_URL NATS_CONTEXT NATS_CREDS NATS_USER NATS_PASSWORD NATS_TOKEN NATS_NKEY NATS_JWT NATS_SEED NATS_CERT NATS_KEY NATS_CA NATS_SOCKS_PROXY"
 # shellcheck disable=SC2086
 unset $NATS_VARS PROXYFLEET_DATA_DIR
 
-for b in planner health local-agent gateway nats; do
+for b in planner health local-agent gateway console nats; do
 	if [ ! -x "$BIN/$b" ]; then
 		echo "$BIN/$b is missing: start make run, which builds what it runs" >&2
 		exit 1
@@ -157,7 +162,7 @@ rm -f "$REBUILD_RESULT"
 declare -A pid=() # service -> pid; every service runs in a session of its own
 declare -A log_from=() # service -> size of its log before this start
 declare -A metrics=()  # service -> the address its /metrics is served on
-order=(planner health local-agent gateway)
+order=(planner health local-agent gateway console)
 url=""
 
 # exited PID: the process has exited (a zombie until reaped) or is gone.
@@ -184,7 +189,7 @@ stop_leftovers() {
 	done < <(./scripts/clean.sh services "$RUN")
 	[ ${#found[@]} -gt 0 ] || return 0
 	# In the order of a clean stop, then anything else started there.
-	for name in gateway local-agent health planner; do
+	for name in console gateway local-agent health planner; do
 		[ -z "${found[$name]:-}" ] || list+=("$name")
 	done
 	for name in "${!found[@]}"; do
@@ -264,7 +269,7 @@ stop_all() {
 		printf '%s' "$problems" >&2
 		return 1
 	fi
-	echo "stopped gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
+	echo "stopped console, gateway, local-agent, health and planner; proxies keep running (the next make run manages them, make clean-proxies stops them)"
 }
 
 # on_signal stops everything, whatever became of the output: Ctrl-C kills
@@ -350,7 +355,7 @@ write_metrics_targets() {
 # mode 0600) across runs, so another local user or process gets nothing
 # from the port. The planner embeds the server and needs no password.
 NATS_DIR=$RUN/nats
-nats_users=(health local-agent gateway operator)
+nats_users=(health local-agent gateway console operator)
 (
 	umask 077
 	mkdir -p "$NATS_DIR"
@@ -399,12 +404,17 @@ if [ "${GATEWAY_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${GATEWAY_ADDR%:*}/${GAT
 	echo "something already listens on $GATEWAY_ADDR; stop it, or set PROXYFLEET_GATEWAY_ADDR (port 0 picks a free one)" >&2
 	exit 1
 fi
+if [ "${CONSOLE_ADDR##*:}" != 0 ] && (exec 3<>"/dev/tcp/${CONSOLE_ADDR%:*}/${CONSOLE_ADDR##*:}") 2>/dev/null; then
+	echo "something already listens on $CONSOLE_ADDR; stop it, or set PROXYFLEET_CONSOLE_ADDR (port 0 picks a free one)" >&2
+	exit 1
+fi
 
 rm -f "$RUN"/planner/planner_*.ports "$RUN/metrics-targets.json"
 read -r -a planner_metrics <<<"$(metrics_args "${planner_flags[@]}")"
 read -r -a health_metrics <<<"$(metrics_args "${health_flags[@]}")"
 read -r -a agent_metrics <<<"$(metrics_args "${agent_flags[@]}")"
 read -r -a gateway_metrics <<<"$(metrics_args "${gateway_flags[@]}")"
+read -r -a console_metrics <<<"$(metrics_args "${console_flags[@]}")"
 start planner --data-dir "$RUN/planner" --nats-listen "$NATS_ADDR" --nats-server-config "$NATS_DIR/server.conf" "${planner_metrics[@]}" "${planner_flags[@]}"
 # The embedded server writes its client URL (with the port the kernel
 # chose for port 0) to <data-dir>/<program>_<pid>.ports once it listens.
@@ -494,6 +504,23 @@ fi
 gateway_name=$(tail -c +$((gateway_log_from + 1)) "$RUN/logs/gateway.log" |
 	sed -n 's/.*"msg":"gateway serving".*"name":"\([^"]*\)".*/\1/p' | tail -n 1)
 
+# The console: without --users it lets every visitor act, so it listens on
+# loopback only (it refuses anything else without a users file).
+console_log_from=$(stat -c %s "$RUN/logs/console.log" 2>/dev/null || echo 0)
+start console --nats-context "$NATS_DIR/console.json" --data-dir "$RUN/console" --listen "$CONSOLE_ADDR" "${console_metrics[@]}" "${console_flags[@]}"
+console_addr=""
+for _ in $(seq 1 600); do
+	console_addr=$(tail -c +$((console_log_from + 1)) "$RUN/logs/console.log" |
+		sed -n 's/.*"msg":"console serving".*"listen":"\([^"]*\)".*/\1/p' | tail -n 1)
+	[ -z "$console_addr" ] || break
+	check_running console
+	sleep 0.1
+done
+if [ -z "$console_addr" ]; then
+	echo "the console did not start serving within 60s; see $RUN/logs/console.log" >&2
+	exit 1
+fi
+
 # Every service logs its metrics endpoint before it connects to NATS, so
 # by now the lines are there; a service whose flags turned metrics off
 # has none.
@@ -521,6 +548,7 @@ cmd() {
 echo
 echo "proxyfleet is running: embedded NATS at $url (credentials in $RUN/nats), echo endpoint at $echo_url,"
 echo "crawler gateway at http://$gateway_addr (it accepts any password on loopback; docs/gateway.md)"
+echo "console at http://$console_addr/ (open without login on loopback: every visitor is an operator; docs/console.md)"
 if [ -n "$metrics_urls" ]; then
 	echo "metrics: $metrics_urls"
 fi

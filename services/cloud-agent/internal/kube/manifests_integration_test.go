@@ -41,6 +41,7 @@ var shippedKinds = map[string]struct {
 	"ServiceAccount":     {schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, true},
 	"ConfigMap":          {schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, true},
 	"Secret":             {schema.GroupVersionResource{Version: "v1", Resource: "secrets"}, true},
+	"Service":            {schema.GroupVersionResource{Version: "v1", Resource: "services"}, true},
 	"Deployment":         {schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}, true},
 	"Role":               {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"}, true},
 	"RoleBinding":        {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"}, true},

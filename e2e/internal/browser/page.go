@@ -171,6 +171,26 @@ type Problems struct {
 	mu      sync.Mutex
 	msgs    []string
 	outside []string
+	expect  []string // URLs whose failures a test caused on purpose
+}
+
+// Expect leaves out the failures of requests for url (a refusal the test
+// asked for on purpose, e.g. a POST it expects to be refused).
+func (p *Problems) Expect(url string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expect = append(p.expect, url)
+}
+
+func (p *Problems) expected(url string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, u := range p.expect {
+		if u == url {
+			return true
+		}
+	}
+	return false
 }
 
 // WatchProblems starts collecting the tab's errors and outside requests
@@ -184,7 +204,7 @@ func WatchProblems(ctx context.Context) *Problems {
 			if err != nil {
 				return
 			}
-			if (m.IsException() || m.Type == chromedp.ConsoleError) && !strings.HasSuffix(m.URL, "/favicon.ico") {
+			if (m.IsException() || m.Type == chromedp.ConsoleError) && !strings.HasSuffix(m.URL, "/favicon.ico") && !p.expected(m.URL) {
 				p.mu.Lock()
 				p.msgs = append(p.msgs, fmt.Sprintf("%s (%s:%d)", m.String(), m.URL, m.Line+1))
 				p.mu.Unlock()

@@ -570,19 +570,17 @@ const (
 	// pool page's first page of proxies, as its Server-Timing header says.
 	consoleRenderBudget = 300.0 // milliseconds
 	// consoleHeapSlack bounds the JavaScript heap of the page that took the
-	// whole burst live, after a forced GC, over the heap of a fresh load of
-	// the same page once the burst is over: the page shows one page of
-	// rows either way, so what it holds beyond a fresh load is what the
-	// updates left behind. 10,000 proxies each leaving even 100 bytes (a
-	// row object, a message, a closure) would be 1 MiB per update round
-	// and several rounds per proxy; 4 MiB leaves room for the compiled
-	// code and caches a page that has run for minutes has and a fresh one
-	// has not.
-	consoleHeapSlack = 4 << 20
+	// whole burst live, over the heap of a fresh load of the same page
+	// once the burst is over, each after a forced GC: the page shows one
+	// page of rows either way, so what it holds beyond a fresh load is
+	// what the updates left behind. A fresh load holds about 0.5 MiB; a
+	// page that kept anything per proxy, even 100 bytes for each of the
+	// 10,000 (a row, a message, a closure), would hold 1 MiB more.
+	consoleHeapSlack = 1 << 20
 	// consoleHeapPeakSlack bounds every sample during the burst (each
 	// after a forced GC) over the same fresh load: what is alive while
 	// updates stream in, at most a few coalesced messages at a time.
-	consoleHeapPeakSlack = 16 << 20
+	consoleHeapPeakSlack = 4 << 20
 )
 
 // TestConsoleTenThousand: a pool of 10,000 proxies on the instant backend
@@ -624,6 +622,20 @@ func TestConsoleTenThousand(t *testing.T) {
 		}
 		return m
 	}
+	// settled is the least of five readings a second apart: the DOM
+	// node count still holds nodes a patch replaced until the collector
+	// has run its course, so one reading can double it; what the page
+	// keeps is the floor.
+	settled := func(tb *tab) browser.Memory {
+		m := measure(tb)
+		for range 4 {
+			time.Sleep(time.Second)
+			n := measure(tb)
+			m.HeapUsed, m.HeapTotal = min(m.HeapUsed, n.HeapUsed), min(m.HeapTotal, n.HeapTotal)
+			m.Nodes, m.Listeners, m.Documents = min(m.Nodes, n.Nodes), min(m.Listeners, n.Listeners), min(m.Documents, n.Documents)
+		}
+		return m
+	}
 
 	// Sample the open page every 2 s through the burst.
 	var peak browser.Memory
@@ -646,8 +658,8 @@ func TestConsoleTenThousand(t *testing.T) {
 	live.sameLoad()
 	t.Logf("the open pool page showed %d ready %s after the apply, without a reload", consoleBigPool, time.Since(start).Round(100*time.Millisecond))
 	time.Sleep(10 * time.Second) // the last updates drain
-	after := measure(live)
-	t.Logf("after the burst (10 s later): %v", after)
+	after := settled(live)
+	t.Logf("after the burst (10 s later; least of five readings): %v", after)
 	// Closed before the fresh load: two tabs of one site may share a
 	// renderer, and so a heap.
 	live.close()
@@ -660,7 +672,7 @@ func TestConsoleTenThousand(t *testing.T) {
 		renders = append(renders, fresh.serverRender())
 	}
 	rows := fresh.str(`document.querySelectorAll('tr[id^="proxy-"]').length`)
-	freshMem := measure(fresh)
+	freshMem := settled(fresh)
 	t.Logf("fresh load of /pools/big (%s proxy rows): %v", rows, freshMem)
 	t.Logf("/pools/big with %d proxies, first page: Server-Timing render %.2f ms, %.2f ms, %.2f ms (three loads)", consoleBigPool, renders[0], renders[1], renders[2])
 	if n, _ := strconv.Atoi(rows); n < 1 || n > 1000 {
@@ -678,11 +690,11 @@ func TestConsoleTenThousand(t *testing.T) {
 	t.Logf("JS heap: peak during the burst %.2f MiB, after it %.2f MiB, fresh load %.2f MiB; DOM nodes %d during (at the peak), %d after, %d fresh",
 		mib(peak.HeapUsed), mib(after.HeapUsed), mib(freshMem.HeapUsed), peak.Nodes, after.Nodes, freshMem.Nodes)
 	if after.HeapUsed > freshMem.HeapUsed+consoleHeapSlack {
-		t.Errorf("the page that took the burst holds %.2f MiB of JS heap, a fresh load %.2f MiB: more than %.0f MiB left behind by the updates",
+		t.Errorf("the page that took the burst holds %.2f MiB of JS heap, a fresh load %.2f MiB: more than %.1f MiB left behind by the updates",
 			mib(after.HeapUsed), mib(freshMem.HeapUsed), mib(consoleHeapSlack))
 	}
 	if peak.HeapUsed > freshMem.HeapUsed+consoleHeapPeakSlack {
-		t.Errorf("during the burst the page held %.2f MiB of JS heap, a fresh load %.2f MiB: more than %.0f MiB in flight",
+		t.Errorf("during the burst the page held %.2f MiB of JS heap, a fresh load %.2f MiB: more than %.1f MiB in flight",
 			mib(peak.HeapUsed), mib(freshMem.HeapUsed), mib(consoleHeapPeakSlack))
 	}
 	// The DOM: the page that took the burst shows what a fresh one shows,

@@ -7,6 +7,7 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
+	go.uber.org/goleak v1.3.0
 	golang.org/x/crypto v0.58.0
 	proxyfleet/pkg v0.0.0
 )

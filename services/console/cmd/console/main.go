@@ -170,7 +170,8 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 		_ = ln.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// No WriteTimeout: the live streams last as long as their pages.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	hs.RegisterOnShutdown(srv.OnShutdown)
 
 	g := rungroup.Group{Log: log}
@@ -184,7 +185,7 @@ func run(f *flags, stdin io.Reader, stdout io.Writer) error {
 	if f.users == nil {
 		mode = "open on loopback: no sign-in, every visitor is an operator"
 	}
-	log.Info("console serving", "listen", ln.Addr().String(), "url", scheme+"://"+ln.Addr().String()+"/", "access", mode,
+	log.Info("console serving", "listen", ln.Addr().String(), "addr", ln.Addr().String(), "url", scheme+"://"+ln.Addr().String()+"/", "access", mode,
 		"nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := g.Run(ctx); err != nil {
 		return err

@@ -2,10 +2,19 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 )
@@ -102,5 +111,34 @@ func TestParseTLSFlags(t *testing.T) {
 	}
 	if _, err := parse([]string{"--tls-cert", "missing.pem", "--tls-key", "missing.key"}); err == nil || !strings.Contains(err.Error(), "--tls-cert missing.pem") {
 		t.Errorf("missing files: got %v, want an error naming --tls-cert", err)
+	}
+	// A certificate and its key: HTTPS, also beyond loopback with users.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "console"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"console.example"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cert, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := parse([]string{"--tls-cert", cert, "--tls-key", keyFile})
+	if err != nil || f.tls == nil || len(f.tls.Certificates) != 1 || f.tls.MinVersion != tls.VersionTLS12 {
+		t.Fatalf("--tls-cert and --tls-key: %+v, %v", f, err)
+	}
+	if _, err := parse([]string{"--tls-cert", keyFile, "--tls-key", cert}); err == nil {
+		t.Error("the certificate and key swapped: no error")
 	}
 }

@@ -60,6 +60,7 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 	put(bus.BucketTargets, "local.t1", map[string]any{"entry": "local", "target": "t1", "ok": true})
 	put(bus.BucketDemand, "demo.gw-1", events.GatewayDemand{Pool: "demo", Gateway: "gw-1", RequestsPerSecond: 4, At: time.Now()})
 	put(bus.BucketHealth, "health-1", map[string]any{"replica": "health-1"})
+	put(bus.BucketGatewayCooldowns, events.CooldownKey("demo-a", "example.com"), events.GatewayCooldown{Proxy: "demo-a", Pool: "demo", Site: "example.com", Rule: "captcha", Until: time.Now().Add(time.Hour)})
 	store := bus.NewEventStore(admin, "planner", nil)
 	if _, err := store.Append(ctx, events.AggregatePool, "demo", events.PoolDeleted, "demo.deleted.1", events.PoolDeletedData{Revision: 1}, nil); err != nil {
 		t.Fatal(err)
@@ -90,7 +91,8 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 		}
 		sum, ok := views.Pool("demo", time.Now())
 		ts, health := views.Targets()
-		return ok && sum.Counts.Ready == 1 && sum.RequestsPerSecond == 4 && len(ts) == 1 && ts[0].Check != nil && ts[0].Agent != nil && len(health) == 1
+		return ok && sum.Counts.Ready == 1 && sum.RequestsPerSecond == 4 && len(ts) == 1 && ts[0].Check != nil && ts[0].Agent != nil && len(health) == 1 &&
+			len(views.Cooldowns("demo-a", time.Now())) == 1
 	})
 	testwait.Until(t, 20*time.Second, "the event log and the request log read", func() bool {
 		return len(tl.Last(10, "demo", "")) == 1 && stats.Pools()["demo"].Failures == 1
@@ -129,8 +131,10 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 	}
 
 	// No secret, sealed or not.
+	// A refused request is dropped by the server, so it ends by timing
+	// out: a second is plenty on loopback.
 	short := func() context.Context {
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, cancel := context.WithTimeout(ctx, time.Second)
 		t.Cleanup(cancel)
 		return c
 	}

@@ -91,6 +91,19 @@ type Demand struct {
 	At                time.Time `json:"at"`
 }
 
+// Cooldown is one proxy kept off one site by a gateway's ban rule
+// (fleet-gateway-cooldowns): until Until, no gateway sends the site through
+// it.
+type Cooldown struct {
+	Proxy   string    `json:"proxy"`
+	Pool    string    `json:"pool"`
+	Site    string    `json:"site"`
+	Rule    string    `json:"rule"`
+	Gateway string    `json:"gateway"`
+	At      time.Time `json:"at"`
+	Until   time.Time `json:"until"`
+}
+
 // Sample is one point of a pool's history.
 type Sample struct {
 	At      time.Time
@@ -123,12 +136,14 @@ type Store struct {
 	checks  map[string]TargetCheck
 	health  map[string]time.Time // health replica -> when its key was written
 	demand  map[string]Demand    // "<pool>.<gateway>"
-	synced  map[string]bool      // bucket -> its initial values are in
+	// cooldowns are by proxy, then by their key "<proxy>.<site>".
+	cooldowns map[string]map[string]Cooldown
+	synced    map[string]bool // bucket -> its initial values are in
 	// gen counts changes of anything; targetsGen those of agents, checks
-	// and health replicas.
+	// and health replicas. Readers compare them to tell whether what they
+	// show changed (the live pages poll them: a burst of changes costs
+	// them nothing).
 	gen, targetsGen uint64
-
-	sig signal
 }
 
 // New returns an empty store.
@@ -136,37 +151,9 @@ func New() *Store {
 	return &Store{
 		pools: map[string]*poolIndex{}, proxies: map[string]*events.ProxyView{}, probes: map[string]Probe{},
 		agents: map[string]Agent{}, checks: map[string]TargetCheck{}, health: map[string]time.Time{},
-		demand: map[string]Demand{}, synced: map[string]bool{},
+		demand: map[string]Demand{}, cooldowns: map[string]map[string]Cooldown{}, synced: map[string]bool{},
 	}
 }
-
-// signal wakes whoever waits for the next change.
-type signal struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-func (s *signal) bump() {
-	s.mu.Lock()
-	if s.ch != nil {
-		close(s.ch)
-		s.ch = nil
-	}
-	s.mu.Unlock()
-}
-
-func (s *signal) wait() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ch == nil {
-		s.ch = make(chan struct{})
-	}
-	return s.ch
-}
-
-// Changed returns a channel closed at the next change of anything in the
-// store. Readers coalesce: they wait on it, then read what they show.
-func (s *Store) Changed() <-chan struct{} { return s.sig.wait() }
 
 // Gen is a number that changes whenever anything in the store does.
 func (s *Store) Gen() uint64 {
@@ -242,7 +229,6 @@ func (s *Store) PutPool(name string, v *Pool) {
 		s.changed(name)
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // scrubPool keeps only the public part of a pool's spec, whatever the
@@ -309,7 +295,6 @@ func (s *Store) PutProxy(id string, v *events.ProxyView) {
 		}
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 func insertSorted(ids []string, id string) []string {
@@ -342,7 +327,6 @@ func (s *Store) PutProbe(id string, v *Probe) {
 	}
 	s.changed(pool)
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutAgent records the heartbeat under key "<entry>.<target>" (nil: gone).
@@ -356,7 +340,6 @@ func (s *Store) PutAgent(key string, v *Agent) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutCheck records a target's checks under key "<entry>.<target>" (nil:
@@ -371,7 +354,6 @@ func (s *Store) PutCheck(key string, v *TargetCheck) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutHealth records that health replica id renewed its key at at (zero:
@@ -386,7 +368,6 @@ func (s *Store) PutHealth(id string, at time.Time) {
 	s.gen++
 	s.targetsGen = s.gen
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // PutDemand records one gateway's demand report under key
@@ -402,7 +383,65 @@ func (s *Store) PutDemand(key string, v *Demand) {
 	}
 	s.changed(pool)
 	s.mu.Unlock()
-	s.sig.bump()
+}
+
+// PutCooldown records the fleet-gateway-cooldowns value under key
+// "<proxy>.<site>" (nil: deleted).
+func (s *Store) PutCooldown(key string, v *Cooldown) {
+	proxy, _, _ := strings.Cut(key, ".")
+	s.mu.Lock()
+	if v == nil {
+		if m := s.cooldowns[proxy]; m != nil {
+			delete(m, key)
+			if len(m) == 0 {
+				delete(s.cooldowns, proxy)
+			}
+		}
+	} else {
+		m := s.cooldowns[proxy]
+		if m == nil {
+			m = map[string]Cooldown{}
+			s.cooldowns[proxy] = m
+		}
+		m[key] = *v
+	}
+	pool := ""
+	if px := s.proxies[proxy]; px != nil {
+		pool = px.Pool
+	} else if v != nil {
+		pool = v.Pool
+	}
+	s.changed(pool)
+	s.mu.Unlock()
+}
+
+// Cooldowns returns the cooldowns in force at now, the latest to end
+// first: of proxy id, or of every proxy when id is "".
+func (s *Store) Cooldowns(id string, now time.Time) []Cooldown {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Cooldown
+	add := func(m map[string]Cooldown) {
+		for _, c := range m {
+			if c.Until.After(now) {
+				out = append(out, c)
+			}
+		}
+	}
+	if id != "" {
+		add(s.cooldowns[id])
+	} else {
+		for _, m := range s.cooldowns {
+			add(m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Until.Equal(out[j].Until) {
+			return out[i].Until.After(out[j].Until)
+		}
+		return out[i].Proxy+out[i].Site < out[j].Proxy+out[j].Site
+	})
+	return out
 }
 
 // markSynced notes that bucket's initial values are in.
@@ -411,7 +450,6 @@ func (s *Store) markSynced(bucket string) {
 	s.synced[bucket] = true
 	s.gen++
 	s.mu.Unlock()
-	s.sig.bump()
 }
 
 // Counts are a pool's proxies as the fleet page shows them.
@@ -496,6 +534,8 @@ func (s *Store) summaryLocked(name string, now time.Time) PoolSummary {
 // ProxyRow is one proxy of a pool page.
 type ProxyRow struct {
 	Proxy events.ProxyView
+	// Cooling counts the sites the gateways keep off the proxy now.
+	Cooling int
 	// Probe is the proxy's last probe; HasProbe is false before the first.
 	Probe    Probe
 	HasProbe bool
@@ -515,6 +555,7 @@ type Page struct {
 // id after ("" for the first page). It finds the start by binary search
 // in the pool's sorted index.
 func (s *Store) Proxies(pool, after string, limit int) Page {
+	now := time.Now()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	p := s.pools[pool]
@@ -534,6 +575,11 @@ func (s *Store) Proxies(pool, after string, limit int) Page {
 	for _, id := range p.ids[start:end] {
 		row := ProxyRow{Proxy: *s.proxies[id]}
 		row.Probe, row.HasProbe = s.probes[id]
+		for _, c := range s.cooldowns[id] {
+			if c.Until.After(now) {
+				row.Cooling++
+			}
+		}
 		pg.Rows = append(pg.Rows, row)
 	}
 	if end < len(p.ids) && end > start {
@@ -644,5 +690,4 @@ func (s *Store) Sample(now time.Time) {
 		s.changed(name)
 	}
 	s.mu.Unlock()
-	s.sig.bump()
 }

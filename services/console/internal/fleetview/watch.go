@@ -108,6 +108,18 @@ var buckets = map[string]bucketApply{
 		s.PutCheck(key, &v)
 		return nil
 	},
+	bus.BucketGatewayCooldowns: func(s *Store, key string, value []byte) error {
+		if value == nil {
+			s.PutCooldown(key, nil)
+			return nil
+		}
+		var v Cooldown
+		if err := json.Unmarshal(value, &v); err != nil {
+			return err
+		}
+		s.PutCooldown(key, &v)
+		return nil
+	},
 	bus.BucketDemand: func(s *Store, key string, value []byte) error {
 		if value == nil {
 			s.PutDemand(key, nil)
@@ -125,7 +137,7 @@ var buckets = map[string]bucketApply{
 // Buckets are the buckets a [Follower] reads: the console's NATS identity
 // needs read access to each (deploy/nats CONSOLE_PERMS).
 func Buckets() []string {
-	return []string{bus.BucketPools, bus.BucketProxies, bus.BucketProbes, bus.BucketAgents, bus.BucketTargets, bus.BucketDemand, bus.BucketHealth}
+	return []string{bus.BucketPools, bus.BucketProxies, bus.BucketProbes, bus.BucketAgents, bus.BucketTargets, bus.BucketDemand, bus.BucketGatewayCooldowns, bus.BucketHealth}
 }
 
 // Run follows every bucket until ctx ends, and samples the history.
@@ -268,6 +280,12 @@ func (s *Store) keys(bucket string) map[string]bool {
 	case bus.BucketHealth:
 		for k := range s.health {
 			out[k] = true
+		}
+	case bus.BucketGatewayCooldowns:
+		for _, m := range s.cooldowns {
+			for k := range m {
+				out[k] = true
+			}
 		}
 	}
 	return out

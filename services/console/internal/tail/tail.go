@@ -42,11 +42,10 @@ type Tail struct {
 	// the tail (the views know it).
 	poolOf func(id string) string
 
-	mu      sync.RWMutex
-	ring    []Entry // oldest first
-	pools   map[string]string
-	gen     uint64
-	waiters chan struct{}
+	mu    sync.RWMutex
+	ring  []Entry // oldest first
+	pools map[string]string
+	gen   uint64
 }
 
 // New returns a tail of at most size entries (1000 when 0). poolOf, if
@@ -56,16 +55,6 @@ func New(size int, poolOf func(id string) string) *Tail {
 		size = 1000
 	}
 	return &Tail{size: size, poolOf: poolOf, pools: map[string]string{}}
-}
-
-// Changed returns a channel closed when the next entry arrives.
-func (t *Tail) Changed() <-chan struct{} {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.waiters == nil {
-		t.waiters = make(chan struct{})
-	}
-	return t.waiters
 }
 
 // Gen changes whenever an entry arrives.
@@ -112,10 +101,6 @@ func (t *Tail) Add(ev bus.Event) {
 	}
 	t.ring = append(t.ring, e)
 	t.gen++
-	if t.waiters != nil {
-		close(t.waiters)
-		t.waiters = nil
-	}
 	t.mu.Unlock()
 }
 

@@ -15,6 +15,7 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/console/internal/access"
+	"proxyfleet/services/console/internal/fleetview"
 )
 
 // maxForm bounds a form's body.
@@ -171,8 +172,8 @@ func (s *Server) scale(ctx context.Context, name string, n int) error {
 	if !ok || sum.Pool == nil {
 		return &pageError{status: http.StatusConflict, text: "The console's view holds no pool " + name + " (deleted, or not projected yet): it cannot tell whether the pool has secrets, so it does not scale it."}
 	}
-	if p := sum.Pool; p.Provider == events.ProviderExternal || p.HasSecrets || p.Spec.Auth != nil {
-		return &pageError{status: http.StatusConflict, text: scaleNote(p)}
+	if note := scaleNote(sum.Pool); note != "" {
+		return &pageError{status: http.StatusConflict, text: note}
 	}
 	pv, err := s.cfg.API.PoolGet(ctx, name)
 	if err != nil {
@@ -182,8 +183,8 @@ func (s *Server) scale(ctx context.Context, name string, n int) error {
 		return &pageError{status: http.StatusConflict, text: "Pool " + name + " is deleted: apply it again through the API."}
 	}
 	spec := pv.Spec
-	if spec.Auth != nil || spec.Provider == events.ProviderExternal {
-		return &pageError{status: http.StatusConflict, text: "Pool " + name + " has a password or credentials, which the console never holds: scale it by applying its whole spec through the API."}
+	if spec.Auth != nil || spec.Provider == events.ProviderExternal || spec.Autoscale != nil {
+		return &pageError{status: http.StatusConflict, text: "Pool " + name + " changed meanwhile: " + scaleNote(&fleetview.Pool{Provider: spec.Provider, Spec: spec})}
 	}
 	spec.Size = n
 	_, err = s.cfg.API.PoolApply(ctx, spec)

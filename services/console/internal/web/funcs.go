@@ -7,11 +7,16 @@ import (
 	"strings"
 	"time"
 
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/console/internal/fleetview"
 )
 
 // funcs are the templates' functions.
 var funcs = template.FuncMap{
+	// redact hides the password of any URL in a text that comes from the
+	// fleet (a reason, a probe's error, a check's detail): none should
+	// hold one, and none is shown if one does.
+	"redact": telemetry.RedactURL,
 	"clock": func(t time.Time) string {
 		if t.IsZero() {
 			return "–"

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/telemetry"
 	"proxyfleet/services/console/internal/fleetview"
 	"proxyfleet/services/console/internal/traffic"
 )
@@ -56,6 +57,8 @@ func (s *Server) historySpan() string {
 type proxyRow struct {
 	ID, State, Reason, Age, Where, Labels, Address, Egress, Probe, Replaced string
 	Gateway                                                                 traffic.Counts
+	// Cooling counts the sites the gateways keep off the proxy.
+	Cooling int
 }
 
 type poolBody struct {
@@ -82,12 +85,9 @@ func (s *Server) poolData(r *http.Request) (string, any, error) {
 	if !events.IsIdentifier(name) {
 		return "", nil, &pageError{status: http.StatusNotFound, title: "No such pool", text: "A pool name is " + events.IdentifierRule + "."}
 	}
-	b := s.pool(name, r.URL.Query().Get("after"))
-	if !b.Known {
-		return "Pool " + name, b, &pageError{status: http.StatusNotFound, title: "No pool " + name,
-			text: "The console knows no pool named " + name + ": it was never applied, or it was deleted and its proxies are gone."}
-	}
-	return "Pool " + name, b, nil
+	// A pool the views do not hold (yet) has its page too, live: a pool
+	// just applied appears on it as soon as health projects it.
+	return "Pool " + name, s.pool(name, r.URL.Query().Get("after")), nil
 }
 
 func (s *Server) pool(name, after string) poolBody {
@@ -120,7 +120,7 @@ func (s *Server) pool(name, after string) poolBody {
 
 func makeRow(row fleetview.ProxyRow, gw traffic.Counts, now time.Time) proxyRow {
 	p := row.Proxy
-	out := proxyRow{ID: p.ID, State: p.State, Reason: p.Reason, Age: since(p.CreatedAt, now), Address: p.Address, Gateway: gw}
+	out := proxyRow{ID: p.ID, State: p.State, Reason: p.Reason, Age: since(p.CreatedAt, now), Address: p.Address, Gateway: gw, Cooling: row.Cooling}
 	if p.Entry != "" {
 		out.Where = p.Entry + "/" + p.Target
 	}
@@ -153,6 +153,7 @@ func makeRow(row fleetview.ProxyRow, gw traffic.Counts, now time.Time) proxyRow 
 	case p.Replaces != "":
 		out.Replaced = "replaces " + p.Replaces
 	}
+	out.Reason, out.Probe, out.Replaced = telemetry.RedactURL(out.Reason), telemetry.RedactURL(out.Probe), telemetry.RedactURL(out.Replaced)
 	return out
 }
 
@@ -164,7 +165,7 @@ func scaleNote(p *fleetview.Pool) string {
 	case p.HasSecrets || p.Spec.Auth != nil:
 		return "This pool has a password, user-data or credentials, which the console never holds: scale it by applying its whole spec through the API."
 	case p.Spec.Autoscale != nil:
-		return "This pool autoscales: the console scales it by changing its starting size, and autoscaling keeps it within its bounds."
+		return "This pool autoscales between its min and max, and a re-apply keeps the size autoscaling reached: change its autoscale bounds through the API."
 	}
 	return ""
 }
@@ -309,13 +310,19 @@ type gwPool struct {
 }
 
 type gatewayBody struct {
-	Stream   bool
-	Pools    []gwPool
-	Failing  []traffic.SiteRate
-	Sites    []traffic.SiteRate
-	Window   string
-	MaxSites int
+	Stream    bool
+	Pools     []gwPool
+	Failing   []traffic.SiteRate
+	Sites     []traffic.SiteRate
+	Window    string
+	MaxSites  int
+	Cooldowns []fleetview.Cooldown
+	// MoreCooldowns counts those not shown.
+	MoreCooldowns int
 }
+
+// cooldownsShown bounds the cooldowns the gateway page lists.
+const cooldownsShown = 50
 
 // sitesShown bounds the sites the gateway page lists.
 const sitesShown = 100
@@ -346,5 +353,10 @@ func (s *Server) gateway() gatewayBody {
 		sites = sites[:sitesShown]
 	}
 	b.Sites = sites
+	b.Cooldowns = s.cfg.Store.Cooldowns("", now)
+	if len(b.Cooldowns) > cooldownsShown {
+		b.MoreCooldowns = len(b.Cooldowns) - cooldownsShown
+		b.Cooldowns = b.Cooldowns[:cooldownsShown]
+	}
 	return b
 }

@@ -83,8 +83,13 @@ func TestGatewayPage(t *testing.T) {
 		f.stats.Add(events.GatewayRequest{Time: now, Pool: "demo", Site: "example.com", Outcome: events.RequestOK, Proxies: []string{"demo-000000"}})
 	}
 	f.stats.Add(events.GatewayRequest{Time: now, Pool: "demo", Site: "shop.example", Outcome: events.RequestProxyError, Ban: "captcha", Proxies: []string{"demo-000001"}})
+	f.store.PutCooldown(events.CooldownKey("demo-000001", "shop.example"), &fleetview.Cooldown{Proxy: "demo-000001", Pool: "demo", Site: "shop.example", Rule: "captcha", Gateway: "gw-1", Until: now.Add(time.Hour)})
+	f.store.PutCooldown(events.CooldownKey("demo-000000", "old.example"), &fleetview.Cooldown{Proxy: "demo-000000", Pool: "demo", Site: "old.example", Rule: "captcha", Until: now.Add(-time.Minute)})
 	c := f.client(t)
 	_, body := c.get("/gateway")
+	if strings.Contains(body, "old.example") || !strings.Contains(body, `<tr><th scope="row">demo-000001</th><td><a href="/pools/demo">demo</a></td><td>shop.example</td><td>captcha</td>`) {
+		t.Errorf("the gateway page does not list the cooldown in force (only):\n%s", body)
+	}
 	for _, want := range []string{`<tr id="gw-pool-demo">`, "12.5", "shop.example", "10.0%"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the gateway page lacks %s", want)
@@ -95,8 +100,8 @@ func TestGatewayPage(t *testing.T) {
 		t.Errorf("the fleet page lacks the pool's rates:\n%s", body)
 	}
 	_, body = c.get("/pools/demo")
-	if !strings.Contains(body, "1 req, 1 failed, 1 banned") {
-		t.Errorf("the pool page lacks the gateway's counts per proxy")
+	if !strings.Contains(body, "1 req, 1 failed, 1 banned") || strings.Count(body, "kept off 1 site<") != 1 {
+		t.Errorf("the pool page lacks the gateway's counts and cooldowns per proxy")
 	}
 }
 
@@ -147,5 +152,30 @@ func TestStaticAssetsAndHeaders(t *testing.T) {
 	}
 	if resp, body := c.get("/healthz"); resp.StatusCode != http.StatusOK || body != "ok\n" {
 		t.Errorf("GET /healthz: %s %q", resp.Status, body)
+	}
+}
+
+func TestOnlyLivePagesOpenAStream(t *testing.T) {
+	f := newFixture(t, usersOf(t))
+	f.addPool("demo", 1)
+	c := f.client(t)
+	_, login := c.get("/login")
+	if strings.Contains(login, "data-live") || strings.Contains(login, `id="live-status"`) {
+		t.Error("the sign-in page asks for live updates")
+	}
+	if resp, _ := c.get("/live/login"); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /live/login: %s, want 204 (an EventSource stops)", resp.Status)
+	}
+	c.login("otto", "correct horse battery")
+	_, page := c.get("/pools/demo")
+	if !strings.Contains(page, "<body data-live>") || !strings.Contains(page, `id="live-status"`) {
+		t.Error("the pool page does not ask for live updates")
+	}
+	_, confirm := c.post("/pools/demo/delete", url.Values{"csrf": {csrfOf(t, page)}})
+	if !strings.Contains(confirm, `id="confirm"`) || strings.Contains(confirm, "data-live") {
+		t.Error("the confirmation page asks for live updates")
+	}
+	if resp, _ := c.get("/live/pools/demo/delete"); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /live/pools/demo/delete: %s, want 204", resp.Status)
 	}
 }

@@ -57,7 +57,10 @@ func TestNoSecretRendered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(events.ProxyView{ID: "owned-a", Pool: "owned", State: events.ProxyReady, Username: "crawler", Address: "127.0.0.1:20000"})
+	// A reason quoting a URL with a password (no writer should) is shown
+	// without it.
+	b, _ := json.Marshal(events.ProxyView{ID: "owned-a", Pool: "owned", State: events.ProxyUnhealthy, Username: "crawler", Address: "127.0.0.1:20000",
+		Reason: "proxyconnect tcp: http://crawler:hunter2-pool-password@127.0.0.1:20000: refused"})
 	if _, err := pk.Put(ctx, "owned-a", b); err != nil {
 		t.Fatal(err)
 	}

@@ -193,6 +193,9 @@ func (s *Server) OnShutdown() {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", s.static)
+	mux.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/static/favicon.svg", http.StatusMovedPermanently)
+	})
 	mux.HandleFunc("GET /{$}", s.page("fleet", s.fleetData))
 	mux.HandleFunc("GET /pools/{name}", s.page("pool", s.poolData))
 	mux.HandleFunc("GET /targets", s.page("targets", s.targetsData))
@@ -203,6 +206,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /live/targets", s.live(s.targetsLive))
 	mux.HandleFunc("GET /live/events", s.live(s.eventsLive))
 	mux.HandleFunc("GET /live/gateway", s.live(s.gatewayLive))
+	// No other page has live updates: 204 tells an EventSource to stop.
+	mux.HandleFunc("GET /live/", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("POST /pools/{name}/scale", s.action("scale"))
 	mux.HandleFunc("POST /pools/{name}/delete", s.action("delete"))
 	mux.HandleFunc("POST /pools/{name}/proxies/{id}/recycle", s.action("recycle"))
@@ -244,6 +249,9 @@ type view struct {
 	CSRF    string
 	Now     time.Time
 	Body    any
+	// Live is whether the page has live updates at /live + its path:
+	// console.js opens a stream only then.
+	Live bool
 }
 
 // open reports whether the console runs without users.
@@ -311,7 +319,9 @@ func (s *Server) page(name string, build builder) http.HandlerFunc {
 			s.message(w, r, ss, http.StatusInternalServerError, "The page failed", "The console could not build this page; its log says why.", "/")
 			return
 		}
-		s.render(w, r, name, http.StatusOK, start, s.newView(ss, title, navOf(name), body))
+		v := s.newView(ss, title, navOf(name), body)
+		v.Live = true
+		s.render(w, r, name, http.StatusOK, start, v)
 	}
 }
 

@@ -283,9 +283,25 @@ func TestPoolPagePagesTheProxiesByID(t *testing.T) {
 	if strings.Contains(body, "?after=") {
 		t.Error("the last page links to a next page")
 	}
-	resp, _ = c.get("/pools/nothere")
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /pools/nothere: %s, want 404", resp.Status)
+	// A pool the views do not hold yet: its page waits for it, live.
+	resp, body = c.get("/pools/later")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="pool-unknown"`) || !strings.Contains(body, `<span id="count-ready">0</span>`) || !strings.Contains(body, "<body data-live>") {
+		t.Fatalf("GET /pools/later: %s\n%s", resp.Status, body)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := c.live(ctx, "/live/pools/later")
+	if p := s.next(t, 5*time.Second); p != "[]" {
+		t.Errorf("the first patch of an unknown pool: %s, want none", p)
+	}
+	f.addPool("later", 3)
+	for {
+		if p := s.next(t, 5*time.Second); strings.Contains(p, `count-ready\"\u003e2\u003c`) {
+			break
+		}
+	}
+	if resp, _ := c.get("/pools/Not_An_Identifier"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /pools/Not_An_Identifier: %s, want 404", resp.Status)
 	}
 }
 
@@ -546,5 +562,29 @@ func TestLivePoolPageFollowsChangesCoalesced(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("no patch with 3 ready within 5s (%d patches)", n)
 		}
+	}
+}
+
+func TestScaleRefusedWhereAnApplyWouldNotScale(t *testing.T) {
+	f := newFixture(t, nil)
+	f.addPool("auto", 2)
+	sum, _ := f.store.Pool("auto", time.Now())
+	p := *sum.Pool
+	p.Spec.Autoscale = &events.Autoscale{Min: 1, Max: 5, TargetConnections: 4}
+	f.store.PutPool("auto", &p)
+	c := f.client(t)
+	_, page := c.get("/pools/auto")
+	if strings.Contains(page, `class="act-scale"`) || !strings.Contains(page, "autoscales between its min and max") {
+		t.Errorf("an autoscaled pool's page offers to scale it, or does not say why not")
+	}
+	if !strings.Contains(page, `class="act-delete"`) || !strings.Contains(page, `class="act-recycle"`) {
+		t.Errorf("an autoscaled pool's page lacks its other actions")
+	}
+	resp, body := c.post("/pools/auto/scale", url.Values{"csrf": {csrfOf(t, page)}, "replicas": {"4"}, "confirm": {"yes"}})
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "autoscale bounds") {
+		t.Errorf("scaling an autoscaled pool: %s, want 409 saying why\n%s", resp.Status, body)
+	}
+	if calls := f.api.Calls(); len(calls) != 0 {
+		t.Errorf("the refused scale reached the API: %v", calls)
 	}
 }

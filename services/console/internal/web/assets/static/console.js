@@ -5,12 +5,16 @@
 // sends at most a few patches a second, each replacing what it replaces.
 (function () {
   "use strict";
-  if (!window.EventSource) {
+  // Only the pages with live updates say so (sign-in, confirmation and
+  // message pages have none).
+  if (!window.EventSource || !document.body.hasAttribute("data-live")) {
     return;
   }
   var status = document.getElementById("live-status");
   function say(text, state) {
-    if (status) {
+    // Only a change is written: the badge is a live region, and a screen
+    // reader would repeat it at every patch otherwise.
+    if (status && (status.getAttribute("data-state") !== state || status.textContent !== text)) {
       status.textContent = text;
       status.setAttribute("data-state", state);
     }

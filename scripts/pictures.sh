@@ -128,7 +128,16 @@ printf 'ops:operator:%s\n' "$hash" >"$RUN/console-users"
 pids+=($!)
 wait_for 60 "the second console" grep -q '"msg":"console serving"' "$RUN/console-login.log"
 login_url=http://$(sed -n 's/.*"msg":"console serving".*"listen":"\([^"]*\)".*/\1/p' "$RUN/console-login.log" | head -n 1)
-sleep 5 # the fleet page's history and the gateway's last minute fill in
+# Traffic while the pages are taken, so the gateway's last minute has
+# something to show: requests to the echo endpoint, and some to a loopback
+# port the proxies' egress policy refuses (the failures).
+end=$((SECONDS + 90))
+(while [ $SECONDS -lt $end ]; do
+	curl -s -o /dev/null -x "http://demo:x@$gateway" "$echo_url" || true
+	curl -s -o /dev/null -x "http://demo:x@$gateway" "http://127.0.0.1:9/refused" || true
+done) &
+pids+=($!)
+sleep 30
 abs_out=$(cd "$OUT" && pwd)
 (cd e2e && go run ./internal/consoleshots -base "$console_url" -out "$abs_out" \
 	fleet=/ pool=/pools/demo targets=/targets events=/events gateway=/gateway)

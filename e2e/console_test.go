@@ -349,7 +349,8 @@ func usersFile(t *testing.T, users map[string][2]string) string {
 // the planner's message; an action without the CSRF token, or with a
 // forged one, is refused; with a users file a viewer sees no action and
 // its POST is refused with 403 while an operator's is taken; axe-core
-// finds no serious or critical violation on any page.
+// finds no serious or critical violation on any page (the fleet, a pool,
+// targets, events, gateway, sign-in and a confirmation).
 func TestConsole(t *testing.T) {
 	needConsoleBinaries(t)
 	b := startBrowser(t)
@@ -403,6 +404,7 @@ func TestConsole(t *testing.T) {
 		if p := f.proxies("demo"); len(p) != 3 {
 			t.Fatalf("the first click acted before the confirmation: %d proxies", len(p))
 		}
+		pool.axe(axe) // the confirmation page is a page too
 		if code := pool.click(`#confirm`); code != 200 {
 			t.Fatalf("the confirmed recycle led to a page answering %d", code)
 		}

@@ -89,10 +89,10 @@ test-otel-config: $(OTELCOL_BIN) ## validate deploy/otel/collector.yaml with a r
 TEST_ALL_TIERS += test-otel-config
 TIER_NEEDS_test-otel-config := otel
 
-# make pictures remakes the images of docs/observability.md from a real
-# run (scripts/pictures.sh): make run with traces, make observe, a pool with
-# traffic through the gateway, headless Chromium (Debian's chromium).
+# make pictures remakes the images of docs/observability.md and
+# docs/console.md from a real run (scripts/pictures.sh): make run with
+# traces, make observe, a pool with traffic through the gateway, headless
+# Chromium (Debian's chromium, mk/console.mk).
 .PHONY: pictures
-pictures: prometheus-install $(BIN)/jaeger $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## the images of docs/observability.md from a real run (needs chromium; about 4 minutes)
-	@command -v chromium >/dev/null || { echo "chromium is missing: apt-get install chromium" >&2; exit 1; }
+pictures: prometheus-install chromium-install $(BIN)/jaeger $(addprefix build-,$(RUN_SERVICES)) $(BIN)/nats ## the images of docs/observability.md and docs/console.md from a real run (about 5 minutes)
 	@./scripts/pictures.sh docs/img

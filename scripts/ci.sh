@@ -54,10 +54,10 @@ done
 gocache=$(go env GOCACHE)
 if [ -n "$(ls -A "$gocache" 2>/dev/null)" ]; then gocache_origin=cached; else gocache_origin=empty; fi
 
-# The builder: Debian packages and Go modules first (the network, while
+# The builder: Debian packages, axe-core and Go modules first (the network, while
 # lint and the first tests use the CPU), then the builds in the order the
 # tiers want them. Each mark lands in $STATE/done or $STATE/failed.
-order=(debian-packages go-modules nats-cli nats-server prev-release guest-image kube-binaries etcd kube-node-images cloud-image otel)
+order=(debian-packages axe go-modules nats-cli nats-server prev-release guest-image kube-binaries etcd kube-node-images cloud-image otel)
 for p in "${prereqs[@]}"; do
 	case " ${order[*]} " in *" $p "*) ;; *) order+=("$p") ;; esac
 done

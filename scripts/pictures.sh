@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# pictures.sh — the images of docs/observability.md, made from a real run:
-# make run (with traces sent over OTLP) and make observe in a scratch run
-# directory, a pool of 3 applied with a known traceparent, a few minutes of
-# traffic through the gateway with a scale-up, a recycle and a ban, then
-# headless Chromium screenshots of
+# pictures.sh — the images of docs/observability.md and docs/console.md,
+# made from a real run: make run (with traces sent over OTLP) and make
+# observe in a scratch run directory, a pool of 3 applied with a known
+# traceparent, a few minutes of traffic through the gateway with a
+# scale-up, a recycle and a ban, then headless Chromium screenshots of
 #   - that pool.apply's trace, drawn from Jaeger's query API
 #     (scripts/trace-waterfall.html; the Jaeger binary built from its Go
-#     module serves no web UI), and
-#   - the fleet dashboard's main queries in Prometheus's graph page.
+#     module serves no web UI),
+#   - the fleet dashboard's main queries in Prometheus's graph page, and
+#   - each page of make run's console (docs/img/console-*.png), after a
+#     pool whose image no target offers is applied, so the fleet page shows
+#     a condition; the sign-in page from a second console with a users
+#     file. e2e/internal/consoleshots takes them in a browser that reaches
+#     loopback only, and fails on a page that reports an error.
 #
 #   scripts/pictures.sh [OUT_DIR]     (default docs/img; make pictures)
 #
 # Needs what make run and make observe need, and chromium (Debian's
-# package). Uses ports 19090, 26686, 24317 and 24318 for Prometheus, Jaeger
-# and OTLP, and kernel-chosen ports for everything else.
+# package; make chromium-install). Uses ports 19090, 26686, 24317 and
+# 24318 for Prometheus, Jaeger and OTLP, and kernel-chosen ports for
+# everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +30,7 @@ command -v "$CHROMIUM" >/dev/null || { echo "$CHROMIUM not found: apt-get instal
 mkdir -p "$OUT"
 RUN=$(mktemp -d)
 export PROXYFLEET_RUN_DIR=$RUN PROXYFLEET_NATS_ADDR=127.0.0.1:0 PROXYFLEET_ECHO_ADDR=127.0.0.1:0 \
-	PROXYFLEET_GATEWAY_ADDR=127.0.0.1:0 PROXYFLEET_PORTS=0 AGENT_FLAGS="--capacity 12" \
+	PROXYFLEET_GATEWAY_ADDR=127.0.0.1:0 PROXYFLEET_CONSOLE_ADDR=127.0.0.1:0 PROXYFLEET_PORTS=0 AGENT_FLAGS="--capacity 12" \
 	PLANNER_FLAGS="--reconcile-interval 500ms" HEALTH_FLAGS="--probe-interval 2s"
 export PROXYFLEET_PROMETHEUS_ADDR=127.0.0.1:19090 PROXYFLEET_JAEGER_ADDR=127.0.0.1:26686 \
 	PROXYFLEET_OTLP_GRPC_ADDR=127.0.0.1:24317 PROXYFLEET_OTLP_HTTP_ADDR=127.0.0.1:24318
@@ -61,6 +67,7 @@ wait_for 120 "Jaeger" curl -sf "$JAEGER/api/services"
 . "$RUN/nats.env"
 gateway=$(sed -n 's/^crawler gateway at http:\/\/\([^ ]*\).*/\1/p' "$RUN/run.out")
 echo_url=$(sed -n 's/.*echo endpoint at \(http:[^,]*\),.*/\1/p' "$RUN/run.out")
+console_url=$(sed -n 's/^console at \(http:[^ ]*[^/ ]\)\/\{0,1\} .*/\1/p' "$RUN/run.out")
 trace_id=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 span_id=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 nats req -H "traceparent:00-$trace_id-$span_id-01" fleet.api.pool.apply \
@@ -108,3 +115,30 @@ graph "$OUT/pool-states.png" 'sum by (state) (proxyfleet_pool_proxies{pool="demo
 graph "$OUT/gateway-requests.png" 'sum by (proxy) (rate(proxyfleet_gateway_requests_total{pool="demo"}[1m]))'
 graph "$OUT/probe-latency-p95.png" 'histogram_quantile(0.95, sum by (le) (rate(proxyfleet_health_probe_duration_seconds_bucket[1m])))'
 echo "trace $trace_id: $spans spans"
+
+# The console's pages. A pool whose image no target offers shows why it
+# has no proxy on the fleet page; a second console, with a users file,
+# shows the sign-in page make run's console (no users: loopback, open)
+# does not have.
+nats req fleet.api.pool.apply '{"name":"geo","provider":"local","size":2,"image":"debian-13"}' >/dev/null 2>&1
+hash=$(echo "pictures-only" | ./bin/console --hash-password)
+printf 'ops:operator:%s\n' "$hash" >"$RUN/console-users"
+./bin/console --nats-context "$RUN/nats/console.json" --data-dir "$RUN/console-login" --listen 127.0.0.1:0 \
+	--users "$RUN/console-users" >"$RUN/console-login.log" 2>&1 &
+pids+=($!)
+wait_for 60 "the second console" grep -q '"msg":"console serving"' "$RUN/console-login.log"
+login_url=http://$(sed -n 's/.*"msg":"console serving".*"listen":"\([^"]*\)".*/\1/p' "$RUN/console-login.log" | head -n 1)
+# Traffic while the pages are taken, so the gateway's last minute has
+# something to show: requests to the echo endpoint, and some to a loopback
+# port the proxies' egress policy refuses (the failures).
+end=$((SECONDS + 90))
+(while [ $SECONDS -lt $end ]; do
+	curl -s -o /dev/null -x "http://demo:x@$gateway" "$echo_url" || true
+	curl -s -o /dev/null -x "http://demo:x@$gateway" "http://127.0.0.1:9/refused" || true
+done) &
+pids+=($!)
+sleep 30
+abs_out=$(cd "$OUT" && pwd)
+(cd e2e && go run ./internal/consoleshots -base "$console_url" -out "$abs_out" \
+	fleet=/ pool=/pools/demo targets=/targets events=/events gateway=/gateway)
+(cd e2e && go run ./internal/consoleshots -base "$login_url" -out "$abs_out" login=/login)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,9 +32,9 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := startConfigServer(t, filepath.Join("..", "deploy", "nats"), secrets)
+	srv := bustest.DeployServer(t, filepath.Join("..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	connect := func(id string) *bus.Conn { return connectAs(t, ctx, srv.ClientURL(), secrets, id) }
+	connect := func(id string) *bus.Conn { return bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, id) }
 	planner := connect("planner")
 	ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
 	defer ecancel()
@@ -141,49 +140,6 @@ func TestDeployNATSConfigLeastPrivilege(t *testing.T) {
 	}
 }
 
-// startConfigServer starts an in-process server from dir's
-// nats-server.conf with the keys and certificates in secrets.
-func startConfigServer(t *testing.T, dir, secrets string) *server.Server {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(secrets, deploykeys.EnvFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
-			t.Setenv(k, v)
-		}
-	}
-	for k, v := range map[string]string{
-		"SERVER_NAME": "pf-test", "NATS_LISTEN": "127.0.0.1:-1", "NATS_MONITOR": "127.0.0.1:-1",
-		"NATS_STORE_DIR": t.TempDir(),
-		"NATS_TLS_CERT":  filepath.Join(secrets, deploykeys.ServerCert), "NATS_TLS_KEY": filepath.Join(secrets, deploykeys.ServerKey),
-		"NATS_TLS_CA": filepath.Join(secrets, deploykeys.CACert),
-	} {
-		t.Setenv(k, v)
-	}
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats-server.conf"))
-	if err != nil {
-		t.Fatalf("%s/nats-server.conf does not parse: %v", dir, err)
-	}
-	return bustest.Server(t, opts)
-}
-
-// connectAs connects to url as identity id with its seed in secrets and
-// its own inbox prefix, as a service started with --ensure-topology=false
-// (admin excepted).
-func connectAs(t *testing.T, ctx context.Context, url, secrets, id string) *bus.Conn {
-	t.Helper()
-	c, err := bus.Connect(ctx, bus.Config{URL: url, Name: id, Replicas: 1,
-		NKeyFile: filepath.Join(secrets, id+".nk"), CAFile: filepath.Join(secrets, deploykeys.CACert),
-		InboxPrefix: "_INBOX_" + id, NoCreate: id != "admin"}, nil)
-	if err != nil {
-		t.Fatalf("connect as %s: %v", id, err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
-
 // TestDeployAccountsShippedIsGenerated: deploy/nats/accounts.conf is what
 // `make deploy-secrets` writes for the defaults (agent local/t1, gateway
 // gw-1), so the shipped gateway permissions are the generated ones.
@@ -220,15 +176,15 @@ func TestDeployNATSConfigGatewayIdentities(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv := startConfigServer(t, conf, secrets)
+	srv := bustest.DeployServer(t, conf, secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	admin := connectAs(t, ctx, srv.ClientURL(), secrets, "admin")
+	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
 	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
 		t.Fatal(err)
 	}
 	ensureGatewayBuckets(t, ctx, admin)
-	gw1 := connectAs(t, ctx, srv.ClientURL(), secrets, deploykeys.GatewayIdentity("gw-1"))
-	operator := connectAs(t, ctx, srv.ClientURL(), secrets, "operator")
+	gw1 := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, deploykeys.GatewayIdentity("gw-1"))
+	operator := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "operator")
 	violations := permissionErrors(gw1)
 	opViolations := permissionErrors(operator)
 

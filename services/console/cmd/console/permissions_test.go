@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/api"
@@ -34,9 +32,9 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := startConfigServer(t, filepath.Join("..", "..", "..", "..", "deploy", "nats"), secrets)
+	srv := bustest.DeployServer(t, filepath.Join("..", "..", "..", "..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	admin := connectAs(t, ctx, srv.ClientURL(), secrets, "admin")
+	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
 	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
@@ -70,7 +68,7 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	console := connectAs(t, ctx, srv.ClientURL(), secrets, "console")
+	console := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "console")
 
 	// What the console does, it may.
 	rctx, cancel := context.WithCancel(ctx)
@@ -100,7 +98,7 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 
 	// The API endpoints it calls reach the planner (here a responder under
 	// the planner's identity); the others do not.
-	planner := connectAs(t, ctx, srv.ClientURL(), secrets, "planner")
+	planner := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "planner")
 	served := make(chan string, 10)
 	sub, err := planner.NC.Subscribe("fleet.api.>", func(m *nats.Msg) {
 		served <- m.Subject
@@ -181,48 +179,4 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 	if err := bus.EnsureTopology(short(), console); err == nil {
 		t.Fatal("the console may create the topology")
 	}
-}
-
-// startConfigServer starts an in-process server from dir's
-// nats-server.conf with the keys and certificates in secrets (as the e2e
-// tests of deploy/nats do).
-func startConfigServer(t *testing.T, dir, secrets string) *server.Server {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(secrets, deploykeys.EnvFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
-			t.Setenv(k, v)
-		}
-	}
-	for k, v := range map[string]string{
-		"SERVER_NAME": "pf-test", "NATS_LISTEN": "127.0.0.1:-1", "NATS_MONITOR": "127.0.0.1:-1",
-		"NATS_STORE_DIR": t.TempDir(),
-		"NATS_TLS_CERT":  filepath.Join(secrets, deploykeys.ServerCert), "NATS_TLS_KEY": filepath.Join(secrets, deploykeys.ServerKey),
-		"NATS_TLS_CA": filepath.Join(secrets, deploykeys.CACert),
-	} {
-		t.Setenv(k, v)
-	}
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats-server.conf"))
-	if err != nil {
-		t.Fatalf("%s/nats-server.conf does not parse: %v", dir, err)
-	}
-	return bustest.Server(t, opts)
-}
-
-// connectAs connects as identity id with its seed in secrets and its own
-// inbox prefix, as a service started with --ensure-topology=false (admin
-// excepted).
-func connectAs(t *testing.T, ctx context.Context, url, secrets, id string) *bus.Conn {
-	t.Helper()
-	c, err := bus.Connect(ctx, bus.Config{URL: url, Name: id, Replicas: 1,
-		NKeyFile: filepath.Join(secrets, id+".nk"), CAFile: filepath.Join(secrets, deploykeys.CACert),
-		InboxPrefix: "_INBOX_" + id, NoCreate: id != "admin"}, nil)
-	if err != nil {
-		t.Fatalf("connect as %s: %v", id, err)
-	}
-	t.Cleanup(c.Close)
-	return c
 }

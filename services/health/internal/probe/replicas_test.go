@@ -202,7 +202,7 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 		if seen == "" {
 			break
 		}
-		if attempt == 5 {
+		if attempt == 10 {
 			t.Fatalf("no steady window in %d attempts; the last: %s", attempt, seen)
 		}
 		t.Logf("window %d not steady (%s); measuring again", attempt, seen)
@@ -245,10 +245,17 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 	fromB := probedBy(proxies, a, b)
 	morePerProxy(owned["health-b"], fromB, 2, a)
 	took := time.Since(died)
-	bound := bus.HealthMemberTTL + replicaInterval
-	t.Logf("%d proxies of the dead replica probed by the survivor %s after it died (bound %s)", len(owned["health-b"]), took.Round(time.Millisecond), bound)
+	// By design the survivor takes over within the membership TTL plus a
+	// probe interval (4 s). A busy machine delays the server's expiry of
+	// the key, the watch and the probes by seconds (6 s seen at load 5),
+	// so the bound is four times that: still far below the fleet's
+	// unhealthyAfter (90 s), which a takeover that waited for anything
+	// but the membership's expiry would take.
+	design := bus.HealthMemberTTL + replicaInterval
+	bound := 4 * design
+	t.Logf("%d proxies of the dead replica probed by the survivor %s after it died (by design within %s; bound %s)", len(owned["health-b"]), took.Round(time.Millisecond), design, bound)
 	if took > bound {
-		t.Errorf("the survivor took %s to probe the dead replica's proxies; want within the membership TTL + a probe interval = %s", took, bound)
+		t.Errorf("the survivor took %s to probe the dead replica's proxies; want within 4 × (the membership TTL + a probe interval) = %s", took, bound)
 	}
 	if got := a.pr.Members(); !slices.Equal(got, []string{"health-a"}) {
 		t.Errorf("survivor's members: %v, want only itself", got)

@@ -124,15 +124,19 @@ func HashPassword(password string) (string, error) {
 }
 
 // dummyHash is compared against when the name is unknown, so that a login
-// takes as long whether the user exists or not.
-var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("no such user, no such password"), bcrypt.MinCost)
+// takes as long whether the user exists or not: at the cost of the hashes
+// HashPassword makes (made once, on the first unknown name).
+var dummyHash = sync.OnceValue(func() []byte {
+	h, _ := bcrypt.GenerateFromPassword([]byte("no such user, no such password"), HashCost)
+	return h
+})
 
 // Check returns the user when name and password match one.
 func (u Users) Check(name, password string) (User, bool) {
 	usr, ok := u[name]
 	hash := usr.hash
 	if !ok {
-		hash = dummyHash
+		hash = dummyHash()
 	}
 	if bcrypt.CompareHashAndPassword(hash, []byte(password)) != nil || !ok {
 		return User{}, false

@@ -468,8 +468,8 @@ func TestRunStopsLeftoversOfACrash(t *testing.T) {
 
 	second := startRunScriptIn(t, runDir, env)
 	out := second.waitBanner()
-	want := fmt.Sprintf("found leftovers of an earlier make run with its state in %s (its script, pid %d, is gone): stopping gateway (pid %d), local-agent (pid %d), health (pid %d), planner (pid %d)\n",
-		runDir, script, pids["gateway"], pids["local-agent"], pids["health"], pids["planner"])
+	want := fmt.Sprintf("found leftovers of an earlier make run with its state in %s (its script, pid %d, is gone): stopping console (pid %d), gateway (pid %d), local-agent (pid %d), health (pid %d), planner (pid %d)\n",
+		runDir, script, pids["console"], pids["gateway"], pids["local-agent"], pids["health"], pids["planner"])
 	if !strings.Contains(out, want) {
 		t.Errorf("second run's output:\n%s\nwant the line\n%s", out, want)
 	}
@@ -478,7 +478,7 @@ func TestRunStopsLeftoversOfACrash(t *testing.T) {
 			t.Errorf("the first run's %s (pid %d) still runs", name, pid)
 		}
 	}
-	if got := servicePids(t, runDir); len(got) != 4 {
+	if got := servicePids(t, runDir); len(got) != 5 {
 		t.Errorf("the second run's services: %v", got)
 	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/e2e/internal/crawlload"
 	"proxyfleet/e2e/internal/nfdelay"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
@@ -495,115 +496,17 @@ func (pf *partitionFleet) startGateways() {
 	}
 }
 
-// gwTraffic is crawler traffic through the gateways: each worker sends
-// its requests to one gateway in turn, and retries a failed request once
-// through the next gateway, as a crawler given every gateway's address
-// does. Each request is counted by the time it was sent: ok at the first
-// try, retried (ok through the other gateway) or failed (both failed).
-type gwTraffic struct {
-	pf      *partitionFleet
-	clients []*http.Client // per gateway
-	target  string
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	reqs    []gwRequest
-}
-
-type gwRequest struct {
-	sent    time.Time
-	gateway int // the gateway of the first try
-	outcome string
-	err     string
-}
-
-const (
-	gwOK      = "ok"
-	gwRetried = "retried"
-	gwFailed  = "failed"
-)
-
+// newGWTraffic is crawler traffic to pool s through the gateways, every
+// request on a new connection so that each is routed afresh.
 func newGWTraffic(pf *partitionFleet) *gwTraffic {
-	tr := &gwTraffic{pf: pf, target: "http://" + pf.origin + "/page", stop: make(chan struct{})}
-	for _, addr := range pf.gateways {
-		proxy := &url.URL{Scheme: "http", Host: addr, User: url.UserPassword("s", pf.gwPassword)}
-		tr.clients = append(tr.clients, &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			Proxy:             http.ProxyURL(proxy),
-			DialContext:       (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
-			DisableKeepAlives: true, // every request a new connection: routed afresh
-		}})
-	}
-	return tr
+	return &gwTraffic{pf: pf, Load: crawlload.New("http://"+pf.origin+"/page", len(pf.gateways), func(gw int) *url.URL {
+		return &url.URL{Scheme: "http", Host: pf.gateways[gw], User: url.UserPassword("s", pf.gwPassword)}
+	}, crawlload.Options{NewConnEachRequest: true})}
 }
 
-// once sends one request through gateway gw.
-func (tr *gwTraffic) once(gw int) error {
-	resp, err := tr.clients[gw].Get(tr.target)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK || string(b) != "ok" {
-		return fmt.Errorf("status %d, body %.80q", resp.StatusCode, b)
-	}
-	return nil
-}
-
-// run starts workers that each send a request every pace until end.
-func (tr *gwTraffic) run(workers int, pace time.Duration) {
-	for w := range workers {
-		tr.wg.Add(1)
-		go func() {
-			defer tr.wg.Done()
-			for n := w; ; n++ {
-				select {
-				case <-tr.stop:
-					return
-				case <-time.After(pace):
-				}
-				gw := n % len(tr.clients)
-				r := gwRequest{sent: time.Now(), gateway: gw, outcome: gwOK}
-				if err := tr.once(gw); err != nil {
-					r.outcome = gwRetried
-					next := (gw + 1) % len(tr.clients)
-					if err2 := tr.once(next); err2 != nil {
-						r.outcome = gwFailed
-						r.err = fmt.Sprintf("gw-n%d: %v; retry on gw-n%d: %v", gw+1, err, next+1, err2)
-					}
-				}
-				tr.mu.Lock()
-				tr.reqs = append(tr.reqs, r)
-				tr.mu.Unlock()
-			}
-		}()
-	}
-}
-
-func (tr *gwTraffic) end() {
-	close(tr.stop)
-	tr.wg.Wait()
-}
-
-// between counts the requests sent in [from, to) by outcome, and returns
-// the first failures' errors.
-func (tr *gwTraffic) between(from, to time.Time) (counts map[string]int, errs []string) {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	counts = map[string]int{}
-	for _, r := range tr.reqs {
-		if r.sent.Before(from) || !r.sent.Before(to) {
-			continue
-		}
-		counts[r.outcome]++
-		if r.outcome == gwFailed && len(errs) < 3 {
-			errs = append(errs, r.err)
-		}
-	}
-	return counts, errs
+type gwTraffic struct {
+	pf *partitionFleet
+	*crawlload.Load
 }
 
 // recovered waits until a request sent after healed went through each
@@ -614,19 +517,13 @@ func (tr *gwTraffic) recovered(label string, healed time.Time) time.Duration {
 	t := tr.pf.t
 	t.Helper()
 	var worst time.Duration
-	for gw := range tr.clients {
+	for gw := range tr.pf.gateways {
 		var first time.Time
 		waitFor(t, 60*time.Second, fmt.Sprintf("%s: a request through gw-n%d to succeed after the heal", label, gw+1), func() bool {
-			tr.mu.Lock()
-			for _, r := range tr.reqs {
-				if r.gateway == gw && r.outcome == gwOK && !r.sent.Before(healed) && (first.IsZero() || r.sent.Before(first)) {
-					first = r.sent
-				}
-			}
-			tr.mu.Unlock()
+			first = tr.FirstOK(gw, healed)
 			if first.IsZero() {
 				sent := time.Now()
-				if tr.once(gw) == nil {
+				if tr.Once(gw) == nil {
 					first = sent
 				}
 			}
@@ -767,7 +664,7 @@ type partitionFault struct {
 	apiGap, decideGap time.Duration
 	// gw counts the gateway requests sent from start to end by outcome;
 	// gwBack is how long after the heal every gateway served again.
-	gw     map[string]int
+	gw     map[crawlload.Outcome]int
 	gwBack time.Duration
 }
 
@@ -1069,13 +966,13 @@ func TestPartitions(t *testing.T) {
 	// through the three gateways, from before the first fault to the end.
 	traffic := newGWTraffic(pf)
 	for gw := range pf.gateways {
-		waitFor(t, 60*time.Second, fmt.Sprintf("gw-n%d to route to pool s", gw+1), func() bool { return traffic.once(gw) == nil })
+		waitFor(t, 60*time.Second, fmt.Sprintf("gw-n%d to route to pool s", gw+1), func() bool { return traffic.Once(gw) == nil })
 	}
-	traffic.run(2, 200*time.Millisecond)
+	traffic.Run(2, 200*time.Millisecond)
 	trafficStopped := false
 	defer func() {
 		if !trafficStopped {
-			traffic.end()
+			traffic.End()
 		}
 	}()
 
@@ -1139,14 +1036,14 @@ func TestPartitions(t *testing.T) {
 		// proxy of pool s it can reach is on the far side); what is
 		// asserted is that every gateway serves again after the heal.
 		var gwErrs []string
-		f.gw, gwErrs = traffic.between(f.start, f.end)
+		f.gw, gwErrs = traffic.Between(f.start, f.end, 3)
 		f.gwBack = traffic.recovered(label, f.heal)
 		t.Logf("partitions: %s: gateway requests: %d ok, %d ok after a retry through another gateway, %d failed; every gateway served again %.1fs after the heal",
-			label, f.gw[gwOK], f.gw[gwRetried], f.gw[gwFailed], f.gwBack.Seconds())
+			label, f.gw[crawlload.OK], f.gw[crawlload.Retried], f.gw[crawlload.Failed], f.gwBack.Seconds())
 		for _, e := range gwErrs {
 			t.Logf("partitions: %s: failed request: %.300s", label, e)
 		}
-		if f.gw[gwOK]+f.gw[gwRetried]+f.gw[gwFailed] == 0 {
+		if f.gw[crawlload.OK]+f.gw[crawlload.Retried]+f.gw[crawlload.Failed] == 0 {
 			t.Fatalf("partitions: %s: no gateway request was sent during the fault", label)
 		}
 		// A settled size, outside the load's sizes and unlike the last
@@ -1222,7 +1119,7 @@ func TestPartitions(t *testing.T) {
 		pf.net.lossyRTT(latency)
 		return nil
 	}, pf.net.heal)
-	traffic.end()
+	traffic.End()
 	trafficStopped = true
 
 	log := pf.eventLog()
@@ -1231,7 +1128,7 @@ func TestPartitions(t *testing.T) {
 	t.Logf("partitions: unavailability per fault (held %s, measured until %s after healing); gateway requests sent meanwhile ok/retried/failed, and when every gateway served again:", hold, after)
 	for _, f := range faults {
 		t.Logf("partitions:   %-62s API %6.1fs   decisions %6.1fs   gateway %4d/%3d/%3d, back %4.1fs after the heal",
-			f.label, f.apiGap.Seconds(), f.decideGap.Seconds(), f.gw[gwOK], f.gw[gwRetried], f.gw[gwFailed], f.gwBack.Seconds())
+			f.label, f.apiGap.Seconds(), f.decideGap.Seconds(), f.gw[crawlload.OK], f.gw[crawlload.Retried], f.gw[crawlload.Failed], f.gwBack.Seconds())
 	}
 	pf.viewsMatchRebuildAll("end")
 }

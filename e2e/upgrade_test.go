@@ -17,7 +17,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -26,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/e2e/internal/crawlload"
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
@@ -314,87 +314,6 @@ func (u *upgradeFleet) readyIDs(pool string) []string {
 	return ids
 }
 
-// traffic is a client sending requests through the two gateways in turn;
-// a failed request is retried once through the other gateway, as a
-// crawler with two gateway addresses does.
-type traffic struct {
-	addrs                 [2]atomic.Value // ip:port of gw-1 and gw-2
-	target                string
-	sent, retried, failed atomic.Int64
-	mu                    sync.Mutex
-	errs                  []string
-	stop                  chan struct{}
-	wg                    sync.WaitGroup
-	clients               [2]*http.Client
-}
-
-func newTraffic(target, pool, gw1, gw2 string) *traffic {
-	tr := &traffic{target: target, stop: make(chan struct{})}
-	tr.addrs[0].Store(gw1)
-	tr.addrs[1].Store(gw2)
-	for i := range tr.clients {
-		tr.clients[i] = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-			Proxy: func(*http.Request) (*url.URL, error) {
-				return &url.URL{Scheme: "http", Host: tr.addrs[i].Load().(string), User: url.UserPassword(pool, "x")}, nil
-			},
-		}}
-	}
-	return tr
-}
-
-func (tr *traffic) once(gw int) error {
-	resp, err := tr.clients[gw].Get(tr.target)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK || string(b) != "ok" {
-		return fmt.Errorf("status %d, body %.80q", resp.StatusCode, b)
-	}
-	return nil
-}
-
-// run sends requests from workers clients until stop, each every pace.
-func (tr *traffic) run(workers int, pace time.Duration) {
-	for w := range workers {
-		tr.wg.Add(1)
-		go func() {
-			defer tr.wg.Done()
-			for n := w; ; n++ {
-				select {
-				case <-tr.stop:
-					return
-				case <-time.After(pace):
-				}
-				gw := n % 2
-				tr.sent.Add(1)
-				err := tr.once(gw)
-				if err == nil {
-					continue
-				}
-				tr.retried.Add(1)
-				if err2 := tr.once(1 - gw); err2 != nil {
-					tr.failed.Add(1)
-					tr.mu.Lock()
-					if len(tr.errs) < 10 {
-						tr.errs = append(tr.errs, fmt.Sprintf("gw-%d: %v; retry on gw-%d: %v", gw+1, err, 2-gw, err2))
-					}
-					tr.mu.Unlock()
-				}
-			}
-		}()
-	}
-}
-
-func (tr *traffic) end() {
-	close(tr.stop)
-	tr.wg.Wait()
-}
-
 // TestUpgradeRolling: a fleet of the previous release (two planners,
 // health, the local agent, two gateways) serves a pool of 3 proxies to a
 // client; each service is then replaced by the current tree's, one at a
@@ -425,10 +344,17 @@ func TestUpgradeRolling(t *testing.T) {
 	u.waitVersions("fleet-agent", prev.version)
 	u.waitVersions("fleet-gateway", prev.version, prev.version)
 
-	tr := newTraffic(u.origin.URL+"/page", pool, gw1, gw2)
+	// A client of both gateways (an upgraded gateway listens at a new
+	// address, which the client follows).
+	var gwAddrs [2]atomic.Value
+	gwAddrs[0].Store(gw1)
+	gwAddrs[1].Store(gw2)
+	tr := crawlload.New(u.origin.URL+"/page", 2, func(gw int) *url.URL {
+		return &url.URL{Scheme: "http", Host: gwAddrs[gw].Load().(string), User: url.UserPassword(pool, "x")}
+	}, crawlload.Options{Timeout: 15 * time.Second})
 	// Both gateways route before the clock starts.
 	waitFor(t, 60*time.Second, "both gateways to route to the pool", func() bool {
-		return tr.once(0) == nil && tr.once(1) == nil
+		return tr.Once(0) == nil && tr.Once(1) == nil
 	})
 	ids := u.readyIDs(pool)
 	pids := map[string]int{}
@@ -436,11 +362,11 @@ func TestUpgradeRolling(t *testing.T) {
 		pids[id] = u.statePID(id)
 	}
 	decisions := u.proxyDecisions()
-	tr.run(2, 20*time.Millisecond)
+	tr.Run(2, 20*time.Millisecond)
 	time.Sleep(hold)
 	t0 := time.Now()
 	step := func(what string) {
-		t.Logf("upgrade: %s (%s after the start; %d requests so far)", what, time.Since(t0).Round(time.Millisecond), tr.sent.Load())
+		t.Logf("upgrade: %s (%s after the start; %d requests so far)", what, time.Since(t0).Round(time.Millisecond), tr.Count())
 	}
 
 	// The planners one at a time: the other keeps (or takes) the lead.
@@ -469,7 +395,7 @@ func TestUpgradeRolling(t *testing.T) {
 	time.Sleep(hold)
 	for i, name := range []string{"gw-1", "gw-2"} {
 		u.stop(name)
-		tr.addrs[i].Store(u.startGateway(cur, name))
+		gwAddrs[i].Store(u.startGateway(cur, name))
 		if i == 0 {
 			u.waitVersions("fleet-gateway", prev.version, cur.version)
 		} else {
@@ -481,13 +407,14 @@ func TestUpgradeRolling(t *testing.T) {
 	upgrade := time.Since(t0)
 	// The upgraded fleet still serves and still decides.
 	time.Sleep(hold)
-	tr.end()
+	tr.End()
 
-	sent, retried, failed := tr.sent.Load(), tr.retried.Load(), tr.failed.Load()
-	t.Logf("upgrade %s -> %s: %s; requests sent %d, retried %d, failed %d", prev.version, cur.version,
+	counts, errs := tr.Between(time.Time{}, time.Time{}, 10)
+	sent, retried, failed := tr.Count(), counts[crawlload.Retried], counts[crawlload.Failed]
+	t.Logf("upgrade %s -> %s: %s; requests sent %d, ok after a retry %d, failed %d", prev.version, cur.version,
 		upgrade.Round(time.Millisecond), sent, retried, failed)
 	if failed != 0 {
-		t.Errorf("%d requests failed beyond their retry during the upgrade; first: %v", failed, tr.errs)
+		t.Errorf("%d requests failed beyond their retry during the upgrade; first: %v", failed, errs)
 	}
 	if sent < 200 {
 		t.Errorf("only %d requests were sent during the upgrade: the traffic did not exercise it", sent)

@@ -63,7 +63,7 @@ running_script() {
 	local pid
 	pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
 	[ -n "$pid" ] && [ "$pid" != $$ ] || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'scripts/run\.sh' || return 1
+	tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'scripts/run\.sh' || return 1
 	echo "$pid"
 }
 

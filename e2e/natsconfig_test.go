@@ -2,9 +2,14 @@ package e2e_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -327,15 +332,163 @@ func subscribeRefused(c *bus.Conn, errs <-chan error, subject string) error {
 	return violation(errs, subject)
 }
 
-// publishRefused publishes to subject as c, which the server must refuse.
+// publishRefused publishes to subject as c, which the server must refuse
+// with a permission violation naming subject. The flush returns after the
+// server answered the publish, so the violation is on its way by then.
 func publishRefused(ctx context.Context, c *bus.Conn, errs <-chan error, subject string) error {
-	short, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if _, err := c.NC.RequestWithContext(short, subject, []byte(`{}`)); err == nil {
-		return errors.New("allowed, want refused")
+	if err := c.NC.Publish(subject, []byte(`{}`)); err != nil {
+		return err
+	}
+	if err := c.NC.FlushWithContext(ctx); err != nil {
+		return err
 	}
 	if violation(errs, subject) == nil {
-		return errors.New("failed without the server's permission violation")
+		return errors.New("no permission violation: allowed, want refused")
 	}
 	return nil
+}
+
+// TestDeployBackupIdentity runs deploy/nats as shipped and connects as the
+// backup identity of scripts/backup.sh: it lists the streams, reads their
+// info and takes a snapshot (acknowledging its chunks), and the server
+// refuses everything that changes state: deleting, purging, updating or
+// restoring a stream, creating a consumer, deleting a message, writing a
+// bucket, appending an event, calling the API. Nothing changed afterwards.
+// make test-restore backs up with this identity through the nats CLI.
+func TestDeployBackupIdentity(t *testing.T) {
+	secrets := t.TempDir()
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := bustest.DeployServer(t, filepath.Join("..", "deploy", "nats"), secrets)
+	ctx := testwait.Context(t, 60*time.Second)
+	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
+	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
+		t.Fatal(err)
+	}
+	// Events enough for a snapshot of several chunks (random, so that
+	// compression keeps them large).
+	for i := range 16 {
+		pad := make([]byte, 512)
+		_, _ = rand.Read(pad)
+		if _, err := bus.NewEventStore(admin, "test", nil).Append(ctx, events.AggregatePool, "bk", events.PoolApplied, fmt.Sprintf("bk.applied.%d", i),
+			map[string]any{"name": "bk", "provider": "local", "size": 1, "pad": hex.EncodeToString(pad)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backup := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "backup")
+	violations := permissionErrors(backup)
+
+	// What a backup does.
+	var names []string
+	for n := range backup.JS.StreamNames(ctx).Name() {
+		names = append(names, n)
+	}
+	for _, want := range []string{bus.EventsStream, bus.CommandsStream, "KV_" + bus.BucketSecrets, "OBJ_" + bus.ObjectSnapshots} {
+		if !slices.Contains(names, want) {
+			t.Fatalf("backup lists the streams %v: %s is missing", names, want)
+		}
+	}
+	before, err := backup.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatalf("backup reads %s's info: %v", bus.EventsStream, err)
+	}
+	snapshot(t, ctx, backup, violations, bus.EventsStream)
+
+	// What it may not do: each refused by the server.
+	ev := bus.EventsStream
+	for _, subj := range []string{
+		"$JS.API.STREAM.DELETE." + ev, "$JS.API.STREAM.PURGE." + ev, "$JS.API.STREAM.UPDATE." + ev,
+		"$JS.API.STREAM.MSG.DELETE." + ev, "$JS.API.STREAM.CREATE.BK_NEW", "$JS.API.STREAM.RESTORE.BK_NEW",
+		"$JS.API.CONSUMER.CREATE." + ev + ".bk-durable", "$JS.API.CONSUMER.DURABLE.CREATE." + ev + ".bk-durable",
+		"$JS.API.CONSUMER.DELETE." + ev + "." + bus.HealthProjection,
+		"$KV." + bus.BucketPools + ".bk", "$KV." + bus.BucketSecrets + ".bk",
+		events.EventSubject(events.AggregatePool, "bk", events.PoolApplied), events.CommandSubject("local", "t1", "create"), events.APISubject("pool", "list"),
+	} {
+		if err := publishRefused(ctx, backup, violations, subj); err != nil {
+			t.Errorf("backup publishes %s: %v", subj, err)
+		}
+	}
+	for _, subj := range []string{"_INBOX.>", "_INBOX_admin.>", "fleet.>"} {
+		if err := subscribeRefused(backup, violations, subj); err == nil {
+			t.Errorf("backup may subscribe to %s", subj)
+		}
+	}
+
+	// Nothing changed.
+	after, err := admin.JS.Stream(ctx, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, a := before.CachedInfo(), after.CachedInfo(); a.State.Msgs != b.State.Msgs || a.State.LastSeq != b.State.LastSeq ||
+		a.State.Consumers != b.State.Consumers || !a.Created.Equal(b.Created) {
+		t.Errorf("%s changed under the backup identity: before %+v, after %+v", ev, b.State, a.State)
+	}
+	pools, err := admin.JS.KeyValue(ctx, bus.BucketPools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools.Get(ctx, "bk"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("%s bk after the refused write: %v, want not found", bus.BucketPools, err)
+	}
+	if _, err := admin.JS.Stream(ctx, "BK_NEW"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("stream BK_NEW after the refused create and restore: %v, want not found", err)
+	}
+}
+
+// snapshot takes a snapshot of stream as c, as the nats CLI's backup
+// does: the chunks come to c's inbox, each acknowledged on its reply
+// subject ($JS.SNAPSHOT.ACK...), until the empty end of the snapshot. A
+// window of one chunk makes the server wait for each acknowledgement, so
+// a refused one ends the snapshot with an error status instead of 204.
+func snapshot(t *testing.T, ctx context.Context, c *bus.Conn, violations <-chan error, stream string) {
+	t.Helper()
+	inbox := c.NC.NewRespInbox()
+	sub, err := c.NC.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	req, _ := json.Marshal(map[string]any{"deliver_subject": inbox, "chunk_size": 1024, "window_size": 1024})
+	resp, err := c.NC.RequestWithContext(ctx, "$JS.API.STREAM.SNAPSHOT."+stream, req)
+	if err != nil {
+		t.Fatalf("snapshot of %s: %v", stream, err)
+	}
+	var r struct {
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil || r.Error != nil {
+		t.Fatalf("snapshot of %s refused: %s", stream, resp.Data)
+	}
+	n, ack := 0, ""
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			t.Fatalf("snapshot of %s after %d bytes: %v", stream, n, err)
+		}
+		if len(m.Data) == 0 { // the end
+			if status := m.Header.Get("Status"); status != "204" {
+				t.Fatalf("the snapshot of %s ended with status %q (%s) after %d bytes, want 204", stream, status, m.Header.Get("Description"), n)
+			}
+			break
+		}
+		n += len(m.Data)
+		if m.Reply != "" {
+			ack = m.Reply
+			if err := c.NC.Publish(m.Reply, nil); err != nil {
+				t.Fatalf("acknowledge a snapshot chunk: %v", err)
+			}
+		}
+	}
+	if n == 0 || ack == "" {
+		t.Fatalf("the snapshot of %s: %d bytes, acknowledgement subject %q; want data and chunks to acknowledge", stream, n, ack)
+	}
+	if err := c.NC.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := violation(violations, ack); err != nil {
+		t.Fatalf("the snapshot's acknowledgement was refused: %v", err)
+	}
 }

@@ -26,10 +26,13 @@ import (
 	"proxyfleet/pkg/testwait"
 )
 
-// restoreAdminPassword is the password of the test server's admin user,
-// whose permissions are deploy/nats's ADMIN_PERMS: the identity that
-// backs up and restores.
-const restoreAdminPassword = "restore-test-admin"
+// The passwords of the test server's admin and backup users, whose
+// permissions are deploy/nats's ADMIN_PERMS (the identity that restores)
+// and BACKUP_PERMS (the one that backs up).
+const (
+	restoreAdminPassword  = "restore-test-admin"
+	restoreBackupPassword = "restore-test-backup"
+)
 
 // permSet finds the permission sets of deploy/nats/permissions.conf.
 var permSet = regexp.MustCompile(`(?m)^([A-Z0-9_]+_PERMS) =`)
@@ -47,8 +50,9 @@ type natsServer struct {
 }
 
 // startNATSServer starts bin with its JetStream store in store and, in
-// one account FLEET, the user admin with deploy/nats's ADMIN_PERMS and the
-// services as the unauthenticated user (no_auth_user).
+// one account FLEET, the users admin and backup with deploy/nats's
+// ADMIN_PERMS and BACKUP_PERMS and the services as the unauthenticated
+// user (no_auth_user).
 func startNATSServer(t *testing.T, bin, store string) *natsServer {
 	t.Helper()
 	run := t.TempDir()
@@ -63,7 +67,7 @@ func startNATSServer(t *testing.T, bin, store string) *natsServer {
 	// gets a user nobody logs in as.
 	var others []string
 	for _, m := range permSet.FindAllSubmatch(perms, -1) {
-		if name := string(m[1]); name != "ADMIN_PERMS" {
+		if name := string(m[1]); name != "ADMIN_PERMS" && name != "BACKUP_PERMS" {
 			others = append(others, fmt.Sprintf("      { user: %q, password: %q, permissions: $%s }", strings.ToLower(name), "unused-"+name, name))
 		}
 	}
@@ -75,6 +79,7 @@ accounts {
     jetstream: enabled
     users: [
       { user: admin, password: %q, permissions: $ADMIN_PERMS }
+      { user: backup, password: %q, permissions: $BACKUP_PERMS }
       { user: services, password: "unused-services-password" }
 %s
     ]
@@ -83,7 +88,7 @@ accounts {
 }
 system_account: SYS
 no_auth_user: services
-`, store, restoreAdminPassword, strings.Join(others, "\n"))
+`, store, restoreAdminPassword, restoreBackupPassword, strings.Join(others, "\n"))
 	confPath := filepath.Join(run, "nats-server.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -148,11 +153,16 @@ type recoveryPoint struct {
 	Keys     string    `json:"keys"`
 }
 
-// script runs scripts/<name> as the admin identity against url.
+// script runs scripts/<name> against url, backup.sh as the backup
+// identity (with its own inbox prefix) and restore.sh as admin.
 func script(t *testing.T, cli, url, name string, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join("..", "scripts", name), args...)
-	cmd.Env = append(os.Environ(), "NATS_CLI="+cli, "NATS_URL="+url, "NATS_USER=admin", "NATS_PASSWORD="+restoreAdminPassword)
+	identity := []string{"NATS_USER=admin", "NATS_PASSWORD=" + restoreAdminPassword}
+	if name == "backup.sh" {
+		identity = []string{"NATS_USER=backup", "NATS_PASSWORD=" + restoreBackupPassword, "NATS_INBOX_PREFIX=_INBOX_backup"}
+	}
+	cmd.Env = append(append(os.Environ(), "NATS_CLI="+cli, "NATS_URL="+url), identity...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -2,7 +2,8 @@
 # `make restore DIR=... [REPLICAS=N]` run scripts/backup.sh and
 # scripts/restore.sh with the pinned nats CLI; the connection and identity
 # come from the environment as for the nats CLI (NATS_URL, NATS_NKEY or
-# NATS_CREDS, NATS_CA; under deploy/nats the admin identity).
+# NATS_CREDS, NATS_CA, NATS_INBOX_PREFIX; under deploy/nats the backup
+# identity backs up and admin restores).
 #
 # `make test-restore` runs e2e's restore_test.go: a real nats-server with
 # file storage and the services as processes, backed up while a pool

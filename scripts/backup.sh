@@ -13,8 +13,11 @@
 # fleet-gateway-ca is sealed to it), the agents' key directories.
 #
 # The connection and the identity are the nats CLI's: NATS_URL and
-# NATS_NKEY (or NATS_CREDS, NATS_USER/NATS_PASSWORD), NATS_CA for TLS. The
-# identity must take stream snapshots: under deploy/nats that is admin.
+# NATS_NKEY (or NATS_CREDS, NATS_USER/NATS_PASSWORD), NATS_CA for TLS, and
+# NATS_INBOX_PREFIX, the identity's reply prefix (the CLI's --inbox-prefix).
+# The identity must take stream snapshots: under deploy/nats that is backup
+# (NATS_NKEY=backup.nk NATS_INBOX_PREFIX=_INBOX_backup), which can read
+# every stream and change nothing; admin may too.
 # NATS_CLI names the CLI (default: ./bin/nats, then nats on PATH).
 #
 # BACKUP_DIR must not exist; it is written as BACKUP_DIR.partial and
@@ -57,6 +60,10 @@ if [ -z "$cli" ]; then
 	if [ -x "$(dirname "$0")/../bin/nats" ]; then cli=$(dirname "$0")/../bin/nats; else cli=nats; fi
 fi
 command -v "$cli" >/dev/null || { echo "backup: no nats CLI at $cli: run make nats, or set NATS_CLI" >&2; exit 1; }
+cliargs=()
+if [ -n "${NATS_INBOX_PREFIX:-}" ]; then
+	cliargs+=(--inbox-prefix "$NATS_INBOX_PREFIX")
+fi
 command -v jq >/dev/null || { echo "backup: jq is needed to read the backup's metadata (apt-get install jq)" >&2; exit 1; }
 
 if [ -e "$dest" ]; then
@@ -73,7 +80,7 @@ for k in "${keys[@]}"; do
 	tarargs+=(-C "$(dirname "$k")" "$(basename "$k")")
 done
 
-streams=$("$cli" stream ls --names) || { echo "backup: cannot list the streams (NATS_URL, credentials?)" >&2; exit 1; }
+streams=$("$cli" "${cliargs[@]}" stream ls --names) || { echo "backup: cannot list the streams (NATS_URL, credentials?)" >&2; exit 1; }
 if ! grep -qx FLEET_EVENTS <<<"$streams"; then
 	echo "backup: the server has no stream FLEET_EVENTS: not a proxyfleet server, or the wrong account (nothing was written)" >&2
 	exit 1
@@ -91,7 +98,7 @@ started=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 n=0
 for s in $ordered; do
 	[ -n "$s" ] || continue
-	if ! out=$("$cli" backup stream --consumers --no-progress "$s" "$partial/$s" 2>&1); then
+	if ! out=$("$cli" "${cliargs[@]}" backup stream --consumers --no-progress "$s" "$partial/$s" 2>&1); then
 		echo "$out" >&2
 		echo "backup: stream $s failed (nothing kept)" >&2
 		exit 1

@@ -31,7 +31,7 @@ import (
 
 // Fixed identities of deploy/nats; agents and gateways add one each
 // (agent-<entry>-<target>, [GatewayIdentity]).
-var Fixed = []string{"admin", "planner", "health", "operator", "console"}
+var Fixed = []string{"admin", "planner", "health", "operator", "console", "backup"}
 
 // EnvFile is the file of public keys the server reads its variables from.
 const EnvFile = "nkeys.env"

@@ -27,7 +27,7 @@ func TestGenerate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"admin", "planner", "health", "operator", "console", "agent-local-t1", "agent-kvm-host-2", "gateway-gw-1"} {
+	for _, id := range []string{"admin", "planner", "health", "operator", "console", "backup", "agent-local-t1", "agent-kvm-host-2", "gateway-gw-1"} {
 		b, err := os.ReadFile(filepath.Join(dir, id+".nk"))
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)

@@ -315,6 +315,10 @@ start() {
 	local name=$1
 	shift
 	log_from[$name]=$(stat -c %s "$RUN/logs/$name.log" 2>/dev/null || echo 0)
+	# The log exists before the service starts: the background job opens
+	# it only once forked, and the callers read it at once (under set -e
+	# and pipefail, a tail of a missing file would end the script).
+	: >>"$RUN/logs/$name.log"
 	setpriv --pdeathsig TERM setsid "$BIN/$name" "$@" </dev/null >>"$RUN/logs/$name.log" 2>&1 &
 	pid[$name]=$!
 }

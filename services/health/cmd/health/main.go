@@ -20,6 +20,7 @@ import (
 	"proxyfleet/pkg/seal"
 	"proxyfleet/pkg/service"
 	"proxyfleet/pkg/telemetry"
+	"proxyfleet/services/health/internal/compact"
 	"proxyfleet/services/health/internal/echo"
 	"proxyfleet/services/health/internal/probe"
 	"proxyfleet/services/health/internal/projection"
@@ -33,6 +34,9 @@ through itself and reports ready/unhealthy transitions.
   fleet-pools    one key per pool: spec and revision          (rebuildable)
   fleet-probes   probe counters: latency, failure streak, egress IP, shared egress
   fleet-targets  each live agent's check verdicts
+
+Deleted keys leave markers in these buckets, which every replica purges
+once they are older than --compact-after (docs/operator-guide.md).
 
 Usage:
   health [flags]
@@ -57,6 +61,8 @@ type flags struct {
 	rebuild        bool
 	probeKeyFile   string
 	replicaID      string
+	compactEvery   time.Duration
+	compactAfter   time.Duration
 }
 
 func parse(args []string) (*flags, error) {
@@ -73,6 +79,8 @@ func parse(args []string) (*flags, error) {
 	fs.DurationVar(&f.checkTimeout, "check-timeout", 10*time.Second, "how long one agent may take to answer its check")
 	fs.StringVar(&f.probeKeyFile, "probe-key-file", "", "file holding health's curve (xkey) seed, created 0600 on first start; the planner seals each pool's probe password to its key; give every replica the same file (default <data-dir>/probe.xk)")
 	fs.StringVar(&f.replicaID, "replica-id", replica.ID("health", replica.PID()), "name of this health replica among those splitting the probing (its key in fleet-health): letters, digits, '-', '_', '=', inner dots; unique per replica")
+	fs.DurationVar(&f.compactEvery, "compact-every", time.Hour, "time between two purges of the old delete markers of fleet-proxies, fleet-pools, fleet-probes and fleet-targets (the first at a random time within it); 0 never purges them")
+	fs.DurationVar(&f.compactAfter, "compact-after", 24*time.Hour, "age of the delete markers a purge removes, at least 1h: a watcher (gateway, console) cut off from NATS for longer while it kept running could miss a deletion")
 	fs.BoolVar(&f.rebuild, "rebuild-views", false, "drop fleet-proxies, fleet-pools and the projection consumer, replay FLEET_EVENTS into them, and exit")
 	if err := service.ParseFlags(fs, args); err != nil {
 		return nil, err
@@ -82,6 +90,12 @@ func parse(args []string) (*flags, error) {
 	}
 	if err := probe.CheckReplica(f.replicaID); err != nil {
 		return nil, fmt.Errorf("--replica-id: %w", err)
+	}
+	if f.compactEvery < 0 {
+		return nil, fmt.Errorf("--compact-every %s: want 0 (never) or a positive duration", f.compactEvery)
+	}
+	if f.compactAfter < time.Hour {
+		return nil, fmt.Errorf("--compact-after %s: want at least 1h, so that no watcher misses a deletion", f.compactAfter)
 	}
 	if f.echoAddr == "" && f.echoURL == "" {
 		return nil, errors.New("--echo-url is required when --echo-addr is empty")
@@ -147,6 +161,10 @@ func run(f *flags) error {
 	}
 	checker := targets.New(base.Conn, targets.Config{Interval: f.checkInterval, Timeout: f.checkTimeout}, log)
 	g.Add(rungroup.Member{Name: "projection", Run: projector.Run}, rungroup.Member{Name: "probe", Run: prober.Run}, rungroup.Member{Name: "targets", Run: checker.Run})
+	if f.compactEvery > 0 {
+		compactor := compact.New(base.Conn, compact.Config{Every: f.compactEvery, After: f.compactAfter}, log)
+		g.Add(rungroup.Member{Name: "compact", Run: compactor.Run})
+	}
 	log.Info("health started", "replica", f.replicaID, "echo_url", echoURL, "probe_interval", f.probeInterval.String(), "nats", telemetry.RedactURL(base.Conn.ClientURL()))
 	if err := g.Run(ctx); err != nil {
 		return err

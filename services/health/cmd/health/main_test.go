@@ -61,6 +61,17 @@ func TestParseFlags(t *testing.T) {
 	if err := probe.CheckReplica(f.replicaID); err != nil {
 		t.Fatalf("default replica id %q: %v", f.replicaID, err)
 	}
+	if f.compactEvery != time.Hour || f.compactAfter != 24*time.Hour {
+		t.Fatalf("compaction defaults: every %s, after %s; want 1h and 24h", f.compactEvery, f.compactAfter)
+	}
+	if f, err := parse([]string{"--compact-every", "0", "--compact-after", "2h"}); err != nil || f.compactEvery != 0 || f.compactAfter != 2*time.Hour {
+		t.Fatalf("--compact-every 0 --compact-after 2h: got %+v, %v", f, err)
+	}
+	for _, bad := range [][]string{{"--compact-every", "-1s"}, {"--compact-after", "59m"}, {"--compact-after", "0"}} {
+		if _, err := parse(bad); err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Fatalf("%v: got %v, want an error naming the flag", bad, err)
+		}
+	}
 }
 
 // build builds the health binary and returns its path.

@@ -356,16 +356,8 @@ func publishRefused(ctx context.Context, c *bus.Conn, errs <-chan error, subject
 // bucket, appending an event, calling the API. Nothing changed afterwards.
 // make test-restore backs up with this identity through the nats CLI.
 func TestDeployBackupIdentity(t *testing.T) {
-	secrets := t.TempDir()
-	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
-		t.Fatal(err)
-	}
-	srv := bustest.DeployServer(t, filepath.Join("..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
-	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
-		t.Fatal(err)
-	}
+	url, secrets, admin := bustest.DeployFleet(t, ctx, filepath.Join("..", "deploy", "nats"))
 	// Events enough for a snapshot of several chunks (random, so that
 	// compression keeps them large).
 	for i := range 16 {
@@ -376,7 +368,7 @@ func TestDeployBackupIdentity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	backup := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "backup")
+	backup := bustest.ConnectAs(t, ctx, url, secrets, "backup")
 	violations := permissionErrors(backup)
 
 	// What a backup does.

@@ -56,3 +56,22 @@ func ConnectAs(t *testing.T, ctx context.Context, url, secrets, id string) *bus.
 	t.Cleanup(c.Close)
 	return c
 }
+
+// DeployFleet starts deploy/nats as shipped (dir holds its
+// nats-server.conf) with keys generated for agent local/t1 and the default
+// gateway, and bootstraps the topology as admin: what a test of one
+// identity's permissions starts from. It returns the server's URL, the
+// secrets directory (for [ConnectAs]) and the admin connection.
+func DeployFleet(t *testing.T, ctx context.Context, dir string) (url, secrets string, admin *bus.Conn) {
+	t.Helper()
+	secrets = t.TempDir()
+	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
+		t.Fatal(err)
+	}
+	url = DeployServer(t, dir, secrets).ClientURL()
+	admin = ConnectAs(t, ctx, url, secrets, "admin")
+	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
+		t.Fatalf("bootstrap as admin: %v", err)
+	}
+	return url, secrets, admin
+}

@@ -13,7 +13,6 @@ import (
 	"proxyfleet/pkg/api"
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
-	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/events"
 	"proxyfleet/pkg/testwait"
 	"proxyfleet/services/console/internal/fleetview"
@@ -28,16 +27,8 @@ import (
 // the gateways' CA key), write a bucket, append an event, command an agent
 // or call the API's other endpoints.
 func TestConsoleIdentityLeastPrivilege(t *testing.T) {
-	secrets := t.TempDir()
-	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
-		t.Fatal(err)
-	}
-	srv := bustest.DeployServer(t, filepath.Join("..", "..", "..", "..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
-	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
-		t.Fatalf("bootstrap: %v", err)
-	}
+	url, secrets, admin := bustest.DeployFleet(t, ctx, filepath.Join("..", "..", "..", "..", "deploy", "nats"))
 	put := func(bucket, key string, v any) {
 		t.Helper()
 		kv, err := admin.JS.KeyValue(ctx, bucket)
@@ -68,7 +59,7 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	console := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "console")
+	console := bustest.ConnectAs(t, ctx, url, secrets, "console")
 
 	// What the console does, it may.
 	rctx, cancel := context.WithCancel(ctx)
@@ -98,7 +89,7 @@ func TestConsoleIdentityLeastPrivilege(t *testing.T) {
 
 	// The API endpoints it calls reach the planner (here a responder under
 	// the planner's identity); the others do not.
-	planner := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "planner")
+	planner := bustest.ConnectAs(t, ctx, url, secrets, "planner")
 	served := make(chan string, 10)
 	sub, err := planner.NC.Subscribe("fleet.api.>", func(m *nats.Msg) {
 		served <- m.Subject

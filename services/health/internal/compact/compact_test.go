@@ -11,7 +11,6 @@ import (
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
-	"proxyfleet/pkg/deploykeys"
 	"proxyfleet/pkg/testwait"
 )
 
@@ -173,17 +172,9 @@ func TestRunCompactsEveryBucket(t *testing.T) {
 // TestHealthIdentityCompacts runs deploy/nats as shipped: the health
 // identity may compact its buckets, and the operator may not purge them.
 func TestHealthIdentityCompacts(t *testing.T) {
-	secrets := t.TempDir()
-	if _, err := deploykeys.Generate(deploykeys.Options{Dir: secrets, Agents: []string{"local/t1"}}); err != nil {
-		t.Fatal(err)
-	}
-	srv := bustest.DeployServer(t, filepath.Join("..", "..", "..", "..", "deploy", "nats"), secrets)
 	ctx := testwait.Context(t, 60*time.Second)
-	admin := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "admin")
-	if err := bus.Bootstrap(ctx, admin, []string{"local/t1"}); err != nil {
-		t.Fatal(err)
-	}
-	health := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "health")
+	url, secrets, admin := bustest.DeployFleet(t, ctx, filepath.Join("..", "..", "..", "..", "deploy", "nats"))
+	health := bustest.ConnectAs(t, ctx, url, secrets, "health")
 	for _, b := range Buckets {
 		kv := kvOf(t, ctx, health, b)
 		if _, err := kv.Put(ctx, "gone", []byte("x")); err != nil {
@@ -200,7 +191,7 @@ func TestHealthIdentityCompacts(t *testing.T) {
 			t.Fatalf("health compacts %s: %+v, %v", b, r, err)
 		}
 	}
-	operator := bustest.ConnectAs(t, ctx, srv.ClientURL(), secrets, "operator")
+	operator := bustest.ConnectAs(t, ctx, url, secrets, "operator")
 	if _, err := kvOf(t, ctx, admin, bus.BucketProxies).Put(ctx, "stays", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

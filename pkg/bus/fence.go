@@ -73,9 +73,10 @@ type Term struct {
 	Leader string
 }
 
-// CurrentTerm returns the latest term, or nil when no planner ever led.
+// CurrentTerm returns the latest term, or nil when no planner ever led, as
+// the stream leader holds it (never from a replica that lags behind).
 func (s *EventStore) CurrentTerm(ctx context.Context) (*Term, error) {
-	ev, err := s.lastOn(ctx, events.PlannerTermSubject())
+	ev, err := s.lastOnLeader(ctx, events.PlannerTermSubject())
 	if err != nil || ev == nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ const claimAttempts = 3
 // lastClaim reads the last term event (nil when there is none); ok is
 // false when the read failed.
 func (s *EventStore) lastClaim(ctx context.Context) (last *Event, ok bool) {
-	ev, err := s.lastOn(ctx, events.PlannerTermSubject())
+	ev, err := s.lastOnLeader(ctx, events.PlannerTermSubject())
 	return ev, err == nil
 }
 
@@ -346,7 +347,10 @@ func (a *FencedAppend) Wait(ctx context.Context) (uint64, error) {
 	case jsErrWrongLastSequence, jsErrWrongLastSequenceConstant, jsErrAtomicPublishDuplicate:
 		// Either expectation failed, or a Msg-Id is a retry of an
 		// earlier success.
-		cur, terr := a.s.CurrentTerm(vctx)
+		// The term as the stream leader holds it: a direct get may be
+		// answered by a replica that has not yet stored the newer term
+		// that refused this batch, which would read as a conflict.
+		termSeq, terr := a.s.lastSeq(vctx, events.PlannerTermSubject())
 		if terr != nil {
 			return 0, fmt.Errorf("append %s: %w (reading the planner term: %v)", a.subject, err, terr)
 		}
@@ -356,7 +360,7 @@ func (a *FencedAppend) Wait(ctx context.Context) (uint64, error) {
 				return last.Seq, nil
 			}
 		}
-		if cur == nil || cur.Seq != a.term.Seq {
+		if termSeq != a.term.Seq {
 			return 0, fmt.Errorf("append %s in term %d: %w", a.subject, a.term.Number, ErrFenced)
 		}
 		return 0, fmt.Errorf("append %s: %w", a.subject, ErrConflict)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -463,36 +464,92 @@ func (s *EventStore) LastSeq(ctx context.Context, aggregate, id string) (uint64,
 // answered by a replica that lags behind, which would put the end of a read
 // too early.
 func (s *EventStore) lastSeq(ctx context.Context, filter string) (uint64, error) {
+	m, err := s.leaderLast(ctx, filter)
+	if err != nil || m == nil {
+		return 0, err
+	}
+	return m.Seq, nil
+}
+
+// storedMsg is a message as the message get API answers it.
+type storedMsg struct {
+	Subject string `json:"subject"`
+	Seq     uint64 `json:"seq"`
+	Header  []byte `json:"hdrs"` // the NATS header block, as sent
+	Data    []byte `json:"data"`
+}
+
+// leaderLast returns the last message on filter as the stream leader holds
+// it (the message get API, which only the leader answers), nil when there
+// is none.
+func (s *EventStore) leaderLast(ctx context.Context, filter string) (*storedMsg, error) {
 	req, err := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
 	}{filter})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, verdictTimeout)
 	defer cancel()
 	msg, err := s.js.Conn().RequestWithContext(rctx, jetstream.DefaultAPIPrefix+"STREAM.MSG.GET."+EventsStream, req)
 	if err != nil {
-		return 0, fmt.Errorf("last sequence of %s: %w", filter, err)
+		return nil, fmt.Errorf("last message on %s: %w", filter, err)
 	}
 	var resp struct {
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
+		Message *storedMsg          `json:"message"`
+		Error   *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("last sequence of %s: %w", filter, err)
+		return nil, fmt.Errorf("last message on %s: %w", filter, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return 0, nil
+		return nil, nil
 	case resp.Error != nil:
-		return 0, fmt.Errorf("last sequence of %s: %w", filter, resp.Error)
+		return nil, fmt.Errorf("last message on %s: %w", filter, resp.Error)
 	case resp.Message == nil:
-		return 0, fmt.Errorf("last sequence of %s: the server's answer holds no message", filter)
+		return nil, fmt.Errorf("last message on %s: the server's answer holds no message", filter)
 	}
-	return resp.Message.Seq, nil
+	return resp.Message, nil
+}
+
+// lastOnLeader is [EventStore.lastOn] as the stream leader holds it, for
+// reads a decision rests on (the current planner term): a replica that
+// lags behind could answer a direct get with a term already replaced.
+func (s *EventStore) lastOnLeader(ctx context.Context, subject string) (*Event, error) {
+	m, err := s.leaderLast(ctx, subject)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	ev, err := decodeRaw(m.Subject, m.Seq, parseHeader(m.Header), m.Data)
+	if err == nil && ev.Unreadable == nil {
+		return &ev, nil
+	}
+	// The last message does not read: the last one that does is the
+	// answer, as for lastOn.
+	var last *Event
+	err = s.read(ctx, subject, 0, false, func(e Event) error {
+		if e.Unreadable == nil {
+			last = &e
+		}
+		return nil
+	}, nil)
+	return last, err
+}
+
+// parseHeader reads a NATS header block ("NATS/1.0" then "Key: value"
+// lines), keeping the keys' case as sent.
+func parseHeader(b []byte) nats.Header {
+	h := nats.Header{}
+	lines := strings.Split(string(b), "\r\n")
+	for _, l := range lines[min(1, len(lines)):] {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || k == "" {
+			continue
+		}
+		h[k] = append(h[k], strings.TrimSpace(v))
+	}
+	return h
 }
 
 // closeReader stops the iterator and deletes its consumer, which would

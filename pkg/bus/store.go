@@ -220,12 +220,17 @@ func (s *EventStore) lastOn(ctx context.Context, subject string) (*Event, error)
 	if raw == nil {
 		return nil, nil
 	}
-	ev, err := decodeRaw(raw.Subject, raw.Sequence, raw.Header, raw.Data)
+	return s.lastReadable(ctx, subject, raw.Subject, raw.Sequence, raw.Header, raw.Data)
+}
+
+// lastReadable decodes the last message on subject (msgSubject, seq, h,
+// data); when it does not read, the last one that does is the answer (a
+// read skips the others).
+func (s *EventStore) lastReadable(ctx context.Context, subject, msgSubject string, seq uint64, h nats.Header, data []byte) (*Event, error) {
+	ev, err := decodeRaw(msgSubject, seq, h, data)
 	if err == nil && ev.Unreadable == nil {
 		return &ev, nil
 	}
-	// The last message does not read: the last one that does is the
-	// answer (a read skips the others).
 	var last *Event
 	err = s.read(ctx, subject, 0, false, func(e Event) error {
 		if e.Unreadable == nil {
@@ -521,20 +526,7 @@ func (s *EventStore) lastOnLeader(ctx context.Context, subject string) (*Event, 
 	if err != nil || m == nil {
 		return nil, err
 	}
-	ev, err := decodeRaw(m.Subject, m.Seq, parseHeader(m.Header), m.Data)
-	if err == nil && ev.Unreadable == nil {
-		return &ev, nil
-	}
-	// The last message does not read: the last one that does is the
-	// answer, as for lastOn.
-	var last *Event
-	err = s.read(ctx, subject, 0, false, func(e Event) error {
-		if e.Unreadable == nil {
-			last = &e
-		}
-		return nil
-	}, nil)
-	return last, err
+	return s.lastReadable(ctx, subject, m.Subject, m.Seq, parseHeader(m.Header), m.Data)
 }
 
 // parseHeader reads a NATS header block ("NATS/1.0" then "Key: value"

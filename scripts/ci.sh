@@ -27,6 +27,34 @@ mkdir -p "$STATE/done" "$STATE/failed"
 T0=$(date +%s)
 builder=""
 
+# cpu_now: the machine's CPU seconds so far, busy and all (every core), and
+# the part of busy spent at a raised nice (the builder), from /proc/stat.
+cpu_now() {
+	awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" {
+		busy = $2 + $3 + $4 + $7 + $8 + $9
+		printf "%.0f %.0f %.0f\n", busy / hz, (busy + $5 + $6) / hz, $3 / hz
+	}' /proc/stat
+}
+read -r CPU0_BUSY CPU0_ALL CPU0_NICE < <(cpu_now)
+
+# timed CPUFILE COMMAND...: runs the command and writes the CPU seconds
+# (user + system) of the processes it waited for to CPUFILE. Processes
+# that others reap (the guests libvirtd starts) are not counted.
+timed() {
+	local out=$1
+	shift
+	(
+		"$@"
+		rc=$?
+		times >"$out.times" # in a pipeline it would time a subshell
+		awk 'NR == 2 {
+			split($0, f, /[ ms]+/)
+			printf "%.0f\n", f[1] * 60 + f[2] + f[3] * 60 + f[4]
+		}' "$out.times" >"$out"
+		exit $rc
+	)
+}
+
 # The plan: tiers and what each needs, prerequisites and their targets.
 plan=$(make -s --no-print-directory ci-plan) || { echo "ci: make ci-plan failed" >&2; exit 1; }
 declare -A needs=() lane=() target=() origin=()
@@ -86,12 +114,13 @@ table() {
 	local rc=$1 name secs result waited
 	echo
 	echo "ci: steps (seconds; a tier's wait for its prerequisites is part of its seconds)"
-	printf '  %-28s %7s  %-6s %-5s %s\n' step seconds result lane prerequisites
-	while IFS=$'\t' read -r name secs result waited ln; do
+	echo "(cpu: the CPU seconds of the step's own processes, every core)"
+	printf '  %-28s %7s %6s  %-6s %-5s %s\n' step seconds cpu result lane prerequisites
+	while IFS=$'\t' read -r name secs result waited ln cpu; do
 		local pre="" p
 		for p in ${needs[$name]:-}; do pre+="${pre:+, }$p (${origin[$p]})"; done
 		[ -n "$waited" ] && [ "$waited" != 0 ] && pre+="; waited ${waited}s"
-		printf '  %-28s %7s  %-6s %-5s %s\n' "$name" "$secs" "$result" "${ln:--}" "$pre"
+		printf '  %-28s %7s %6s  %-6s %-5s %s\n' "$name" "$secs" "${cpu:--}" "$result" "${ln:--}" "$pre"
 	done <"$STATE/steps.tsv"
 	echo "ci: prerequisites (built by the background make unless cached; seconds at nice ${CI_PREREQ_NICE:-19})"
 	printf '  %-24s %-7s %7s\n' prerequisite origin seconds
@@ -102,6 +131,11 @@ table() {
 		printf '  %-24s %-7s %7s\n' "$p" "$state" "${secs:--}"
 	done
 	printf '  %-24s %-7s %7s\n' go-build-cache "$gocache_origin" -
+	local busy all nice cores
+	read -r busy all nice < <(cpu_now)
+	cores=$(nproc)
+	busy=$((busy - CPU0_BUSY)) all=$((all - CPU0_ALL)) nice=$((nice - CPU0_NICE))
+	[ "$all" -gt 0 ] && echo "ci: the machine's $cores cores were busy ${busy} of ${all} CPU seconds ($((100 * busy / all))%; ${nice} s of it at a raised nice: the builder)"
 	echo "ci: $( [ "$rc" = 0 ] && echo passed || echo FAILED ) in $(($(date +%s) - T0))s"
 }
 finish() {
@@ -126,9 +160,9 @@ step() {
 	echo
 	echo "== ci: $name"
 	start=$(date +%s)
-	"$@"
+	timed "$STATE/cpu-$name" "$@"
 	rc=$?
-	printf '%s\t%s\t%s\t\t\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" >>"$STATE/steps.tsv"
+	printf '%s\t%s\t%s\t\t\t%s\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(cat "$STATE/cpu-$name" 2>/dev/null)" >>"$STATE/steps.tsv"
 	[ $rc = 0 ] || exit $rc
 }
 
@@ -180,15 +214,16 @@ run_lane() {
 		fi
 		start=$(date +%s)
 		log=$STATE/step-${pick//\//_}.log
+		cpu=$STATE/cpu-${pick//\//_}
 		case $pick in
-		test:e2e) GOTEST_SELECT=-skip GOTEST_PATTERN="$E2E_AFTER" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
-		test:e2e-after) GOTEST_SELECT=-run GOTEST_PATTERN="$E2E_AFTER" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
-		test:*) make --no-print-directory test MODULES="${pick#test:}" >"$log" 2>&1 ;;
-		*) make --no-print-directory "$pick" >"$log" 2>&1 ;;
+		test:e2e) GOTEST_SELECT=-skip GOTEST_PATTERN="$E2E_AFTER" timed "$cpu" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
+		test:e2e-after) GOTEST_SELECT=-run GOTEST_PATTERN="$E2E_AFTER" timed "$cpu" make --no-print-directory test MODULES=e2e >"$log" 2>&1 ;;
+		test:*) timed "$cpu" make --no-print-directory test MODULES="${pick#test:}" >"$log" 2>&1 ;;
+		*) timed "$cpu" make --no-print-directory "$pick" >"$log" 2>&1 ;;
 		esac
 		rc=$?
 		secs=$(($(date +%s) - start + waited))
-		printf '%s\t%s\t%s\t%s\t%s\n' "$pick" "$secs" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$waited" "$lane" >>"$STATE/steps.tsv"
+		printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$pick" "$secs" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$waited" "$lane" "$(cat "$cpu" 2>/dev/null)" >>"$STATE/steps.tsv"
 		{
 			flock 7
 			echo

@@ -114,10 +114,15 @@ profiles:
 		b, _ := os.ReadFile(filepath.Join(logDir, name+".log"))
 		return string(b)
 	}
+	// The marks are printed by cloud-final (the vendor-data's bootstrap,
+	// the user-data's runcmd), which ends after the image's Squid first
+	// answers: 2 minutes after ready on a quiet machine, more than 4 in a
+	// CI run that booted the three guests beside two other lanes. They get
+	// the boot's own deadline.
 	wantMarks := func(t *testing.T, name string, marks ...string) {
 		t.Helper()
 		for _, m := range marks {
-			eventually(t, fmt.Sprintf("%q on %s's serial console", m, name), 3*time.Minute, func() bool {
+			eventually(t, fmt.Sprintf("%q on %s's serial console", m, name), 12*time.Minute, func() bool {
 				return strings.Contains(serialLog(name), m)
 			})
 		}

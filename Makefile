@@ -11,6 +11,14 @@ SERVICES := $(notdir $(patsubst %/cmd,%,$(wildcard services/*/cmd)))
 NATSCLI_VERSION := v0.5.0
 STATICCHECK_VERSION := v0.8.2
 GOTEST_FLAGS ?= -race -count=1 -timeout 35m
+# -trimpath for every go command make runs (and the tests' own go builds,
+# which inherit it): files are named by module path, not by where the
+# checkout is, so every checkout of the tree shares one build cache, and
+# no binary carries a path of the machine that built it. Without it each
+# fresh clone (every CI run is one, at a new path) compiled every package
+# of the tree again, once per variant: lint and each tier, about a tenth of
+# a warm CI run's CPU.
+export GOFLAGS := -trimpath $(filter-out -trimpath,$(GOFLAGS))
 
 # Tiers added by mk/*.mk files; each appends its target to TEST_ALL_TIERS
 # and says what it needs beyond the Go toolchain (mk/README).
@@ -63,6 +71,9 @@ VERSION ?= $(shell ./scripts/version.sh)
 # make the linker keep every exported method of every type, which costs
 # each service 3-8 MB of idle memory (docs/performance.md#memory).
 BUILD_TAGS := grpcnotrace
+# Every build without the race detector uses them too (lint, the tests'
+# own builds of the services, the tiers that test without -race), so one
+# such variant of the dependencies is compiled, not two.
 
 # build-<service> builds one service into ./bin (go's build cache makes it
 # cheap when nothing changed).
@@ -204,8 +215,16 @@ lint: ## gofmt, go vet and staticcheck on every module
 	@# same build list as a run per module, since go.work applies inside each
 	@# module too): one process compiles the shared dependencies once and
 	@# keeps both cores busy to the end.
-	@$(GO) vet $(MODULE_PATTERNS)
-	@$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(MODULE_PATTERNS)
+	@# With the services' build tags, so that lint compiles the variant of
+	@# the dependencies that make build and the tiers use.
+	@$(GO) vet -tags "$(BUILD_TAGS)" $(MODULE_PATTERNS)
+	@$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags "$(BUILD_TAGS)" $(MODULE_PATTERNS)
+
+.PHONY: compile-race
+compile-race: ## compile every package of the tree, its tests and their dependencies with the race detector into go's build cache (what make test links), linking nothing
+	@# CI runs this before its lanes: they would otherwise compile the
+	@# dependencies they share side by side, each its own copy, on a cold cache.
+	@$(GO) list -race -test -export -deps $(MODULE_PATTERNS) >/dev/null
 
 .PHONY: tidy-check
 tidy-check: ## fail if any go.mod or go.sum is not tidy

@@ -171,8 +171,8 @@ func convergeBinaries(b *testing.B) string {
 			convergeBuildErr = fmt.Errorf("make %s: %v\n%s", strings.Join(targets, " "), err, out)
 			return
 		}
-		if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", filepath.Join(convergeBinDir, "instantagent"), "./internal/instantagent").CombinedOutput(); err != nil {
-			convergeBuildErr = fmt.Errorf("build the instant agent: %v\n%s", err, out)
+		if err := goBuild(filepath.Join(convergeBinDir, "instantagent"), "-tags", serviceTags, "./internal/instantagent"); err != nil {
+			convergeBuildErr = fmt.Errorf("build the instant agent: %v", err)
 		}
 	})
 	if convergeBuildErr != nil {

@@ -29,9 +29,8 @@ func failpointPlanner(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(binDir, "planner-failpoint")
 	failpointOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-tags", "failpoint", "-o", bin, "proxyfleet/services/planner/cmd/planner")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			failpointErr = fmt.Errorf("build planner with failpoints: %v\n%s", err, out)
+		if err := goBuild(bin, "-tags", serviceTags+",failpoint", "proxyfleet/services/planner/cmd/planner"); err != nil {
+			failpointErr = fmt.Errorf("build planner with failpoints: %v", err)
 		}
 	})
 	if failpointErr != nil {

@@ -60,9 +60,8 @@ func needBinaries(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() {
 		for _, svc := range []string{"planner", "health", "local-agent", "gateway", "console"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", svc, err, out)
+			if err := goBuild(filepath.Join(binDir, svc), "-tags", serviceTags, "proxyfleet/services/"+svc+"/cmd/"+svc); err != nil {
+				buildErr = fmt.Errorf("build %s: %v", svc, err)
 				return
 			}
 		}

@@ -74,11 +74,9 @@ func currentRelease(t *testing.T) releaseBins {
 	}
 	dir := filepath.Join(binDir, "current")
 	for _, svc := range []string{"planner", "health", "local-agent", "gateway"} {
-		cmd := exec.Command("go", "build", "-tags", os.Getenv("PROXYFLEET_BUILD_TAGS"),
-			"-ldflags", "-X proxyfleet/pkg/buildinfo.Version="+version,
-			"-o", filepath.Join(dir, svc), "proxyfleet/services/"+svc+"/cmd/"+svc)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", svc, err, out)
+		if err := goBuild(filepath.Join(dir, svc), "-tags", os.Getenv("PROXYFLEET_BUILD_TAGS"),
+			"-ldflags", "-X proxyfleet/pkg/buildinfo.Version="+version, "proxyfleet/services/"+svc+"/cmd/"+svc); err != nil {
+			t.Fatalf("build %s: %v", svc, err)
 		}
 		out, err := exec.Command(filepath.Join(dir, svc), "--version").Output()
 		if want := svc + " " + version + "\n"; err != nil || string(out) != want {

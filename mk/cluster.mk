@@ -16,7 +16,7 @@ test-cluster: $(NATSSERVER_BIN) ## the system on a 3-node nats-server cluster: R
 	@echo "== probes/s with 1 and 2 health replicas (10,000 loopback proxies, one run)"
 	@ulimit -n 20000 2>/dev/null || true; cd services/health && out=$$(mktemp) && \
 	for try in 1 2; do \
-		if $(GO) test -count=1 -run '^$$' -bench 'BenchmarkProbeReplicas' -benchtime 20000x ./internal/probe/ >"$$out" 2>&1; then \
+		if $(GO) test -tags "$(BUILD_TAGS)" -count=1 -run '^$$' -bench 'BenchmarkProbeReplicas' -benchtime 20000x ./internal/probe/ >"$$out" 2>&1; then \
 			grep -E '^(Benchmark|ok)' "$$out"; rm -f "$$out"; exit 0; \
 		fi; \
 		echo "== the probes/s benchmark failed (run $$try of 2); its whole output:"; cat "$$out"; \

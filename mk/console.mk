@@ -53,9 +53,9 @@ CONSOLE_GOTEST_FLAGS ?= -count=1 -timeout 30m
 .PHONY: test-console
 test-console: chromium-install axe-install ## the console in headless Chromium: live pages, actions, roles, CSRF, 10,000 proxies, axe-core (root; installs chromium, axe-core)
 	cd e2e && PROXYFLEET_CHROMIUM=$(CHROMIUM) PROXYFLEET_AXE=$(AXE_JS) PROXYFLEET_REQUIRE_INTEGRATION=1 \
-		$(GO) test -tags console $(CONSOLE_GOTEST_FLAGS) -v -run '^TestBrowser' ./internal/browser/
+		$(GO) test -tags console,$(BUILD_TAGS) $(CONSOLE_GOTEST_FLAGS) -v -run '^TestBrowser' ./internal/browser/
 	cd e2e && PROXYFLEET_CHROMIUM=$(CHROMIUM) PROXYFLEET_AXE=$(AXE_JS) PROXYFLEET_REQUIRE_INTEGRATION=1 \
-		$(GO) test -tags console $(CONSOLE_GOTEST_FLAGS) -v -run '$(CONSOLE_TESTS)' .
+		$(GO) test -tags console,$(BUILD_TAGS) $(CONSOLE_GOTEST_FLAGS) -v -run '$(CONSOLE_TESTS)' .
 
 TEST_ALL_TIERS += test-console
 TIER_NEEDS_test-console := debian-packages axe

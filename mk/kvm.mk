@@ -37,7 +37,7 @@ PREREQ_CHECK_guest-image  := $(KVM_AGENT)/scripts/build-guest.sh $(KVM_GUEST_DIR
 .PHONY: e2e-kvm
 e2e-kvm: kvm-guest ## boot a guest through the kvm-agent under TCG, get its address, HTTP through its proxy (root)
 	@KVM_TEST_GUEST_IMAGE=$(KVM_GUEST_DIR)/guest.qcow2 KVM_TEST_GATEWAY=192.168.150.1 \
-		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 15m -run "TestGuestBootsAndProxies|TestDestroyedDomainIsReplaced" -v ./integration/'
+		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e,$(BUILD_TAGS) -count=1 -timeout 15m -run "TestGuestBootsAndProxies|TestDestroyedDomainIsReplaced" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm
 TIER_NEEDS_e2e-kvm := debian-packages guest-image
@@ -45,7 +45,7 @@ TIER_LANE_e2e-kvm  := kvm
 
 .PHONY: bench-kvm
 bench-kvm: ## kvm-agent numbers against a real libvirtd: upload throughput vs virsh vol-upload, create overhead, idle RSS (root)
-	@$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags bench -count=1 -timeout 10m -run TestBenchKVM -v ./integration/'
+	@$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags bench,$(BUILD_TAGS) -count=1 -timeout 10m -run TestBenchKVM -v ./integration/'
 
 # The cloud-image tier's disk: Debian 12 with cloud-init, Squid,
 # apache2-utils and qemu-guest-agent, UEFI-bootable, built from Debian
@@ -72,7 +72,7 @@ PREREQ_CHECK_cloud-image  := test -e $(CLOUD_IMAGE)
 .PHONY: e2e-kvm-cloud
 e2e-kvm-cloud: cloud-image ## proxies from the Debian cloud image through planner, health and the kvm-agent under TCG: default cloud-config with auth, operator cloud-config, shell user-data (root)
 	@KVM_TEST_CLOUD_IMAGE=$(CLOUD_IMAGE) KVM_TEST_GATEWAY=192.168.150.1 \
-		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e -count=1 -timeout 25m -parallel 3 -run "TestCloudImageProxies" -v ./integration/'
+		$(KVM_AGENT)/scripts/libvirt-tier.sh bash -c 'cd $(KVM_AGENT) && ip netns exec "$$KVM_TEST_NETNS" env PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test -tags e2e,$(BUILD_TAGS) -count=1 -timeout 25m -parallel 3 -run "TestCloudImageProxies" -v ./integration/'
 
 TEST_ALL_TIERS += e2e-kvm-cloud
 TIER_NEEDS_e2e-kvm-cloud := debian-packages cloud-image

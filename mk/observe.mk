@@ -63,7 +63,7 @@ observe: prometheus-install $(BIN)/jaeger ## next to make run: Prometheus on :90
 # built before entering it.
 .PHONY: test-observe
 test-observe: prometheus-install $(BIN)/jaeger $(BIN)/nats ## make observe next to make run: a pool of 3 in Prometheus, its trace in Jaeger (root; installs prometheus, builds jaeger; runs in a network namespace)
-	cd e2e && $(GO) test -c -o $(BIN)/e2e-observe.test .
+	cd e2e && $(GO) test -tags "$(BUILD_TAGS)" -c -o $(BIN)/e2e-observe.test .
 	cd e2e && PROXYFLEET_REQUIRE_INTEGRATION=1 $(GO) test $(GOTEST_FLAGS) -run 'TestRunBannerMetrics' .
 	cd e2e && unshare --net sh -c 'ip link set lo up && PROXYFLEET_OBSERVE=netns PROXYFLEET_REQUIRE_INTEGRATION=1 $(BIN)/e2e-observe.test -test.run "^TestObserve$$" -test.count 1 -test.v'
 

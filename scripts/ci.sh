@@ -120,7 +120,7 @@ table() {
 		local pre="" p
 		for p in ${needs[$name]:-}; do pre+="${pre:+, }$p (${origin[$p]})"; done
 		[ -n "$waited" ] && [ "$waited" != 0 ] && pre+="; waited ${waited}s"
-		printf '  %-28s %7s %6s  %-6s %-5s %s\n' "$name" "$secs" "${cpu:--}" "$result" "${ln:--}" "$pre"
+		printf '  %-28s %7s %6s  %-6s %-5s %s\n' "$name" "$secs" "${cpu:--}" "$result" "$ln" "$pre"
 	done <"$STATE/steps.tsv"
 	echo "ci: prerequisites (built by the background make unless cached; seconds at nice ${CI_PREREQ_NICE:-19})"
 	printf '  %-24s %-7s %7s\n' prerequisite origin seconds
@@ -162,7 +162,7 @@ step() {
 	start=$(date +%s)
 	timed "$STATE/cpu-$name" "$@"
 	rc=$?
-	printf '%s\t%s\t%s\t\t\t%s\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(cat "$STATE/cpu-$name" 2>/dev/null)" >>"$STATE/steps.tsv"
+	printf '%s\t%s\t%s\t0\t-\t%s\n' "$name" $(($(date +%s) - start)) "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(cat "$STATE/cpu-$name" 2>/dev/null)" >>"$STATE/steps.tsv"
 	[ $rc = 0 ] || exit $rc
 }
 
@@ -176,6 +176,10 @@ ready() { # ready TIER: every prerequisite it needs is built (or failed: then th
 go version
 step lint make --no-print-directory lint
 step tidy-check make --no-print-directory tidy-check
+# Every package's race-instrumented compile, once, with both cores: the
+# lanes below start together and would each compile the dependencies they
+# share (seconds when the cache is warm).
+step compile-race make --no-print-directory compile-race
 
 # lane_ended LANE...: whether any of the lanes has ended.
 lane_ended() {
@@ -190,7 +194,7 @@ lane_ended() {
 # ready). Lanes run side by side, so a step's output is printed whole when
 # it ends; the first failure stops every lane at its next step.
 run_lane() {
-	local lane=$1 pick t start waited rc secs next log
+	local lane=$1 pick t start waited rc secs next log cpu
 	shift
 	local remaining=("$@")
 	if [ -n "${lane_after[$lane]:-}" ]; then

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/pkg/bus"
+	"proxyfleet/pkg/internal/srcroot"
 )
 
 // GoldenMsg is one FLEET_EVENTS message of a golden event log: what a
@@ -38,8 +38,7 @@ type Golden struct {
 
 // GoldenDir is the directory of release version's golden log.
 func GoldenDir(version string) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "events", "testdata", "golden-"+version)
+	return srcroot.Join("pkg", "events", "testdata", "golden-"+version)
 }
 
 // ReadGolden reads release version's golden log.

@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -21,6 +20,7 @@ import (
 
 	"proxyfleet/pkg/cloudinit"
 	"proxyfleet/pkg/events"
+	"proxyfleet/pkg/internal/srcroot"
 )
 
 // OperatorProxyID is the proxy the kvm end-to-end test boots the operator
@@ -31,11 +31,10 @@ const OperatorProxyID = "operator-seed"
 // OperatorInstance is the instance name of OperatorProxyID.
 var OperatorInstance = events.InstanceName(OperatorProxyID)
 
-// testdata is pkg/cloudinit/testdata, found from this file's path so tests
+// testdata is pkg/cloudinit/testdata, found in the source tree so tests
 // of any module can read it.
 func testdata() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "testdata")
+	return srcroot.Join("pkg", "cloudinit", "testdata")
 }
 
 // OperatorUserData returns the operator seed's user-data: the bytes of

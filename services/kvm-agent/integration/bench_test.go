@@ -144,7 +144,7 @@ func TestBenchKVM(t *testing.T) {
 func idleRSS(t *testing.T, socket, pool, network, url string) string {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kvm-agent")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/kvm-agent").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "../cmd/kvm-agent").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v %s", err, out)
 	}
 	cfgPath := filepath.Join(dir, "kvm-agent.yaml")

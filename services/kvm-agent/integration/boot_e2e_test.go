@@ -149,7 +149,7 @@ func startHealthEcho(t *testing.T, natsURL, echoAddr string) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "health")
-	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/health/cmd/health").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "proxyfleet/services/health/cmd/health").CombinedOutput(); err != nil {
 		t.Fatalf("build health: %v\n%s", err, out)
 	}
 	logf, err := os.Create(filepath.Join(dir, "health.log"))

@@ -166,7 +166,7 @@ func startPlanner(t *testing.T, natsURL string) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "planner")
-	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/planner/cmd/planner").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "proxyfleet/services/planner/cmd/planner").CombinedOutput(); err != nil {
 		t.Fatalf("build planner: %v\n%s", err, out)
 	}
 	logf, err := os.Create(filepath.Join(dir, "planner.log"))

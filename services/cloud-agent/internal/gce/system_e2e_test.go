@@ -34,7 +34,7 @@ type system struct {
 func (s *system) build(svc string) string {
 	s.t.Helper()
 	out := filepath.Join(s.dir, "bin", svc)
-	cmd := exec.Command("go", "build", "-o", out, "proxyfleet/services/"+svc+"/cmd/"+svc)
+	cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", out, "proxyfleet/services/"+svc+"/cmd/"+svc)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		s.t.Fatalf("build %s: %v\n%s", svc, err, b)
 	}

@@ -32,7 +32,7 @@ import (
 func startService(t *testing.T, conn *bus.Conn, dir, svc string, args ...string) func() string {
 	t.Helper()
 	bin := filepath.Join(dir, "bin", svc)
-	if b, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/"+svc+"/cmd/"+svc).CombinedOutput(); err != nil {
+	if b, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "proxyfleet/services/"+svc+"/cmd/"+svc).CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", svc, err, b)
 	}
 	logPath := filepath.Join(dir, svc+".log")

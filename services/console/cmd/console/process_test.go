@@ -27,7 +27,7 @@ func TestConsoleProcessShowsTheViews(t *testing.T) {
 	ctx := testwait.Context(t, 120*time.Second)
 	conn := bustest.Start(t)
 	bin := filepath.Join(t.TempDir(), "console")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	var out testwait.Buffer

@@ -45,7 +45,7 @@ func (s *syncBuffer) String() string {
 func builtinProxies(t *testing.T, n int, allow ...string) ([]string, []*syncBuffer) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "local-agent")
-	if out, err := exec.Command("go", "build", "-o", bin, "proxyfleet/services/local-agent/cmd/local-agent").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "proxyfleet/services/local-agent/cmd/local-agent").CombinedOutput(); err != nil {
 		t.Fatalf("build local-agent: %v\n%s", err, out)
 	}
 	var addrs []string

@@ -78,7 +78,7 @@ func TestParseFlags(t *testing.T) {
 func build(ctx context.Context, t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "health")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	return bin

@@ -25,7 +25,7 @@ func buildServices(t *testing.T, svcs ...string) string {
 	t.Helper()
 	goBin := testgate.NeedBinary(t, "go", "the end-to-end test builds the planner and health binaries")
 	dir := t.TempDir()
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	args := []string{"build", "-tags", "grpcnotrace", "-o", dir + string(filepath.Separator)}
 	for _, s := range svcs {
 		args = append(args, "proxyfleet/services/"+s+"/cmd/"+s)
 	}

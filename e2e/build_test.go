@@ -43,13 +43,12 @@ func goBuild(out string, args ...string) error {
 
 func sharedBuild(out string, args []string) error {
 	root := filepath.Join(os.TempDir(), fmt.Sprintf("proxyfleet-e2e-bin-%d", os.Getuid()))
-	// The args, the GOFLAGS they are built with and the working directory
-	// (relative packages) name the shared copy.
-	wd, err := os.Getwd()
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256([]byte(strings.Join(append([]string{wd, os.Getenv("GOFLAGS")}, args...), "\x00")))
+	// The args and the GOFLAGS they are built with name the shared copy,
+	// not the checkout: go build relinks a copy another tree left, and
+	// with -trimpath (make's) two clones of one commit link the same
+	// binary, so a clone reuses what the last one linked and the
+	// directory does not grow with each.
+	sum := sha256.Sum256([]byte(strings.Join(append([]string{os.Getenv("GOFLAGS")}, args...), "\x00")))
 	dir := filepath.Join(root, hex.EncodeToString(sum[:8]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

@@ -3,8 +3,8 @@ package e2e_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,10 +29,12 @@ const serviceTags = "grpcnotrace"
 // replaces the file, never the one out names, and the processes started
 // from out show out as their executable. Anything the shared directory
 // cannot do (another user's, another file system) falls back to building
-// out directly.
+// out directly; a build that fails is not tried twice.
 func goBuild(out string, args ...string) error {
-	if err := sharedBuild(out, args); err == nil {
-		return nil
+	err := sharedBuild(out, args)
+	var failed buildFailed
+	if err == nil || errors.As(err, &failed) {
+		return err
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -40,6 +42,10 @@ func goBuild(out string, args ...string) error {
 	}
 	return nil
 }
+
+// buildFailed is go build's own failure, as opposed to the shared
+// directory's.
+type buildFailed struct{ error }
 
 func sharedBuild(out string, args []string) error {
 	root := filepath.Join(os.TempDir(), fmt.Sprintf("proxyfleet-e2e-bin-%d", os.Getuid()))
@@ -64,31 +70,11 @@ func sharedBuild(out string, args []string) error {
 	shared := filepath.Join(dir, filepath.Base(out))
 	cmd := exec.Command("go", append([]string{"build", "-o", shared}, args...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build -o %s %s: %v\n%s", shared, strings.Join(args, " "), err, b)
+		return buildFailed{fmt.Errorf("go build -o %s %s: %v\n%s", shared, strings.Join(args, " "), err, b)}
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	_ = os.Remove(out)
-	if err := os.Link(shared, out); err == nil {
-		return nil
-	}
-	return copyExecutable(shared, out)
-}
-
-func copyExecutable(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	o, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(o, in); err != nil {
-		o.Close()
-		return err
-	}
-	return o.Close()
+	return os.Link(shared, out)
 }

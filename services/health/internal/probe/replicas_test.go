@@ -35,6 +35,7 @@ type replica struct {
 const (
 	replicaInterval = time.Second
 	replicaBeat     = 100 * time.Millisecond
+	replicaTimeout  = 2 * time.Second
 )
 
 func startReplica(t *testing.T, f *fleet, id string, log *slog.Logger) *replica {
@@ -43,7 +44,7 @@ func startReplica(t *testing.T, f *fleet, id string, log *slog.Logger) *replica 
 	t.Cleanup(echoSrv.Close)
 	u, _ := url.Parse(echoSrv.URL)
 	pr, err := probe.New(f.conn, probe.Config{
-		EchoURL: echoSrv.URL + "/", Interval: replicaInterval, Timeout: 2 * time.Second,
+		EchoURL: echoSrv.URL + "/", Interval: replicaInterval, Timeout: replicaTimeout,
 		Concurrency: 4, UnhealthyAfter: unhealthyAfter, Key: f.key, Replica: id, Beat: replicaBeat,
 	}, log, nil)
 	if err != nil {
@@ -140,7 +141,7 @@ func watchMembers(want []string, rs ...*replica) func() string {
 // dies without leaving (its key simply stops being renewed) the survivor
 // probes all its proxies within the membership TTL plus one probe interval.
 func TestReplicasSplitTheProbing(t *testing.T) {
-	f, log, _ := replicaFleet(t, 90*time.Second, slog.LevelDebug, true)
+	f, log, logs := replicaFleet(t, 90*time.Second, slog.LevelDebug, true)
 
 	const n = 16
 	proxies := map[string]*fwdProxy{}
@@ -191,14 +192,28 @@ func TestReplicasSplitTheProbing(t *testing.T) {
 	// renewal can come later than the membership TTL, and then, by
 	// design, the other replica takes the late one's proxies over for a
 	// beat. Such a window is measured again.
+	//
+	// Two witnesses, because a poll alone can miss a beat-long change on
+	// a starved machine: the members each replica reports, polled, and
+	// the replicas' own log of every change of members. The log must show
+	// no change from before the window's lead-in, and the lead-in lasts
+	// at least a probe's timeout, so a probe begun by an earlier owner
+	// has ended before the window opens.
+	changes := func() int { return strings.Count(logs.String(), `"msg":"health replicas changed"`) }
 	var before, after map[string]map[string]int
 	for attempt := 1; ; attempt++ {
-		morePerProxy(all, probedBy(proxies, a, b), 2, a, b)
+		quiet := changes()
+		leadIn := time.Now()
 		unsteady := watchMembers(both, a, b)
+		morePerProxy(all, probedBy(proxies, a, b), 2, a, b)
+		time.Sleep(time.Until(leadIn.Add(replicaTimeout)))
 		before = probedBy(proxies, a, b)
 		morePerProxy(all, before, 6, a, b) // a probe is two requests
 		after = probedBy(proxies, a, b)
 		seen := unsteady()
+		if n := changes() - quiet; seen == "" && n > 0 {
+			seen = fmt.Sprintf("the replicas logged %d changes of members", n)
+		}
 		if seen == "" {
 			break
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
@@ -93,11 +94,13 @@ func (c *Checker) CheckAll(ctx context.Context) error {
 		return fmt.Errorf("bucket %s: %w", bus.BucketTargets, err)
 	}
 	live := map[string]agent.Heartbeat{}
+	listed := map[string]bool{}
 	keys, err := agents.ListKeys(ctx)
 	if err != nil {
 		return fmt.Errorf("list agents: %w", err)
 	}
 	for k := range keys.Keys() {
+		listed[k] = true
 		e, err := agents.Get(ctx, k)
 		if err != nil {
 			continue // expired between listing and reading
@@ -138,9 +141,19 @@ func (c *Checker) CheckAll(ctx context.Context) error {
 		return nil
 	}
 	for k := range old.Keys() {
-		if _, ok := live[k]; !ok {
-			_ = out.Delete(ctx, k)
+		if _, ok := live[k]; ok {
+			continue
 		}
+		// The listing of agents can miss a heartbeat that was being
+		// rewritten as it ran (its end-of-listing mark may come early):
+		// the record of an agent it did not list goes only once that
+		// agent's key reads as gone.
+		if !listed[k] {
+			if _, err := agents.Get(ctx, k); !errors.Is(err, jetstream.ErrKeyNotFound) {
+				continue
+			}
+		}
+		_ = out.Delete(ctx, k)
 	}
 	return nil
 }

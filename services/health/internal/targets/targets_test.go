@@ -137,3 +137,74 @@ func TestCheckAllRecordsEveryAgent(t *testing.T) {
 		t.Fatalf("old.target still recorded: %+v", r)
 	}
 }
+
+// A listing of fleet-agents can miss a heartbeat that is being rewritten
+// as it runs (its end-of-listing mark may come early). The record of such
+// an agent stays: while three agents beat as fast as they can, every round
+// of checks leaves all three records in place.
+func TestCheckAllKeepsRecordsOfAgentsBeatingDuringTheListing(t *testing.T) {
+	ctx := testwait.Context(t, 60*time.Second)
+	c := bustest.Start(t)
+	agents, err := c.JS.KeyValue(ctx, bus.BucketAgents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.JS.KeyValue(ctx, bus.BucketTargets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := []string{"h1", "h2", "h3"}
+	beat := func(target string) error {
+		b, _ := json.Marshal(agent.Heartbeat{Info: agent.Info{Entry: "kvm", Target: target}, At: time.Now()})
+		_, err := agents.Put(ctx, agent.HeartbeatKey("kvm", target), b)
+		return err
+	}
+	for _, h := range hosts {
+		if err := beat(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No agent answers: each check ends at once with no responders.
+	ch := targets.New(c, targets.Config{Timeout: 3 * time.Second}, nil)
+	if err := ch.CheckAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, h := range hosts {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := beat(h); err != nil {
+					t.Errorf("heartbeat %s: %v", h, err)
+					return
+				}
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	const rounds = 100
+	lost := 0
+	for i := range rounds {
+		if err := ch.CheckAll(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hosts {
+			if _, err := out.Get(ctx, agent.HeartbeatKey("kvm", h)); err != nil {
+				lost++
+				if lost <= 5 {
+					t.Errorf("round %d: the record of kvm.%s: %v", i, h, err)
+				}
+			}
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d records of live agents lost over %d rounds", lost, rounds)
+	}
+}

@@ -21,8 +21,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
 	"proxyfleet/pkg/agent"
@@ -41,8 +44,162 @@ const agentSubject = "system:serviceaccount:proxyfleet:cloud-agent"
 
 type kubeEnv struct {
 	t     *testing.T
-	admin kubernetes.Interface // the generated clientset, for setting up and inspecting
-	agent *Client              // the driver's client, impersonating the agent's service account
+	admin clientset // typed calls, for setting up and inspecting
+	agent *Client   // the driver's client, impersonating the agent's service account
+}
+
+// clientset gives the tests the typed calls of client-go's generated
+// clientset they make (Get, List, Create, Update, UpdateStatus and Delete
+// on the resources below), through the dynamic client and the
+// unstructured converter. The generated clients, even of three API
+// groups, would have this tier compile under the race detector about 140
+// packages no other test needs (every API group's types, for their
+// scheme); the dynamic client needs three.
+type clientset struct{ dyn dynamic.Interface }
+
+func newClientset(t *testing.T, cfg *rest.Config) clientset {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	must(t, err)
+	return clientset{dyn: dyn}
+}
+
+func (c clientset) CoreV1() coreV1                   { return coreV1(c) }
+func (c clientset) RbacV1() rbacV1                   { return rbacV1(c) }
+func (c clientset) AuthorizationV1() authorizationV1 { return authorizationV1(c) }
+
+type (
+	coreV1          clientset
+	rbacV1          clientset
+	authorizationV1 clientset
+)
+
+func (c coreV1) Pods(ns string) typedClient[corev1.Pod, corev1.PodList] {
+	return resourceOf[corev1.Pod, corev1.PodList](c.dyn, "v1", "Pod", "pods", ns)
+}
+func (c coreV1) Secrets(ns string) typedClient[corev1.Secret, corev1.SecretList] {
+	return resourceOf[corev1.Secret, corev1.SecretList](c.dyn, "v1", "Secret", "secrets", ns)
+}
+func (c coreV1) ConfigMaps(ns string) typedClient[corev1.ConfigMap, corev1.ConfigMapList] {
+	return resourceOf[corev1.ConfigMap, corev1.ConfigMapList](c.dyn, "v1", "ConfigMap", "configmaps", ns)
+}
+func (c coreV1) ServiceAccounts(ns string) typedClient[corev1.ServiceAccount, corev1.ServiceAccountList] {
+	return resourceOf[corev1.ServiceAccount, corev1.ServiceAccountList](c.dyn, "v1", "ServiceAccount", "serviceaccounts", ns)
+}
+func (c coreV1) ResourceQuotas(ns string) typedClient[corev1.ResourceQuota, corev1.ResourceQuotaList] {
+	return resourceOf[corev1.ResourceQuota, corev1.ResourceQuotaList](c.dyn, "v1", "ResourceQuota", "resourcequotas", ns)
+}
+func (c coreV1) Namespaces() typedClient[corev1.Namespace, corev1.NamespaceList] {
+	return resourceOf[corev1.Namespace, corev1.NamespaceList](c.dyn, "v1", "Namespace", "namespaces", "")
+}
+func (c coreV1) Nodes() typedClient[corev1.Node, corev1.NodeList] {
+	return resourceOf[corev1.Node, corev1.NodeList](c.dyn, "v1", "Node", "nodes", "")
+}
+
+func (c rbacV1) Roles(ns string) typedClient[rbacv1.Role, rbacv1.RoleList] {
+	return resourceOf[rbacv1.Role, rbacv1.RoleList](c.dyn, "rbac.authorization.k8s.io/v1", "Role", "roles", ns)
+}
+func (c rbacV1) RoleBindings(ns string) typedClient[rbacv1.RoleBinding, rbacv1.RoleBindingList] {
+	return resourceOf[rbacv1.RoleBinding, rbacv1.RoleBindingList](c.dyn, "rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", ns)
+}
+func (c rbacV1) ClusterRoles() typedClient[rbacv1.ClusterRole, rbacv1.ClusterRoleList] {
+	return resourceOf[rbacv1.ClusterRole, rbacv1.ClusterRoleList](c.dyn, "rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", "")
+}
+func (c rbacV1) ClusterRoleBindings() typedClient[rbacv1.ClusterRoleBinding, rbacv1.ClusterRoleBindingList] {
+	return resourceOf[rbacv1.ClusterRoleBinding, rbacv1.ClusterRoleBindingList](c.dyn, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", "")
+}
+
+func (c authorizationV1) SubjectAccessReviews() typedClient[authorizationv1.SubjectAccessReview, struct{}] {
+	return resourceOf[authorizationv1.SubjectAccessReview, struct{}](c.dyn, "authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", "")
+}
+
+// typedClient is one resource (in one namespace, or all, or
+// cluster-scoped) with the typed methods of client-go's generated
+// clients: T is the object, L its list.
+type typedClient[T, L any] struct {
+	r                dynamic.ResourceInterface
+	apiVersion, kind string
+}
+
+func resourceOf[T, L any](dyn dynamic.Interface, apiVersion, kind, resource, ns string) typedClient[T, L] {
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		panic(err)
+	}
+	nr := dyn.Resource(gv.WithResource(resource))
+	var r dynamic.ResourceInterface = nr
+	if ns != "" {
+		r = nr.Namespace(ns)
+	}
+	return typedClient[T, L]{r: r, apiVersion: apiVersion, kind: kind}
+}
+
+func (c typedClient[T, L]) Get(ctx context.Context, name string, opts metav1.GetOptions) (*T, error) {
+	return typed[T](c.r.Get(ctx, name, opts))
+}
+
+func (c typedClient[T, L]) List(ctx context.Context, opts metav1.ListOptions) (*L, error) {
+	u, err := c.r.List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := new(L)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c typedClient[T, L]) Create(ctx context.Context, obj *T, opts metav1.CreateOptions) (*T, error) {
+	u, err := c.unstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return typed[T](c.r.Create(ctx, u, opts))
+}
+
+func (c typedClient[T, L]) Update(ctx context.Context, obj *T, opts metav1.UpdateOptions) (*T, error) {
+	u, err := c.unstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return typed[T](c.r.Update(ctx, u, opts))
+}
+
+func (c typedClient[T, L]) UpdateStatus(ctx context.Context, obj *T, opts metav1.UpdateOptions) (*T, error) {
+	u, err := c.unstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return typed[T](c.r.UpdateStatus(ctx, u, opts))
+}
+
+func (c typedClient[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return c.r.Delete(ctx, name, opts)
+}
+
+// unstructured is obj with its apiVersion and kind, which the generated
+// clients' encoder would have set.
+func (c typedClient[T, L]) unstructured(obj *T) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetAPIVersion(c.apiVersion)
+	u.SetKind(c.kind)
+	return u, nil
+}
+
+func typed[T any](u *unstructured.Unstructured, err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // agentGroups are the groups of the agent's service account.
@@ -51,7 +208,7 @@ var agentGroups = []string{"system:serviceaccounts", "system:serviceaccounts:pro
 func newKubeEnv(t *testing.T) *kubeEnv {
 	t.Helper()
 	cfg := adminConfig(t)
-	admin := kubernetes.NewForConfigOrDie(cfg)
+	admin := newClientset(t, cfg)
 	applyRBAC(t, admin)
 	return &kubeEnv{t: t, admin: admin, agent: newClient(t, agentConfig(t))}
 }
@@ -117,7 +274,7 @@ func shippedRole(t *testing.T) (rbacv1.Role, rbacv1.RoleBinding) {
 // applyRBAC creates the objects of deploy/kubernetes/rbac.yaml (or of the
 // manifest at path), so every test runs with exactly the rights the
 // shipped manifest grants.
-func applyRBAC(t *testing.T, cs kubernetes.Interface, path ...string) {
+func applyRBAC(t *testing.T, cs clientset, path ...string) {
 	t.Helper()
 	file := rbacManifest
 	if len(path) > 0 {
@@ -137,7 +294,7 @@ func applyRBAC(t *testing.T, cs kubernetes.Interface, path ...string) {
 // with cs and returns the API's error; edit, when not nil, sees (and may
 // change) the decoded object first. A kind the manifests do not use fails
 // the test.
-func createObject(ctx context.Context, t *testing.T, cs kubernetes.Interface, file, kind string, raw []byte, edit func(obj any)) error {
+func createObject(ctx context.Context, t *testing.T, cs clientset, file, kind string, raw []byte, edit func(obj any)) error {
 	t.Helper()
 	opts := metav1.CreateOptions{}
 	switch kind {

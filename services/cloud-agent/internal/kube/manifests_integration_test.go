@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/services/cloud-agent/internal/config"
@@ -213,7 +212,7 @@ func TestAgentRBACScope(t *testing.T) {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	agentCS := kubernetes.NewForConfigOrDie(agentConfig(t))
+	agentCS := newClientset(t, agentConfig(t))
 	refused := func(what string, err error) {
 		t.Helper()
 		if !apierrors.IsForbidden(err) {
@@ -286,7 +285,7 @@ const overlayGroup = "proxyfleet-test:cluster-scope"
 
 // applyOverlay creates the cluster-scope overlay as shipped, its binding's
 // subjects replaced by overlayGroup.
-func applyOverlay(t *testing.T, cs kubernetes.Interface) {
+func applyOverlay(t *testing.T, cs clientset) {
 	t.Helper()
 	ctx := tctx(t)
 	var kinds []string

@@ -21,12 +21,9 @@ GOTEST_FLAGS ?= -race -count=1 -timeout 35m
 #
 # And no DWARF from the compiler (-gcflags=all=-dwarf=false): stack traces,
 # panics and profiles use the function tables, which stay; only debuggers
-# read DWARF. It spares about a tenth of every compile's CPU (measured on a
-# cold build of the planner: 158 CPU seconds instead of 178) and most of
-# every link's DWARF work, in the tests, the tiers and the prerequisites
-# built from source (Kubernetes, Jaeger and the collector, the nats CLI,
-# which their -s -w stripped of DWARF anyway). DWARF=1 keeps it, for a
-# debugger: make build DWARF=1.
+# read DWARF. A cold build of the planner took 158 CPU seconds instead of
+# 178 with it (a whole cold CI run showed no saving beyond its run-to-run
+# spread; mk/README). DWARF=1 keeps it, for a debugger: make build DWARF=1.
 NO_DWARF := -gcflags=all=-dwarf=false
 export GOFLAGS := -trimpath $(if $(DWARF),,$(NO_DWARF)) $(filter-out -trimpath $(NO_DWARF),$(GOFLAGS))
 

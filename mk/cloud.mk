@@ -29,7 +29,11 @@ KUBE_VERSION_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSI
 	-X k8s.io/component-base/version.gitMajor=$(word 2,$(subst ., ,$(subst v,v ,$(KUBE_VERSION)))) \
 	-X k8s.io/component-base/version.gitMinor=$(word 3,$(subst ., ,$(subst v,v ,$(KUBE_VERSION)))) \
 	-X k8s.io/component-base/version.gitTreeState=clean
-KUBE_BUILD_FLAGS := -trimpath -ldflags '-s -w $(KUBE_VERSION_LDFLAGS)'
+# They are compiled without optimisation or inlining (-N -l): the tiers
+# run them for minutes, and the compile is the larger cost, a quarter less
+# CPU without the optimiser (measured on the planner's cold build: 125 CPU
+# seconds instead of 169). No DWARF either, which -w would discard.
+KUBE_BUILD_FLAGS := -trimpath -gcflags 'all=-N -l -dwarf=false' -ldflags '-s -w $(KUBE_VERSION_LDFLAGS)'
 KUBE_RECIPE := $(shell { cat $(KUBE_MODULE)/go.mod $(KUBE_MODULE)/go.sum; echo "$(KUBE_BUILD_FLAGS)"; } 2>/dev/null | sha256sum | cut -c1-16)
 KUBE_BINS   := $(KUBE_CACHE)/kube-$(KUBE_VERSION)
 KUBE_STAMP  := $(KUBE_BINS)/recipe-$(KUBE_RECIPE)

@@ -14,7 +14,11 @@ PROMTOOL   ?= /usr/bin/promtool
 # once, and -s -w spares the linker the DWARF of two large binaries.
 # ./bin/jaeger links to the cached jaeger.
 OTEL_MODULE := deploy/otel
-OTEL_RECIPE := $(shell cat $(OTEL_MODULE)/go.mod $(OTEL_MODULE)/go.sum $(OTEL_MODULE)/otelcorecol/main.go 2>/dev/null | sha256sum | cut -c1-16)
+# Without optimisation or inlining (-N -l), like the Kubernetes binaries
+# (mk/cloud.mk): the tiers send them a few traces and validate one config,
+# and the compile is a quarter cheaper. The flags are part of the recipe.
+OTEL_BUILD_FLAGS := -trimpath -gcflags 'all=-N -l -dwarf=false' -ldflags '-s -w'
+OTEL_RECIPE := $(shell { cat $(OTEL_MODULE)/go.mod $(OTEL_MODULE)/go.sum $(OTEL_MODULE)/otelcorecol/main.go; echo "$(OTEL_BUILD_FLAGS)"; } 2>/dev/null | sha256sum | cut -c1-16)
 OTEL_BINS   := $(CACHE_DIR)/otel-$(OTEL_RECIPE)
 JAEGER_BIN  := $(OTEL_BINS)/jaeger
 OTELCOL_BIN := $(OTEL_BINS)/otelcorecol
@@ -24,7 +28,7 @@ $(OTEL_BINS)/.built:
 	@$(call cache_lock,$(CACHE_DIR)/.otel.lock) \
 	echo "building jaeger (v2) and the core OpenTelemetry Collector into $(OTEL_BINS) (one go build, once per recipe; minutes)"; \
 	tmp=$$(mktemp -d $(CACHE_DIR)/.otel-build.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
-	(cd $(OTEL_MODULE) && GOWORK=off $(GO) build -trimpath -ldflags '-s -w' -o "$$tmp"/ \
+	(cd $(OTEL_MODULE) && GOWORK=off $(GO) build $(OTEL_BUILD_FLAGS) -o "$$tmp"/ \
 		./otelcorecol github.com/jaegertracing/jaeger/cmd/jaeger); \
 	rm -rf $(OTEL_BINS); mv "$$tmp" $(OTEL_BINS); touch $@
 

@@ -151,27 +151,31 @@ func (c typedClient[T, L]) List(ctx context.Context, opts metav1.ListOptions) (*
 }
 
 func (c typedClient[T, L]) Create(ctx context.Context, obj *T, opts metav1.CreateOptions) (*T, error) {
-	u, err := c.unstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	return typed[T](c.r.Create(ctx, u, opts))
+	return c.write(obj, func(u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return c.r.Create(ctx, u, opts)
+	})
 }
 
 func (c typedClient[T, L]) Update(ctx context.Context, obj *T, opts metav1.UpdateOptions) (*T, error) {
-	u, err := c.unstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	return typed[T](c.r.Update(ctx, u, opts))
+	return c.write(obj, func(u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return c.r.Update(ctx, u, opts)
+	})
 }
 
 func (c typedClient[T, L]) UpdateStatus(ctx context.Context, obj *T, opts metav1.UpdateOptions) (*T, error) {
+	return c.write(obj, func(u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return c.r.UpdateStatus(ctx, u, opts)
+	})
+}
+
+// write sends obj, with its apiVersion and kind, through op and decodes
+// what the API answers.
+func (c typedClient[T, L]) write(obj *T, op func(*unstructured.Unstructured) (*unstructured.Unstructured, error)) (*T, error) {
 	u, err := c.unstructured(obj)
 	if err != nil {
 		return nil, err
 	}
-	return typed[T](c.r.UpdateStatus(ctx, u, opts))
+	return typed[T](op(u))
 }
 
 func (c typedClient[T, L]) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {

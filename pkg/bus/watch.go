@@ -29,6 +29,23 @@ func EachUpdate(ctx context.Context, w jetstream.KeyWatcher, fn func(jetstream.K
 	}
 }
 
+// Held reports whether kv holds key now, read directly. The mark that ends
+// a watch's initial values ([EachUpdate]'s nil entry), like the end of a
+// listing of keys, can come before a key that is being rewritten while the
+// bucket is read: the rewrite arrives after the mark. So a key that was
+// held before and is missing from them is not gone until Held says so. A
+// key deleted, purged or expired is not held; any other error is returned.
+func Held(ctx context.Context, kv jetstream.KeyValue, key string) (bool, error) {
+	_, err := kv.Get(ctx, key)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	}
+	return false, err
+}
+
 // StopWatch stops a KV watcher and drains its updates. The watcher's
 // delivery blocks on a full updates channel and would never see the stop
 // otherwise, leaving its goroutine behind; the channel closes once delivery

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,4 +107,101 @@ func TestEachUpdate(t *testing.T) {
 func TestStopWatchOfNoWatch(t *testing.T) {
 	var w jetstream.KeyWatcher
 	bus.StopWatch(w)
+}
+
+// TestHeldKeysMissingFromTheInitialValues: while three writers rewrite
+// their keys as fast as they can, the keys a watch delivers before its
+// end-of-initial-values mark can lack one of them (the rewrite comes after
+// the mark). Held reads each such key as held; a deleted, a purged and an
+// expired key read as not held.
+func TestHeldKeysMissingFromTheInitialValues(t *testing.T) {
+	c := bustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kv, err := c.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "held", LimitMarkerTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "c"}
+	for _, k := range keys {
+		if _, err := kv.Put(ctx, k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer halt()
+	for _, k := range keys {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := kv.Put(ctx, k, []byte("v")); err != nil {
+					t.Errorf("put %s: %v", k, err)
+					return
+				}
+			}
+		})
+	}
+	short := 0
+	const watches = 300
+	for range watches {
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for e := range w.Updates() {
+			if e == nil {
+				break
+			}
+			seen[e.Key()] = true
+		}
+		bus.StopWatch(w)
+		if len(seen) < len(keys) {
+			short++
+		}
+		for _, k := range keys {
+			if seen[k] {
+				continue
+			}
+			held, err := bus.Held(ctx, kv, k)
+			if err != nil || !held {
+				t.Fatalf("key %s, missing from a watch's initial values while rewritten: Held = %v, %v; want true", k, held, err)
+			}
+		}
+	}
+	halt()
+	t.Logf("%d of %d watches marked the end of their initial values before every key", short, watches)
+
+	if err := kv.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "d", []byte("v"), jetstream.KeyTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		held, err := bus.Held(ctx, kv, "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a key with a TTL of a second still reads as held after 20 s")
+		}
+	}
+	for k, want := range map[string]bool{"a": false, "b": false, "c": true, "never": false} {
+		if held, err := bus.Held(ctx, kv, k); err != nil || held != want {
+			t.Errorf("Held(%s) = %v, %v; want %v", k, held, err, want)
+		}
+	}
 }

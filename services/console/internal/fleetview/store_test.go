@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
@@ -155,4 +160,81 @@ func TestFollowerFollowsTheBuckets(t *testing.T) {
 		sum, ok := s.Pool("demo", time.Now())
 		return ok && sum.Pool == nil && sum.Counts.Live == 1
 	})
+}
+
+// TestReloadKeepsProxiesWhoseKeysAreBeingRewritten: a watch's initial
+// values can end before a key rewritten meanwhile (bus.Held). While three
+// proxies' values are rewritten as fast as they can be, every reload of
+// the proxies view still holds all three when its initial values are in;
+// a proxy whose key was deleted and its marker cleaned up while no watch
+// ran is dropped by the next reload.
+func TestReloadKeepsProxiesWhoseKeysAreBeingRewritten(t *testing.T) {
+	ctx := testwait.Context(t, 2*time.Minute)
+	conn := bustest.Start(t)
+	kv, err := conn.JS.KeyValue(ctx, bus.BucketProxies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"demo-a", "demo-b", "demo-c"}
+	body := map[string][]byte{}
+	for _, id := range ids {
+		body[id], _ = json.Marshal(events.ProxyView{ID: id, Pool: "demo", State: events.ProxyReady})
+		if _, err := kv.Put(ctx, id, body[id]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := New()
+	f := NewFollower(conn.JS, s, time.Second, nil)
+	reload := func() []string {
+		t.Helper()
+		lctx, lcancel := context.WithCancel(ctx)
+		defer lcancel()
+		var got []string
+		if err := f.watch(lctx, bus.BucketProxies, buckets[bus.BucketProxies], func() {
+			got = slices.Sorted(maps.Keys(s.keys(bus.BucketProxies)))
+			lcancel()
+		}); err != nil {
+			t.Fatalf("watch: %v", err)
+		}
+		return got
+	}
+	if got := reload(); !slices.Equal(got, ids) {
+		t.Fatalf("first load: %v, want %v", got, ids)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer halt()
+	for _, id := range ids {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := kv.Put(ctx, id, body[id]); err != nil {
+					t.Errorf("put %s: %v", id, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range 200 {
+		if got := reload(); !slices.Equal(got, ids) {
+			t.Fatalf("reload %d while the proxies' values are rewritten: %v at the end of its initial values, want %v", i, got, ids)
+		}
+	}
+	halt()
+
+	if err := kv.Delete(ctx, "demo-c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := reload(), []string{"demo-a", "demo-b"}; !slices.Equal(got, want) {
+		t.Errorf("reload after demo-c was deleted: %v, want %v", got, want)
+	}
 }

@@ -72,7 +72,7 @@ func (f *Fleet) runCooldowns(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { f.writeCooldowns(ctx, kv) })
-	f.watch(ctx, bus.BucketGatewayCooldowns, kv, f.applyCooldown, f.resetCooldowns)
+	f.watch(ctx, bus.BucketGatewayCooldowns, bucketWatch{kv, f.applyCooldown, f.resetCooldowns})
 	wg.Wait()
 }
 
@@ -118,4 +118,4 @@ func (f *Fleet) applyCooldown(e jetstream.KeyValueEntry) {
 // resetCooldowns keeps what a reload did not see: a cooldown ends at its
 // until, and one this gateway decided may still be on its way to the
 // bucket.
-func (f *Fleet) resetCooldowns(map[string]bool) {}
+func (f *Fleet) resetCooldowns(map[string]bool, func(string) bool) {}

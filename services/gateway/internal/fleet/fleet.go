@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -337,20 +339,12 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 	}
 
 	var wg sync.WaitGroup
-	for name, w := range map[string]struct {
-		kv    jetstream.KeyValue
-		apply func(jetstream.KeyValueEntry)
-		reset func(seen map[string]bool)
-	}{
+	for name, b := range map[string]bucketWatch{
 		bus.BucketPools:        {pools, f.applyPool, f.resetPools},
 		bus.BucketProxies:      {proxies, f.applyProxy, f.resetProxies},
 		bus.BucketGatewayCreds: {creds, f.applyCred, f.resetCreds},
 	} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f.watch(ctx, name, w.kv, w.apply, w.reset)
-		}()
+		wg.Go(func() { f.watch(ctx, name, b) })
 	}
 	wg.Add(1)
 	go func() {
@@ -365,34 +359,27 @@ func (f *Fleet) Run(ctx context.Context, srv *forward.Server) error {
 	return nil
 }
 
-// watch applies every entry of kv, watching again after a failure; after
-// each (re)load, reset drops what the bucket no longer holds.
-func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), reset func(map[string]bool)) {
+// bucketWatch is how one bucket's entries reach the gateway: apply applies
+// one entry; reset, after each (re)load, drops what the bucket no longer
+// holds: what the initial values lacked (seen) and gone confirms.
+type bucketWatch struct {
+	kv    jetstream.KeyValue
+	apply func(jetstream.KeyValueEntry)
+	reset func(seen map[string]bool, gone func(key string) bool)
+}
+
+// watch follows one bucket, watching again after a failure, and marks it
+// synced after its first load.
+func (f *Fleet) watch(ctx context.Context, name string, b bucketWatch) {
 	delay := 100 * time.Millisecond
 	first := true
 	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
-		if err == nil {
-			delay = 100 * time.Millisecond
-			seen := map[string]bool{}
-			loaded := false
-			err = bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
-				if e == nil {
-					loaded = true
-					reset(seen)
-					if first {
-						first = false
-						f.markSynced(name)
-					}
-					return
-				}
-				if !loaded && e.Operation() == jetstream.KeyValuePut {
-					seen[e.Key()] = true
-				}
-				apply(e)
-			})
-			bus.StopWatch(w)
-		}
+		err := f.load(ctx, name, b, func() {
+			if first {
+				first = false
+				f.markSynced(name)
+			}
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -404,6 +391,42 @@ func (f *Fleet) watch(ctx context.Context, name string, kv jetstream.KeyValue, a
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// load watches the bucket once, until ctx ends or the watch fails, and
+// calls loaded after the reset that follows its initial values. A key the
+// initial values lack is dropped only once the bucket reads as not holding
+// it: their end can come before a key rewritten meanwhile ([bus.Held]), and
+// dropping a live proxy for that would move the sessions pinned to it.
+func (f *Fleet) load(ctx context.Context, name string, b bucketWatch, loaded func()) error {
+	gone := func(key string) bool {
+		held, err := bus.Held(ctx, b.kv, key)
+		if err != nil && ctx.Err() == nil {
+			f.log.Warn("cannot tell whether a key missing from a reload is gone; it is kept until the next reload", "bucket", name, "key", key, "err", err)
+		}
+		return err == nil && !held
+	}
+	w, err := b.kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer bus.StopWatch(w)
+	seen := map[string]bool{}
+	initial := true
+	return bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
+		if e == nil {
+			if initial {
+				initial = false
+				b.reset(seen, gone)
+				loaded()
+			}
+			return
+		}
+		if initial && e.Operation() == jetstream.KeyValuePut {
+			seen[e.Key()] = true
+		}
+		b.apply(e)
+	})
 }
 
 func deleted(e jetstream.KeyValueEntry) bool {
@@ -427,9 +450,9 @@ func (f *Fleet) removeProxy(id string) {
 	}
 }
 
-func (f *Fleet) resetProxies(seen map[string]bool) {
+func (f *Fleet) resetProxies(seen map[string]bool, gone func(string) bool) {
 	for _, id := range f.table.IDs() {
-		if !seen[id] {
+		if !seen[id] && gone(id) {
 			f.removeProxy(id)
 		}
 	}
@@ -472,12 +495,12 @@ func (f *Fleet) applyPool(e jetstream.KeyValueEntry) {
 	f.mu.Unlock()
 }
 
-func (f *Fleet) resetPools(seen map[string]bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for name := range f.pools {
-		if !seen[name] {
+func (f *Fleet) resetPools(seen map[string]bool, gone func(string) bool) {
+	for _, name := range f.poolNames() {
+		if !seen[name] && gone(name) {
+			f.mu.Lock()
 			delete(f.pools, name)
+			f.mu.Unlock()
 		}
 	}
 }
@@ -505,12 +528,15 @@ func (f *Fleet) applyCred(e jetstream.KeyValueEntry) {
 	f.mu.Unlock()
 }
 
-func (f *Fleet) resetCreds(seen map[string]bool) {
+func (f *Fleet) resetCreds(seen map[string]bool, gone func(string) bool) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	for pool := range f.creds {
-		if !seen[pool] {
+	pools := slices.Collect(maps.Keys(f.creds))
+	f.mu.Unlock()
+	for _, pool := range pools {
+		if !seen[pool] && gone(pool) {
+			f.mu.Lock()
 			delete(f.creds, pool)
+			f.mu.Unlock()
 		}
 	}
 }

@@ -337,3 +337,87 @@ func TestBanReports(t *testing.T) {
 		t.Errorf("p-slow: %d attempts, want 1: a report is not retried once the gateway stops", n)
 	}
 }
+
+// TestReloadKeepsProxiesWhoseKeysAreBeingRewritten: a watch's initial
+// values can end before a key rewritten meanwhile (bus.Held). While three
+// ready proxies' values are rewritten as fast as they can be, every reload
+// of the proxies view still has all three in the routing table when its
+// reset is done; a proxy whose key was deleted and its marker cleaned up
+// while no watch ran is dropped by the next reload.
+func TestReloadKeepsProxiesWhoseKeysAreBeingRewritten(t *testing.T) {
+	conn := bustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	key, err := seal.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxies := bucket(t, conn, bus.BucketProxies)
+	ids := []string{"p-a", "p-b", "p-c"}
+	view := func(id string) events.ProxyView {
+		return events.ProxyView{ID: id, Pool: "p", State: events.ProxyReady, Address: "127.0.0.1:1"}
+	}
+	for _, id := range ids {
+		put(t, proxies, id, view(id))
+	}
+	table := route.NewTable(route.Limits{}, nil)
+	f, err := New(conn, table, Config{Name: "gw1", Key: key}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := bucketWatch{proxies, f.applyProxy, f.resetProxies}
+	reload := func() []string {
+		t.Helper()
+		lctx, lcancel := context.WithCancel(ctx)
+		defer lcancel()
+		var got []string
+		if err := f.load(lctx, bus.BucketProxies, b, func() { got = table.IDs(); lcancel() }); err != nil {
+			t.Fatalf("load: %v", err)
+		}
+		slices.Sort(got)
+		return got
+	}
+	if got := reload(); !slices.Equal(got, ids) {
+		t.Fatalf("first load: table %v, want %v", got, ids)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer halt()
+	body := map[string][]byte{}
+	for _, id := range ids {
+		body[id], _ = json.Marshal(view(id))
+	}
+	for _, id := range ids {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := proxies.Put(ctx, id, body[id]); err != nil {
+					t.Errorf("put %s: %v", id, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range 200 {
+		if got := reload(); !slices.Equal(got, ids) {
+			t.Fatalf("reload %d while the proxies' values are rewritten: table %v at the end of its initial values, want %v", i, got, ids)
+		}
+	}
+	halt()
+
+	if err := proxies.Delete(ctx, "p-c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxies.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := reload(), []string{"p-a", "p-b"}; !slices.Equal(got, want) {
+		t.Errorf("reload after p-c was deleted: table %v, want %v", got, want)
+	}
+}

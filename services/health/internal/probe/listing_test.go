@@ -2,14 +2,19 @@ package probe
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/bus/bustest"
+	"proxyfleet/pkg/events"
 )
 
 // A listing of the bucket can miss a key that is being rewritten at that
@@ -92,5 +97,114 @@ func TestRenewalKeepsPeersWhoseKeysAreBeingRewritten(t *testing.T) {
 	}
 	if got, want := m.list(), want[:3]; !slices.Equal(got, want) {
 		t.Errorf("after health-d left: members %v, want %v", got, want)
+	}
+}
+
+// A watch's initial values can end before a key rewritten meanwhile
+// (bus.Held), and the projection rewrites a proxy's value at each change.
+// A reload of the proxies view must neither stop probing such a proxy
+// (which would also reset its streak) nor delete its probe record: while
+// three proxies' values are rewritten as fast as they can be, after every
+// reload all three are still probed and none of their records is queued
+// for deletion. A proxy whose key was deleted and its marker cleaned up
+// while no watch ran is forgotten, and its record deleted, by the next.
+func TestReloadKeepsProxiesWhoseValuesAreBeingRewritten(t *testing.T) {
+	c := bustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p, err := New(c, Config{EchoURL: "http://127.0.0.1:1/"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(name string) jetstream.KeyValue {
+		kv, err := c.JS.KeyValue(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv
+	}
+	b := buckets{proxies: open(bus.BucketProxies), probes: open(bus.BucketProbes)}
+	// Not run: what a reload queues stays in pending.
+	b.records = newRecordWriter(c.JS, b.probes, slog.New(slog.DiscardHandler))
+	ids := []string{"demo-a", "demo-b", "demo-c"}
+	body := map[string][]byte{}
+	for _, id := range ids {
+		body[id], _ = json.Marshal(events.ProxyView{ID: id, Pool: "demo", State: events.ProxyReady, Address: "127.0.0.1:1"})
+		if _, err := b.proxies.Put(ctx, id, body[id]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.probes.Put(ctx, id, []byte(`{"ok":true}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// reload watches the view once and returns the proxies probed and
+	// the records queued for deletion once its initial values are in.
+	reload := func() (probed, dropped []string) {
+		t.Helper()
+		lctx, lcancel := context.WithCancel(ctx)
+		defer lcancel()
+		w, err := b.proxies.WatchAll(lctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bus.StopWatch(w)
+		err = p.loop(lctx, w, b, map[string]bool{}, func() {
+			p.mu.Lock()
+			probed = slices.Sorted(maps.Keys(p.proxies))
+			p.mu.Unlock()
+			b.records.mu.Lock()
+			for id, op := range b.records.pending {
+				if op.del {
+					dropped = append(dropped, id)
+				}
+			}
+			b.records.mu.Unlock()
+			slices.Sort(dropped)
+			lcancel()
+		})
+		if err != nil {
+			t.Fatalf("loop: %v", err)
+		}
+		return probed, dropped
+	}
+	if probed, dropped := reload(); !slices.Equal(probed, ids) || len(dropped) > 0 {
+		t.Fatalf("first load: probed %v, records dropped %v; want %v and none", probed, dropped, ids)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer halt()
+	for _, id := range ids {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := b.proxies.Put(ctx, id, body[id]); err != nil {
+					t.Errorf("put %s: %v", id, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range 200 {
+		if probed, dropped := reload(); !slices.Equal(probed, ids) || len(dropped) > 0 {
+			t.Fatalf("reload %d while the proxies' values are rewritten: probed %v, records dropped %v; want %v and none", i, probed, dropped, ids)
+		}
+	}
+	halt()
+
+	if err := b.proxies.Delete(ctx, "demo-c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.proxies.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
+	probed, dropped := reload()
+	if want := []string{"demo-a", "demo-b"}; !slices.Equal(probed, want) || !slices.Equal(dropped, []string{"demo-c"}) {
+		t.Errorf("reload after demo-c was deleted: probed %v, records dropped %v; want %v and [demo-c]", probed, dropped, want)
 	}
 }

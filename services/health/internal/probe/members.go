@@ -150,22 +150,21 @@ func (m *membership) renew(ctx context.Context, proxies int) (bool, error) {
 		// beat puts it again.
 		members = append(members, m.self)
 	}
-	// A listing can miss a live key: it reads the bucket through a
-	// consumer whose end-of-listing mark may come early while other keys
-	// are being written, and every member rewrites its key each beat.
-	// So a member the last listing had and this one lacks is read
-	// directly before it counts as gone: a key that expired or was
-	// deleted reads as not found.
+	// A listing can miss a live key: its end can come early while other
+	// keys are being written ([bus.Held]), and every member rewrites its
+	// key each beat. So a member the last listing had and this one lacks
+	// is read directly before it counts as gone: a key that expired or
+	// was deleted reads as not held.
 	for _, was := range m.list() {
 		if slices.Contains(members, was) {
 			continue
 		}
-		_, err := m.kv.Get(ctx, was)
-		switch {
-		case err == nil:
-			members = append(members, was)
-		case !errors.Is(err, jetstream.ErrKeyNotFound):
+		held, err := bus.Held(ctx, m.kv, was)
+		if err != nil {
 			return m.lapse(at), fmt.Errorf("read member %s in %s: %w", was, bus.BucketHealth, err)
+		}
+		if held {
+			members = append(members, was)
 		}
 	}
 	slices.Sort(members)

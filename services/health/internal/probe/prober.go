@@ -343,7 +343,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		if err == nil {
 			delay = 100 * time.Millisecond
 			known := map[string]bool{}
-			err = p.loop(ctx, w, b, known)
+			err = p.loop(ctx, w, b, known, func() {})
 			bus.StopWatch(w)
 		}
 		if err == nil || ctx.Err() != nil {
@@ -361,7 +361,9 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, known map[string]bool) error {
+// loop follows one watch of the proxies view until ctx ends or the watch
+// fails; loaded is called after each end of its initial values is handled.
+func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, known map[string]bool, loaded func()) error {
 	// The fleet present when the watch starts is spread over a whole
 	// interval, so a restart does not probe every proxy at once; a proxy
 	// that appears later is probed within a quarter interval.
@@ -369,10 +371,21 @@ func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, kn
 	return bus.EachUpdate(ctx, w, func(e jetstream.KeyValueEntry) {
 		if e == nil {
 			// The view's current values are in: what is not among
-			// them left while no watch was running.
-			p.forgetUnknown(known)
-			p.dropStaleRecords(ctx, b, known)
+			// them left while no watch was running, once the view
+			// reads as not holding it. Their end can come before a
+			// proxy whose value is rewritten meanwhile ([bus.Held]):
+			// such a proxy is kept, and its value follows.
+			gone := func(id string) bool {
+				held, err := bus.Held(ctx, b.proxies, id)
+				if err != nil && ctx.Err() == nil {
+					p.log.Warn("cannot tell whether a proxy missing from the view's reload left it; kept until the next reload", "proxy", id, "err", err)
+				}
+				return err == nil && !held
+			}
+			p.forgetUnknown(known, gone)
+			p.dropStaleRecords(ctx, b, known, gone)
 			within = p.cfg.Interval / 4
+			loaded()
 			return
 		}
 		p.observe(e, b.records, known, within)
@@ -454,26 +467,33 @@ func (p *Prober) forgetLocked(id string) {
 	p.sched.remove(id)
 }
 
-// forgetUnknown stops probing the proxies that are not in known.
-func (p *Prober) forgetUnknown(known map[string]bool) {
+// forgetUnknown stops probing the proxies that are not in known and are
+// gone from the view.
+func (p *Prober) forgetUnknown(known map[string]bool, gone func(id string) bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var unknown []string
 	for id := range p.proxies {
 		if !known[id] {
-			p.forgetLocked(id)
+			unknown = append(unknown, id)
+		}
+	}
+	p.mu.Unlock()
+	for _, id := range unknown {
+		if gone(id) {
+			p.forget(id)
 		}
 	}
 }
 
 // dropStaleRecords removes probe records of proxies that left the view
 // while no prober was watching.
-func (p *Prober) dropStaleRecords(ctx context.Context, b buckets, known map[string]bool) {
+func (p *Prober) dropStaleRecords(ctx context.Context, b buckets, known map[string]bool, gone func(id string) bool) {
 	keys, err := b.probes.ListKeys(ctx)
 	if err != nil {
 		return
 	}
 	for k := range keys.Keys() {
-		if !known[k] {
+		if !known[k] && gone(k) {
 			b.records.del(k)
 		}
 	}

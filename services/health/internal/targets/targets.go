@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/pkg/agent"
 	"proxyfleet/pkg/api"
@@ -145,11 +144,10 @@ func (c *Checker) CheckAll(ctx context.Context) error {
 			continue
 		}
 		// The listing of agents can miss a heartbeat that was being
-		// rewritten as it ran (its end-of-listing mark may come early):
-		// the record of an agent it did not list goes only once that
-		// agent's key reads as gone.
+		// rewritten as it ran ([bus.Held]): the record of an agent it
+		// did not list goes only once that agent's key reads as gone.
 		if !listed[k] {
-			if _, err := agents.Get(ctx, k); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			if held, err := bus.Held(ctx, agents, k); err != nil || held {
 				continue
 			}
 		}

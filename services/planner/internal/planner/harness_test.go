@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -537,6 +538,24 @@ func (h *harness) commandsOf(verb string) []command {
 	return out
 }
 
+// createsOf waits until a create command was sent for each of ids (the
+// planner sends it after the proxy's requested event) and returns the last
+// one of each.
+func (h *harness) createsOf(ids ...string) map[string]command {
+	h.t.Helper()
+	out := map[string]command{}
+	h.waitFor(fmt.Sprintf("create commands for %v", ids), func() bool {
+		clear(out)
+		for _, c := range h.commandsOf(events.VerbCreate) {
+			if slices.Contains(ids, c.Create.ProxyID) {
+				out[c.Create.ProxyID] = c
+			}
+		}
+		return len(out) == len(ids)
+	})
+	return out
+}
+
 // observe appends a fact about a proxy as an agent or the health service
 // would: with that writer's source, Msg-Id only, no expectation. The
 // agent is the one the proxy's requested event placed it on (local/t1
@@ -620,8 +639,29 @@ func (h *harness) appendsNothing(what string, fn func()) {
 	before := h.lastSeq(bus.EventsStream)
 	fn()
 	if got := h.lastSeq(bus.EventsStream); got != before {
-		h.t.Errorf("%s appended: FLEET_EVENTS last seq %d, want %d (unchanged)", what, got, before)
+		h.t.Errorf("%s appended: FLEET_EVENTS last seq %d, want %d (unchanged): %s", what, got, before, h.subjects(bus.EventsStream, before+1, got))
 	}
+}
+
+// subjects lists the subjects of stream's messages from first to last,
+// for an error that says what was appended.
+func (h *harness) subjects(stream string, first, last uint64) string {
+	h.t.Helper()
+	ctx := context.Background()
+	s, err := h.c.JS.Stream(ctx, stream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for seq := first; seq <= last; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%d: %v", seq, err))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%d: %s", seq, m.Subject))
+	}
+	return strings.Join(out, ", ")
 }
 
 // changesNothing runs fn, which must append no event and send no command

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -52,6 +53,7 @@ func TestFailedProxyIsRetiredAndReplaced(t *testing.T) {
 	if req[replacement].Target == quotaTarget {
 		t.Errorf("replacement placed on %s, which just answered quota", quotaTarget)
 	}
+	h.createsOf(ids[:3]...)
 	if n := len(h.commandsOf(events.VerbCreate)); n != 3 {
 		t.Errorf("create commands: got %d, want 3", n)
 	}
@@ -927,17 +929,9 @@ func (h *harness) checkReplacements(originals []string, rev int, check func(even
 			h.t.Errorf("replacement %s requested: %v", id, err)
 		}
 	}
-	creates := map[string]events.CreateCommand{}
-	for _, c := range h.commandsOf(events.VerbCreate) {
-		creates[c.Create.ProxyID] = c.opened()
-	}
+	creates := h.createsOf(slices.Collect(maps.Values(replaced))...)
 	for _, id := range replaced {
-		c, ok := creates[id]
-		if !ok {
-			h.t.Errorf("replacement %s: no create command", id)
-			continue
-		}
-		if err := checkCmd(c); err != nil {
+		if err := checkCmd(creates[id].opened()); err != nil {
 			h.t.Errorf("replacement %s create command: %v", id, err)
 		}
 	}
@@ -1091,8 +1085,8 @@ func TestSecretChangeRolls(t *testing.T) {
 	if req[last].Replaces != second[0] || req[last].Revision != 3 {
 		t.Errorf("user-data replacement: replaces %q at revision %d, want %q at 3", req[last].Replaces, req[last].Revision, second[0])
 	}
-	for _, c := range h.commandsOf(events.VerbCreate) {
-		if c.Create.ProxyID == last && string(c.opened().UserData) != "#cloud-config\n" {
+	for _, c := range h.createsOf(last) {
+		if string(c.opened().UserData) != "#cloud-config\n" {
 			t.Errorf("user-data replacement command: user-data %q, want the new one", c.opened().UserData)
 		}
 	}

@@ -182,7 +182,7 @@ func TestPoolOverTwoEntries(t *testing.T) {
 	h.agent(agent.Info{Entry: "other", Target: "us2", Labels: map[string]string{"region": "us"}})
 	h.leader()
 	h.ok(poolApply, `{"name":"two","provider":"local","size":4,"placement":{"entries":["cloud"],"spread":[{"label":"region","weights":{"eu":1,"us":1}}]}}`, nil)
-	_, req := h.requested(4)
+	ids, req := h.requested(4)
 	per := map[string]int{}
 	for _, rd := range req {
 		per[rd.Entry+"/"+rd.Target]++
@@ -191,7 +191,7 @@ func TestPoolOverTwoEntries(t *testing.T) {
 		t.Errorf("proxies per target %v, want %v", per, want)
 	}
 	creates := map[string]int{}
-	for _, c := range h.commandsOf(events.VerbCreate) {
+	for _, c := range h.createsOf(ids...) {
 		creates[c.Create.Entry]++
 	}
 	if creates["local"] != 2 || creates["cloud"] != 2 {
@@ -200,7 +200,7 @@ func TestPoolOverTwoEntries(t *testing.T) {
 
 	// A target and a label only the further entry has are accepted.
 	h.ok(poolApply, `{"name":"gold","provider":"local","size":1,"targets":["us1"],"placement":{"entries":["cloud"],"require":{"tier":["gold"]}}}`, nil)
-	ids, req := h.requested(5)
+	ids, req = h.requested(5)
 	if rd := req[ids[4]]; rd.Pool != "gold" || rd.Entry != "cloud" || rd.Target != "us1" {
 		t.Errorf("pool gold's proxy: %s on %s/%s, want gold on cloud/us1", rd.Pool, rd.Entry, rd.Target)
 	}

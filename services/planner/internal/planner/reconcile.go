@@ -226,7 +226,7 @@ func (rc *reconciler) roundOf(names map[string]bool, takeDirty bool) *round {
 
 // reconcileLoop runs while this replica leads.
 func (rc *reconciler) reconcileLoop(ctx context.Context) {
-	rc.noteTraced()
+	rc.noteTraced(rc.l.term.Seq)
 	rc.recoverCommands(ctx)
 	svc, err := rc.api.Start(apiserver.Leader)
 	if err != nil {

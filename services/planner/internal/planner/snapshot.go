@@ -96,6 +96,7 @@ type snapPool struct {
 	ScaleReason   string             `json:"scaleReason,omitempty"`
 	Shape         string             `json:"shape,omitempty"`
 	Traceparent   string             `json:"traceparent,omitempty"`
+	TraceSeq      uint64             `json:"traceSeq,omitempty"`
 	Counts        map[string]int     `json:"counts,omitempty"`
 }
 
@@ -153,7 +154,7 @@ func (s *state) image() *image {
 		img.pools = append(img.pools, snapPool{
 			Name: p.Name, Spec: p.Spec, Revision: p.Revision, SecretsDigest: p.SecretsDigest, Deleted: p.Deleted,
 			LastSeq: p.LastSeq, ShapeRevision: p.ShapeRevision, Conditions: append([]events.Condition(nil), p.Conditions...),
-			Autoscaled: p.Autoscaled, ScaleReason: p.ScaleReason, Shape: p.shape, Traceparent: p.traceparent, Counts: counts,
+			Autoscaled: p.Autoscaled, ScaleReason: p.ScaleReason, Shape: p.shape, Traceparent: p.traceparent, TraceSeq: p.traceSeq, Counts: counts,
 		})
 	}
 	for _, x := range s.proxies {
@@ -243,7 +244,7 @@ func decodeSnapshot(r io.Reader, log *slog.Logger, keep int) (*state, error) {
 			Pool: decide.Pool{Name: sp.Name, Spec: sp.Spec, Revision: sp.Revision, Deleted: sp.Deleted,
 				LastSeq: sp.LastSeq, ShapeRevision: sp.ShapeRevision, Conditions: sp.Conditions,
 				Autoscaled: sp.Autoscaled, ScaleReason: sp.ScaleReason},
-			SecretsDigest: sp.SecretsDigest, shape: sp.Shape, traceparent: sp.Traceparent, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
+			SecretsDigest: sp.SecretsDigest, shape: sp.Shape, traceparent: sp.Traceparent, traceSeq: sp.TraceSeq, counts: counts, members: map[string]*Proxy{}, onTarget: map[string]int{},
 		}
 	}
 	for i := range h.Proxies {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -704,7 +705,9 @@ func TestPlannerStopsCleanlyAtAnyPointOfStartUp(t *testing.T) {
 						t.Logf("Run returned %v", err)
 					}
 				case <-time.After(30 * time.Second):
-					t.Fatal("Run did not return within 30s of its context ending")
+					var stacks strings.Builder
+					_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+					t.Fatalf("Run did not return within 30s of its context ending; goroutines:\n%s", stacks.String())
 				}
 			})
 		}

@@ -38,7 +38,9 @@ type Pool struct {
 	// traceparent is the trace context of the pool's last request (its
 	// last applied or deleted event): the reconciler's first round after
 	// it continues that trace, later work links to it (see tracing.go).
+	// traceSeq is that event's sequence.
 	traceparent string
+	traceSeq    uint64
 	// counts is the number of member proxies per state.
 	counts map[string]int
 	// members holds the pool's proxies that are not terminal.
@@ -351,7 +353,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 		p.SecretsDigest = d.SecretsDigest
 		p.Deleted = false
 		p.LastSeq = ev.Seq
-		p.traceparent = ev.Header.Get("traceparent")
+		p.traceparent, p.traceSeq = ev.Header.Get("traceparent"), ev.Seq
 		for _, entry := range d.Spec.PlacementEntries() {
 			s.noteTarget(entry, "")
 		}
@@ -367,7 +369,7 @@ func (s *state) applyPool(ev bus.Event) bool {
 		}
 		p.Deleted = true
 		p.LastSeq = ev.Seq
-		p.traceparent = ev.Header.Get("traceparent")
+		p.traceparent, p.traceSeq = ev.Header.Get("traceparent"), ev.Seq
 		return true
 	case events.PoolScaled:
 		p := s.pool(ev.ID)

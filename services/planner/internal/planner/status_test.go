@@ -591,6 +591,48 @@ func TestTraceFromRequestReachesCommands(t *testing.T) {
 	}
 }
 
+// TestNewLeaderContinuesRequestsMadeSinceItsTerm: a new leader decides
+// only once its projection holds its term's event, and a request can land
+// in between (its replica served it as soon as the lease was won). Its
+// first round continues the trace of such a request; a pool's request
+// before the term event, which an earlier leader may have handled, gets a
+// trace of its own linking to it.
+func TestNewLeaderContinuesRequestsMadeSinceItsTerm(t *testing.T) {
+	const (
+		earlier = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		since   = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	)
+	st := newState(testLogger(), 0)
+	old, fresh := st.pool("old"), st.pool("fresh")
+	old.traceparent, old.traceSeq = earlier, 5
+	fresh.traceparent, fresh.traceSeq = since, 12
+	rc := &reconciler{Planner: &Planner{st: st}}
+	rc.noteTraced(10)
+
+	traceOf := func(tp string) trace.TraceID {
+		return trace.SpanContextFromContext(traceCtx(context.Background(), tp)).TraceID()
+	}
+	ctx := rc.poolCtx(context.Background(), *fresh)
+	if got := trace.SpanContextFromContext(ctx).TraceID(); got != traceOf(since) {
+		t.Errorf("first round for a request made since the term began: trace %s, want the request's %s", got, traceOf(since))
+	}
+	if ctx.Value(causeKey{}) != nil {
+		t.Error("first round for a request made since the term began: links to it instead of continuing it")
+	}
+	ctx = rc.poolCtx(context.Background(), *old)
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		t.Errorf("round for a request before the term: continues trace %s, want a trace of its own", trace.SpanContextFromContext(ctx).TraceID())
+	}
+	if sc, ok := ctx.Value(causeKey{}).(trace.SpanContext); !ok || sc.TraceID() != traceOf(earlier) {
+		t.Errorf("round for a request before the term: links to %v, want the request's trace %s", ctx.Value(causeKey{}), traceOf(earlier))
+	}
+	// The request made since the term is continued once: the next
+	// round links to it.
+	if ctx := rc.poolCtx(context.Background(), *fresh); ctx.Value(causeKey{}) == nil {
+		t.Error("second round for the same request: continues it again, want a link")
+	}
+}
+
 // failedEvents counts the failed events of proxy id.
 func (h *harness) failedEvents(id string) int {
 	n := 0

@@ -87,14 +87,19 @@ func (rc *reconciler) poolCtx(ctx context.Context, pool Pool) context.Context {
 	return causedBy(ctx, pool.traceparent)
 }
 
-// noteTraced records every pool's last request as handled: a new leader
-// links to what an earlier leader may have handled already.
-func (rc *reconciler) noteTraced() {
+// noteTraced records as handled every pool's last request that precedes
+// the term's event (at termSeq): a new leader links to what an earlier
+// leader may have handled already, and continues the requests made since
+// its term began (it decides only once the projection holds its term
+// event, and a request can come in between).
+func (rc *reconciler) noteTraced(termSeq uint64) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.traced = make(map[string]string, len(rc.st.pools))
 	for name, pl := range rc.st.pools {
-		rc.traced[name] = pl.traceparent
+		if pl.traceSeq <= termSeq {
+			rc.traced[name] = pl.traceparent
+		}
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -128,25 +127,10 @@ func TestHeldKeysMissingFromTheInitialValues(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer halt()
-	for _, k := range keys {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := kv.Put(ctx, k, []byte("v")); err != nil {
-					t.Errorf("put %s: %v", k, err)
-					return
-				}
-			}
-		})
-	}
+	halt := bustest.Rewriters(t, keys, func(k string) error {
+		_, err := kv.Put(ctx, k, []byte("v"))
+		return err
+	})
 	short := 0
 	const watches = 300
 	for range watches {

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -202,25 +201,10 @@ func TestReloadKeepsProxiesWhoseKeysAreBeingRewritten(t *testing.T) {
 		t.Fatalf("first load: %v, want %v", got, ids)
 	}
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer halt()
-	for _, id := range ids {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := kv.Put(ctx, id, body[id]); err != nil {
-					t.Errorf("put %s: %v", id, err)
-					return
-				}
-			}
-		})
-	}
+	halt := bustest.Rewriters(t, ids, func(id string) error {
+		_, err := kv.Put(ctx, id, body[id])
+		return err
+	})
 	for i := range 200 {
 		if got := reload(); !slices.Equal(got, ids) {
 			t.Fatalf("reload %d while the proxies' values are rewritten: %v at the end of its initial values, want %v", i, got, ids)

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,25 +37,10 @@ func TestRenewalKeepsPeersWhoseKeysAreBeingRewritten(t *testing.T) {
 	}
 	want := append([]string{"health-a"}, peers...)
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer halt()
-	for _, p := range peers {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := kv.Put(ctx, p, []byte("{}")); err != nil {
-					t.Errorf("put %s: %v", p, err)
-					return
-				}
-			}
-		})
-	}
+	halt := bustest.Rewriters(t, peers, func(p string) error {
+		_, err := kv.Put(ctx, p, []byte("{}"))
+		return err
+	})
 
 	m := &membership{kv: kv, self: "health-a", beat: 100 * time.Millisecond, ttl: bus.HealthMemberTTL, started: time.Now(), log: slog.New(slog.DiscardHandler)}
 	// The first renewal has no earlier listing to check a short one
@@ -171,25 +155,10 @@ func TestReloadKeepsProxiesWhoseValuesAreBeingRewritten(t *testing.T) {
 		t.Fatalf("first load: probed %v, records dropped %v; want %v and none", probed, dropped, ids)
 	}
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer halt()
-	for _, id := range ids {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := b.proxies.Put(ctx, id, body[id]); err != nil {
-					t.Errorf("put %s: %v", id, err)
-					return
-				}
-			}
-		})
-	}
+	halt := bustest.Rewriters(t, ids, func(id string) error {
+		_, err := b.proxies.Put(ctx, id, body[id])
+		return err
+	})
 	for i := range 200 {
 		if probed, dropped := reload(); !slices.Equal(probed, ids) || len(dropped) > 0 {
 			t.Fatalf("reload %d while the proxies' values are rewritten: probed %v, records dropped %v; want %v and none", i, probed, dropped, ids)

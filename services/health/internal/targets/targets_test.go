@@ -170,24 +170,7 @@ func TestCheckAllKeepsRecordsOfAgentsBeatingDuringTheListing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, h := range hosts {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if err := beat(h); err != nil {
-					t.Errorf("heartbeat %s: %v", h, err)
-					return
-				}
-			}
-		})
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer bustest.Rewriters(t, hosts, beat)()
 
 	const rounds = 100
 	lost := 0

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -44,6 +45,18 @@ func Held(ctx context.Context, kv jetstream.KeyValue, key string) (bool, error) 
 		return false, nil
 	}
 	return false, err
+}
+
+// Gone reports whether a key that was held before and is missing from a
+// reload's initial values (or a listing) is gone from kv, by [Held]. A
+// failed read counts as not gone, and log says so: the caller keeps the
+// key until its next reload.
+func Gone(ctx context.Context, kv jetstream.KeyValue, key string, log *slog.Logger) bool {
+	held, err := Held(ctx, kv, key)
+	if err != nil && ctx.Err() == nil {
+		log.Warn("cannot tell whether a key missing from a reload is gone; it is kept until the next reload", "bucket", kv.Bucket(), "key", key, "err", err)
+	}
+	return err == nil && !held
 }
 
 // StopWatch stops a KV watcher and drains its updates. The watcher's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -187,5 +188,40 @@ func TestHeldKeysMissingFromTheInitialValues(t *testing.T) {
 		if held, err := bus.Held(ctx, kv, k); err != nil || held != want {
 			t.Errorf("Held(%s) = %v, %v; want %v", k, held, err, want)
 		}
+	}
+}
+
+// TestGoneKeepsAKeyItCannotRead: a key held is not gone, a deleted one is;
+// a read that fails (the connection closed) keeps the key and says why.
+func TestGoneKeepsAKeyItCannotRead(t *testing.T) {
+	c := bustest.Start(t)
+	ctx := context.Background()
+	kv, err := c.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "a", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "b", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	if bus.Gone(ctx, kv, "a", log) || !bus.Gone(ctx, kv, "b", log) {
+		t.Errorf("Gone(a), Gone(b) = %v, %v; want false, true", bus.Gone(ctx, kv, "a", log), bus.Gone(ctx, kv, "b", log))
+	}
+	if logs.Len() != 0 {
+		t.Errorf("reads that answered logged %q", logs.String())
+	}
+	c.NC.Close()
+	if bus.Gone(ctx, kv, "b", log) {
+		t.Error("a key whose read failed counts as gone")
+	}
+	if !strings.Contains(logs.String(), "kept until the next reload") || !strings.Contains(logs.String(), "bucket=gone") {
+		t.Errorf("failed read logged %q; want the bucket and that the key is kept", logs.String())
 	}
 }

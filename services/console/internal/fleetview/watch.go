@@ -201,7 +201,7 @@ func (f *Follower) follow(ctx context.Context, bucket string, apply bucketApply)
 // calls loaded once its initial values are in and what it no longer holds
 // is dropped. A key of the store the initial values lack is dropped only
 // once the bucket reads as not holding it: their end can come before a key
-// rewritten meanwhile ([bus.Held]).
+// rewritten meanwhile ([bus.Gone]).
 func (f *Follower) watch(ctx context.Context, bucket string, apply bucketApply, loaded func()) error {
 	kv, err := f.js.KeyValue(ctx, bucket)
 	if err != nil {
@@ -219,7 +219,7 @@ func (f *Follower) watch(ctx context.Context, bucket string, apply bucketApply, 
 		if e == nil {
 			if initial {
 				for k := range have {
-					if !seen[k] && f.gone(ctx, bucket, kv, k) {
+					if !seen[k] && bus.Gone(ctx, kv, k, f.log) {
 						_ = apply(f.store, k, nil)
 					}
 				}
@@ -252,16 +252,6 @@ func (f *Follower) watch(ctx context.Context, bucket string, apply bucketApply, 
 
 // keys returns the keys the store holds from bucket, so that a watch that
 // starts again drops those the bucket lost meanwhile.
-// gone reports whether the bucket reads as not holding key. A failed read
-// keeps the key until the next reload.
-func (f *Follower) gone(ctx context.Context, bucket string, kv jetstream.KeyValue, key string) bool {
-	held, err := bus.Held(ctx, kv, key)
-	if err != nil && ctx.Err() == nil {
-		f.log.Warn("cannot tell whether a key missing from a reload is gone; it is kept until the next reload", "bucket", bucket, "key", key, "err", err)
-	}
-	return err == nil && !held
-}
-
 func (s *Store) keys(bucket string) map[string]bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

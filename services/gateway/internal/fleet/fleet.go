@@ -374,7 +374,7 @@ func (f *Fleet) watch(ctx context.Context, name string, b bucketWatch) {
 	delay := 100 * time.Millisecond
 	first := true
 	for ctx.Err() == nil {
-		err := f.load(ctx, name, b, func() {
+		err := f.load(ctx, b, func() {
 			if first {
 				first = false
 				f.markSynced(name)
@@ -396,16 +396,10 @@ func (f *Fleet) watch(ctx context.Context, name string, b bucketWatch) {
 // load watches the bucket once, until ctx ends or the watch fails, and
 // calls loaded after the reset that follows its initial values. A key the
 // initial values lack is dropped only once the bucket reads as not holding
-// it: their end can come before a key rewritten meanwhile ([bus.Held]), and
+// it: their end can come before a key rewritten meanwhile ([bus.Gone]), and
 // dropping a live proxy for that would move the sessions pinned to it.
-func (f *Fleet) load(ctx context.Context, name string, b bucketWatch, loaded func()) error {
-	gone := func(key string) bool {
-		held, err := bus.Held(ctx, b.kv, key)
-		if err != nil && ctx.Err() == nil {
-			f.log.Warn("cannot tell whether a key missing from a reload is gone; it is kept until the next reload", "bucket", name, "key", key, "err", err)
-		}
-		return err == nil && !held
-	}
+func (f *Fleet) load(ctx context.Context, b bucketWatch, loaded func()) error {
+	gone := func(key string) bool { return bus.Gone(ctx, b.kv, key, f.log) }
 	w, err := b.kv.WatchAll(ctx)
 	if err != nil {
 		return err

@@ -373,7 +373,7 @@ func TestReloadKeepsProxiesWhoseKeysAreBeingRewritten(t *testing.T) {
 		var got []string
 		// The watch lives in lctx: once it ends, its updates may end
 		// first (ErrWatchEnded).
-		if err := f.load(lctx, bus.BucketProxies, b, func() { got = table.IDs(); lcancel() }); err != nil && lctx.Err() == nil {
+		if err := f.load(lctx, b, func() { got = table.IDs(); lcancel() }); err != nil && lctx.Err() == nil {
 			t.Fatalf("load: %v", err)
 		}
 		slices.Sort(got)

@@ -373,15 +373,9 @@ func (p *Prober) loop(ctx context.Context, w jetstream.KeyWatcher, b buckets, kn
 			// The view's current values are in: what is not among
 			// them left while no watch was running, once the view
 			// reads as not holding it. Their end can come before a
-			// proxy whose value is rewritten meanwhile ([bus.Held]):
+			// proxy whose value is rewritten meanwhile ([bus.Gone]):
 			// such a proxy is kept, and its value follows.
-			gone := func(id string) bool {
-				held, err := bus.Held(ctx, b.proxies, id)
-				if err != nil && ctx.Err() == nil {
-					p.log.Warn("cannot tell whether a proxy missing from the view's reload left it; kept until the next reload", "proxy", id, "err", err)
-				}
-				return err == nil && !held
-			}
+			gone := func(id string) bool { return bus.Gone(ctx, b.proxies, id, p.log) }
 			p.forgetUnknown(known, gone)
 			p.dropStaleRecords(ctx, b, known, gone)
 			within = p.cfg.Interval / 4

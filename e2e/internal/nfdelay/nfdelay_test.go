@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/e2e/internal/nfdelay"
 	"proxyfleet/pkg/testgate"
+	"proxyfleet/pkg/testwait"
 )
 
 // pair is two network namespaces joined by a veth pair: a (.1) and b (.2).
@@ -199,8 +200,13 @@ func TestDelayerHoldsEachPacket(t *testing.T) {
 			t.Fatalf("datagram %d arrived as number %d: the delayer reordered packets (%v…)", i, s, got[:min(len(got), i+5)])
 		}
 	}
-	queued, accepted := d.Counts()
-	if queued < n+10 || accepted < n+10 {
+	// The delayer counts a packet accepted once its verdict is sent, so
+	// the last datagram can arrive before its count: wait for it.
+	var queued, accepted uint64
+	if err := testwait.For(testwait.Context(t, 5*time.Second), func() bool {
+		queued, accepted = d.Counts()
+		return queued >= n+10 && accepted >= n+10
+	}); err != nil {
 		t.Errorf("the delayer counts %d queued, %d accepted; at least %d went through it", queued, accepted, n+10)
 	}
 

@@ -211,6 +211,11 @@ type Fact struct {
 type OrphanDelete struct {
 	// Skip: the proxy was abandoned once; its instance is never touched.
 	Skip bool
+	// Stale: the proxy's aggregate moved on after the inventory was
+	// requested (an agent's deleted, say, while the listing was on its
+	// way), so the listing may predate it; nothing is decided this round,
+	// and the next round's inventory judges the instance again.
+	Stale bool
 	// Retire: append retiring expecting the aggregate's LastSeq (that
 	// gives the agent's deleted observation an aggregate to land on when
 	// the planner never knew the proxy, and it makes the agent act on a
@@ -226,9 +231,14 @@ type OrphanDelete struct {
 }
 
 // DeleteOrphan decides how orphan o is deleted from the events of its
-// proxy's aggregate, in order (see [DeleteInstance]); a proxy ever abandoned is
-// skipped.
-func DeleteOrphan(o Orphan, evs []Fact) OrphanDelete {
+// proxy's aggregate, in order (see [DeleteInstance]); a proxy ever
+// abandoned is skipped. listedAt is the sequence of the last event the
+// state held when the round asked for the inventory: an aggregate with a
+// later event is stale and decides nothing.
+func DeleteOrphan(o Orphan, evs []Fact, listedAt uint64) OrphanDelete {
+	if n := len(evs); n > 0 && evs[n-1].Seq > listedAt {
+		return OrphanDelete{Stale: true, LastSeq: evs[n-1].Seq}
+	}
 	d, abandoned := DeleteInstance(o.Entry, o.Target, evs)
 	if abandoned {
 		return OrphanDelete{Skip: true}

@@ -183,9 +183,10 @@ func TestDeleteOrphan(t *testing.T) {
 	}
 	requested := ev(1, events.ProxyRequested, events.SourcePlanner, events.Observer{})
 	cases := []struct {
-		name string
-		evs  []Fact
-		want OrphanDelete
+		name     string
+		evs      []Fact
+		listedAt uint64
+		want     OrphanDelete
 	}{
 		{name: "a proxy the log never held: retire it expecting nothing, first delete",
 			want: OrphanDelete{Retire: true, LastSeq: 0, Attempt: 1}},
@@ -216,10 +217,26 @@ func TestDeleteOrphan(t *testing.T) {
 		{name: "another agent's abandoned is ignored too",
 			evs:  []Fact{requested, ev(2, events.ProxyAbandoned, events.AgentSource("local", "t2"), other)},
 			want: OrphanDelete{Retire: true, LastSeq: 2, Attempt: 1}},
+		{name: "deleted after the inventory was asked for: stale, nothing decided",
+			evs:      []Fact{requested, ev(2, events.ProxyRetiring, events.SourcePlanner, events.Observer{}), ev(4, events.ProxyDeleted, agent, placed)},
+			listedAt: 3,
+			want:     OrphanDelete{Stale: true, LastSeq: 4}},
+		{name: "abandoned after the inventory was asked for: stale too",
+			evs:      []Fact{requested, ev(5, events.ProxyAbandoned, events.SourcePlanner, events.Observer{})},
+			listedAt: 4,
+			want:     OrphanDelete{Stale: true, LastSeq: 5}},
+		{name: "its last event the last the state held when asked: judged",
+			evs:      []Fact{requested, ev(2, events.ProxyRunning, agent, placed), ev(3, events.ProxyDeleted, agent, placed)},
+			listedAt: 3,
+			want:     OrphanDelete{Retire: true, LastSeq: 3, Attempt: 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := DeleteOrphan(o, tc.evs); got != tc.want {
+			listedAt := tc.listedAt
+			if listedAt == 0 {
+				listedAt = 100 // the inventory was asked for after every event
+			}
+			if got := DeleteOrphan(o, tc.evs, listedAt); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})

@@ -28,6 +28,10 @@ type (
 // absent and change nothing.
 type inventory struct {
 	answered map[string]decide.Inventory
+	// seq is the sequence of the last event the state held when the
+	// round asked for the inventories: a listing may predate any later
+	// event (an agent's deleted while the answer was on its way).
+	seq uint64
 }
 
 // newTargetInventory indexes one agent's answer to an inventory request.
@@ -64,8 +68,9 @@ func (rc *reconciler) gatherLoop(ctx context.Context, out chan<- inventory) {
 func (rc *reconciler) gather(ctx context.Context) inventory {
 	rc.mu.Lock()
 	agents := rc.liveAgentsLocked(rc.now())
+	seq := rc.st.seq
 	rc.mu.Unlock()
-	in := inventory{answered: map[string]decide.Inventory{}}
+	in := inventory{answered: map[string]decide.Inventory{}, seq: seq}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, a := range agents {
@@ -146,7 +151,7 @@ func (rc *reconciler) collectGarbage(ctx context.Context, in inventory) {
 		if ctx.Err() != nil {
 			break
 		}
-		rc.deleteOrphan(ctx, f, o)
+		rc.deleteOrphan(ctx, f, o, in.seq)
 	}
 	for _, x := range vanished {
 		fd := events.ProxyFailedData{
@@ -174,8 +179,9 @@ func factsOf(evs []bus.Event) []decide.Fact {
 // deleteOrphan deletes one orphaned instance as [decide.DeleteOrphan]
 // says: it first appends retiring (reason gcReason) to the instance's
 // proxy aggregate, unless the proxy's last event is a retiring already,
-// then sends the delete. A proxy ever abandoned is left alone.
-func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o decide.Orphan) {
+// then sends the delete. A proxy ever abandoned is left alone, and one
+// with an event after listedAt waits for the next round's inventory.
+func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o decide.Orphan, listedAt uint64) {
 	id := o.Instance.Proxy
 	log := rc.log.With("proxy", id, "entry", o.Entry, "target", o.Target, "instance", o.Instance.Name)
 	evs, err := rc.store.Load(ctx, events.AggregateProxy, id)
@@ -185,7 +191,12 @@ func (rc *reconciler) deleteOrphan(ctx context.Context, f *flight, o decide.Orph
 		}
 		return
 	}
-	od := decide.DeleteOrphan(o, factsOf(evs))
+	od := decide.DeleteOrphan(o, factsOf(evs), listedAt)
+	if od.Stale {
+		log.Debug("garbage collection: the proxy has an event newer than the inventory; judged again next round",
+			"last_seq", od.LastSeq, "listed_at", listedAt)
+		return
+	}
 	if od.Skip {
 		return
 	}

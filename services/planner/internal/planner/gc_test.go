@@ -27,6 +27,9 @@ type fakeInventory struct {
 	mu       sync.Mutex
 	list     []agent.Instance
 	requests int
+	// hold, when set, runs once, on the next request, after its listing
+	// was taken and before the answer is sent.
+	hold func()
 }
 
 func (h *harness) fakeInventory(entry, target string, silent bool) *fakeInventory {
@@ -36,9 +39,14 @@ func (h *harness) fakeInventory(entry, target string, silent bool) *fakeInventor
 		f.mu.Lock()
 		f.requests++
 		list := append([]agent.Instance{}, f.list...)
+		hold := f.hold
+		f.hold = nil
 		f.mu.Unlock()
 		if f.silent {
 			return
+		}
+		if hold != nil {
+			hold()
 		}
 		// Pages of at most two instances, so every walk takes several.
 		var req page.Request
@@ -199,6 +207,67 @@ func TestGCDeletesOrphansAfterGrace(t *testing.T) {
 	t1.mu.Unlock()
 	h.observe(ghost, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
 	h.appendsNothing("garbage collection after the orphan was gone", func() { h.gcSettle(r, 5) })
+}
+
+// TestGCJudgesNoListingOlderThanTheOrphansLastEvent: an agent deletes an
+// orphan and reports it deleted while the collector's inventory request,
+// answered before the delete, is on its way. That listing still holds the
+// instance, but it predates the deleted event: the round decides nothing
+// for it (no second retiring, no second delete), and the next round's
+// listing, without it, ends the matter.
+func TestGCJudgesNoListingOlderThanTheOrphansLastEvent(t *testing.T) {
+	h := newHarness(t)
+	h.agent(agent.Info{Entry: "local", Target: "t1"})
+	t1 := h.fakeInventory("local", "t1", false)
+	cfg := gcConfig("gc")
+	cfg.InventoryTimeout = waitTimeout // the held answer must not time out
+	r := h.startPlannerWith(cfg, nil)
+	h.waitFor("leader", r.IsLeader)
+
+	ghost := events.NewProxyID("demo")
+	t1.add(marked(ghost, "demo", "local"))
+	var first command
+	h.waitFor("delete of the orphan", func() bool {
+		dels := h.commandsOf(events.VerbDelete)
+		if len(dels) == 0 {
+			return false
+		}
+		first = dels[0]
+		return true
+	})
+
+	// The next round's answer is held until the grace has passed again
+	// since that delete (a deleted orphan is judged again only then, and
+	// rounds do not overlap), so the held round decides about the orphan.
+	listed, release := make(chan struct{}), make(chan struct{})
+	t1.mu.Lock()
+	t1.hold = func() {
+		close(listed)
+		<-release
+	}
+	t1.mu.Unlock()
+	select {
+	case <-listed:
+	case <-time.After(waitTimeout):
+		t.Fatal("no inventory request after the hold was set")
+	}
+	h.waitFor("the orphan's grace to pass again", func() bool { return time.Since(first.Time) > testGCGrace })
+	// The held answer lists the orphan; the agent deletes it now.
+	t1.mu.Lock()
+	t1.list = nil
+	t1.mu.Unlock()
+	h.observe(ghost, events.ProxyDeleted, 1, events.ProxyDeletedData{Attempt: 1})
+	h.appendsNothing("garbage collection of a listing taken before the orphan's deleted event", func() {
+		close(release)
+		h.gcSettle(r, 3)
+	})
+	if dels := h.commandsOf(events.VerbDelete); len(dels) != 1 {
+		var got []events.DeleteCommand
+		for _, c := range dels {
+			got = append(got, c.Delete)
+		}
+		t.Errorf("delete commands: got %d (%+v), want only the first", len(dels), got)
+	}
 }
 
 // TestGCDeletesLingeringInstanceOfDeletedProxy: a proxy recorded deleted

@@ -80,3 +80,10 @@ func (p *Projector) SetStall(d time.Duration) { p.stallAfter = d }
 
 // SetDeaf sets the deaf test hook (see Projector.deaf).
 func (p *Projector) SetDeaf(f func() bool) { p.deaf = f }
+
+// SetDirectGet sends the direct gets of the proxies' view to subject, for
+// a test that answers some of them as a replica from behind would.
+func (p *Projector) SetDirectGet(subject string) { p.proxies.direct = subject }
+
+// DirectGetProxies is the subject the proxies' view is read from.
+const DirectGetProxies = directGetPrefix + "KV_" + bus.BucketProxies

@@ -22,6 +22,8 @@ const (
 	kvPurge           = "PURGE"
 
 	directGetPrefix = "$JS.API.DIRECT.GET."
+	msgGetPrefix    = "$JS.API.STREAM.MSG.GET."
+	upToSeqHeader   = "Nats-UpTo-Sequence"
 	statusHeader    = "Status"
 	numPendingHdr   = "Nats-Num-Pending"
 
@@ -30,6 +32,10 @@ const (
 	multiGetLimit = 1024
 	// readTimeout bounds one batched read.
 	readTimeout = 10 * time.Second
+	// behindFirstWait and behindMaxWait space the reads asked again of a
+	// replica that answered from behind the bucket's last sequence.
+	behindFirstWait = 5 * time.Millisecond
+	behindMaxWait   = 200 * time.Millisecond
 	// maxMarkers bounds the delete markers a complete cache remembers (see
 	// [bucket.complete]); past it they are forgotten and read when needed.
 	maxMarkers = 1 << 16
@@ -58,7 +64,9 @@ type key[T any] struct {
 // also expects the revision it was computed from, so a write racing
 // another writer fails instead of overwriting.
 type bucket[T any] struct {
-	name   string
+	name string
+	// direct is the subject of the bucket's direct gets.
+	direct string
 	stream jetstream.Stream // KV_<name>, bound on first use
 	keys   map[string]*key[T]
 	// complete: every key the bucket holds, and every delete marker, is in
@@ -79,7 +87,7 @@ type bucket[T any] struct {
 }
 
 func newBucket[T any](name string, log *slog.Logger) *bucket[T] {
-	return &bucket[T]{name: name, log: log.With("bucket", name)}
+	return &bucket[T]{name: name, direct: directGetPrefix + "KV_" + name, log: log.With("bucket", name)}
 }
 
 // forget drops everything cached; the next [bucket.check] starts over.
@@ -142,6 +150,19 @@ func (b *bucket[T]) load(ctx context.Context, nc *nats.Conn, ks map[string]struc
 // read fetches the last entry of each key of ks in one direct get
 // ("multi_last"), and caches every key, found or not. The server stops at
 // its byte limit, saying how many entries it left; those are asked again.
+//
+// Any replica of the bucket answers a direct get, and a follower serves
+// them from what it has applied: one that has just come back from a
+// partition, or has not applied the last writes yet, answers from behind.
+// Its "not found" would make an event that only changes an existing key
+// look like one for a key never written, and be dropped. So an answer
+// counts only when it proves the replica holds the bucket's last sequence
+// as [bucket.check] saw it: the end-of-batch mark carries the sequence
+// the replica read up to. An answer without that mark (none of the keys
+// found) proves nothing; the request then also names the bucket's last
+// key, read from the stream's leader, which a replica that is current
+// holds (or a key the cache holds a value of, when it has one). An answer
+// from behind is discarded, and asked again shortly.
 func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error {
 	ctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
@@ -149,10 +170,15 @@ func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error 
 	for _, k := range ks {
 		want[k] = true
 	}
+	sentinel := b.liveKey(want)
+	wait := behindFirstWait
 	for len(want) > 0 {
-		subjects := make([]string, 0, len(want))
+		subjects := make([]string, 0, len(want)+1)
 		for k := range want {
 			subjects = append(subjects, b.subject(k))
+		}
+		if sentinel != "" && !want[sentinel] {
+			subjects = append(subjects, b.subject(sentinel))
 		}
 		req, err := json.Marshal(struct {
 			MultiLast []string `json:"multi_last"`
@@ -165,13 +191,39 @@ func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error 
 		if err != nil {
 			return err
 		}
-		left := len(want)
-		more, err := b.collect(ctx, nc, sub, inbox, req, want)
+		ans, err := b.collect(ctx, nc, sub, inbox, req, want, sentinel)
 		_ = sub.Unsubscribe()
 		if err != nil {
 			return err
 		}
-		if !more {
+		if !ans.ended || ans.upTo < b.last {
+			if !ans.ended && sentinel == "" {
+				k, ok, err := b.lastKey(ctx, nc)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					break // the bucket holds no entry: none of ks was written
+				}
+				sentinel = k
+				continue
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("direct get of %d keys: the replica answering is behind the bucket's last sequence %d (read up to %d)", len(want), b.last, ans.upTo)
+			case <-t.C:
+			}
+			wait = min(2*wait, behindMaxWait)
+			continue
+		}
+		left := len(want)
+		for _, e := range ans.entries {
+			delete(want, e.k)
+			b.cache(e.k, e.rev, e.op, e.data)
+		}
+		if !ans.more {
 			break
 		}
 		if len(want) == left {
@@ -184,39 +236,121 @@ func (b *bucket[T]) read(ctx context.Context, nc *nats.Conn, ks []string) error 
 	return nil
 }
 
-// collect sends one direct get and caches its answers, removing them from
-// want. It reports whether the server left entries out.
-func (b *bucket[T]) collect(ctx context.Context, nc *nats.Conn, sub *nats.Subscription, inbox string, req []byte, want map[string]bool) (bool, error) {
-	if err := nc.PublishRequest(directGetPrefix+"KV_"+b.name, inbox, req); err != nil {
-		return false, err
+// liveKey is a key the cache holds a value of, outside want, "" if none:
+// the bucket holds it (nobody else wrote since the cache was checked), so
+// a replica that is current answers it and the answer proves its
+// sequence, whether or not the keys of want were ever written.
+func (b *bucket[T]) liveKey(want map[string]bool) string {
+	for k, c := range b.keys {
+		if c.exists && !want[k] {
+			return k
+		}
+	}
+	return ""
+}
+
+// entry is one key's last entry as a direct get answered it.
+type entry struct {
+	k, op string
+	rev   uint64
+	data  []byte
+}
+
+// answer is one direct get's answer.
+type answer struct {
+	entries []entry
+	// ended: the answer ended with its end-of-batch mark, which says
+	// whether entries were left out (more) and the sequence the replica
+	// read up to (upTo). An answer that found none of the keys has no
+	// such mark.
+	ended bool
+	more  bool
+	upTo  uint64
+}
+
+// collect sends one direct get and gathers its answers for the keys of
+// want and for sentinel (which is only read, not returned).
+func (b *bucket[T]) collect(ctx context.Context, nc *nats.Conn, sub *nats.Subscription, inbox string, req []byte, want map[string]bool, sentinel string) (answer, error) {
+	var ans answer
+	if err := nc.PublishRequest(b.direct, inbox, req); err != nil {
+		return ans, err
 	}
 	prefix := b.subject("")
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
-			return false, err
+			return ans, err
 		}
 		switch status := m.Header.Get(statusHeader); status {
 		case "":
 		case "204": // end of batch
 			np, _ := strconv.ParseUint(m.Header.Get(numPendingHdr), 10, 64)
-			return np > 0, nil
+			upTo, err := strconv.ParseUint(m.Header.Get(upToSeqHeader), 10, 64)
+			if err != nil {
+				return ans, fmt.Errorf("direct get: end of batch without the sequence read up to: %w", err)
+			}
+			ans.ended, ans.more, ans.upTo = true, np > 0, upTo
+			return ans, nil
 		case "404": // none of the keys has an entry
-			return false, nil
+			return ans, nil
 		default:
-			return false, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+			return ans, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
 		}
 		k, ok := strings.CutPrefix(m.Header.Get(jetstream.SubjectHeader), prefix)
-		if !ok || !want[k] {
-			return false, fmt.Errorf("direct get answered for %q", m.Header.Get(jetstream.SubjectHeader))
+		if !ok || (!want[k] && k != sentinel) {
+			return ans, fmt.Errorf("direct get answered for %q", m.Header.Get(jetstream.SubjectHeader))
+		}
+		if !want[k] {
+			continue // the sentinel only makes the answer prove its sequence
 		}
 		rev, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 		if err != nil {
-			return false, fmt.Errorf("direct get: sequence of %s: %w", k, err)
+			return ans, fmt.Errorf("direct get: sequence of %s: %w", k, err)
 		}
-		delete(want, k)
-		b.cache(k, rev, m.Header.Get(kvOperationHeader), m.Data)
+		ans.entries = append(ans.entries, entry{k: k, op: m.Header.Get(kvOperationHeader), rev: rev, data: m.Data})
 	}
+}
+
+// lastKey asks the bucket's stream leader (a message get, which only the
+// leader answers) for the key of the bucket's last entry; ok is false
+// when the bucket holds none.
+func (b *bucket[T]) lastKey(ctx context.Context, nc *nats.Conn) (k string, ok bool, err error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{b.subject(">")})
+	if err != nil {
+		return "", false, err
+	}
+	reply, err := nc.RequestWithContext(ctx, msgGetPrefix+"KV_"+b.name, req)
+	if err != nil {
+		return "", false, fmt.Errorf("bucket %s: last entry: %w", b.name, err)
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Subject string `json:"subject"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return "", false, fmt.Errorf("bucket %s: last entry: %w", b.name, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return "", false, nil
+	case resp.Error != nil:
+		return "", false, fmt.Errorf("bucket %s: last entry: %d %s", b.name, resp.Error.Code, resp.Error.Description)
+	case resp.Message == nil:
+		return "", false, fmt.Errorf("bucket %s: last entry: an answer without a message", b.name)
+	}
+	k, ok = strings.CutPrefix(resp.Message.Subject, b.subject(""))
+	if !ok {
+		return "", false, fmt.Errorf("bucket %s: last entry on %q", b.name, resp.Message.Subject)
+	}
+	return k, true, nil
 }
 
 // cache records the entry at rev of key k.

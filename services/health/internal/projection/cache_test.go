@@ -3,7 +3,6 @@ package projection_test
 import (
 	"testing"
 
-	"proxyfleet/pkg/bus"
 	"proxyfleet/pkg/events"
 	"proxyfleet/services/health/internal/projection"
 )
@@ -13,19 +12,7 @@ import (
 // between its batches or in the middle of one.
 func TestCacheGivesWayToOtherWriters(t *testing.T) {
 	e := open(t)
-	stored := func(id, kind string, data any) projection.Raw {
-		t.Helper()
-		seq := e.append(id, kind, data)
-		st, err := e.conn.JS.Stream(e.ctx, bus.EventsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := st.GetMsg(e.ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return projection.Raw{Seq: seq, Subject: m.Subject, Data: m.Data}
-	}
+	stored := e.stored
 	running := func(id string) projection.Raw {
 		return stored(id, events.ProxyRunning, events.ProxyRunningData{Address: "127.0.0.1:9", Attempt: 1})
 	}

@@ -85,6 +85,22 @@ func (e *env) append(id, kind string, data any) uint64 {
 	return seq
 }
 
+// stored appends an event as [env.append] does and returns it as stored,
+// for [projection.Projector.ApplyBatch].
+func (e *env) stored(id, kind string, data any) projection.Raw {
+	e.t.Helper()
+	seq := e.append(id, kind, data)
+	st, err := e.conn.JS.Stream(e.ctx, bus.EventsStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m, err := st.GetMsg(e.ctx, seq)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return projection.Raw{Seq: seq, Subject: m.Subject, Data: m.Data}
+}
+
 func isPoolData(d any) bool {
 	switch d.(type) {
 	case events.PoolAppliedData, events.PoolDeletedData, events.PoolConditionData, events.PoolScaledData:

@@ -3,15 +3,12 @@
 package e2e_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/textproto"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -606,10 +603,21 @@ func (cf *clusterFleet) dupProbe(label string) int {
 		time.Sleep(200 * time.Millisecond)
 	}
 	last := info.State.LastSeq
-	var msgs []*jetstream.RawStreamMsg
+	// The messages are read from the stream's leader: the JetStream
+	// context of nats.go's first API gets a message through the leader
+	// unless told to get it directly. A stream that allows direct gets
+	// serves them from its followers too, and a follower enables them once
+	// it is 90% caught up: right after a node restarts, a direct get of
+	// the newest messages can answer "not found". The probe is about what
+	// the leader holds.
+	leader, err := cf.conn.NC.JetStream()
+	if err != nil {
+		cf.t.Fatal(err)
+	}
+	var msgs []*nats.RawStreamMsg
 	var getErrs []string
 	for seq := last; seq > 0 && seq+200 > last && len(msgs) < 5; seq-- {
-		m, err := leaderMsg(ctx, cf.conn.NC, bus.EventsStream, seq)
+		m, err := leader.GetMsg(bus.EventsStream, seq, nats.Context(ctx))
 		if err != nil {
 			getErrs = append(getErrs, fmt.Sprintf("%d: %v", seq, err))
 			continue
@@ -644,58 +652,6 @@ func (cf *clusterFleet) dupProbe(label string) int {
 	}
 	cf.t.Logf("cluster: %s: duplicate events dropped by Msg-Id: %d of %d republished", label, dropped, len(msgs))
 	return dropped
-}
-
-// leaderMsg reads message seq of stream from the stream's leader. A
-// stream that allows direct gets serves them from its followers too, and
-// a follower enables them once it is 90% caught up: right after a node
-// restarts, a direct get of the newest messages can answer "not found".
-// The probe is about what the leader holds, so it asks the leader.
-func leaderMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
-	req, err := json.Marshal(map[string]uint64{"seq": seq})
-	if err != nil {
-		return nil, err
-	}
-	reply, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, err
-	}
-	var resp struct {
-		Error *struct {
-			Code        int    `json:"code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Header  []byte    `json:"hdrs"`
-			Data    []byte    `json:"data"`
-			Time    time.Time `json:"time"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return nil, fmt.Errorf("message %d of %s: %w", seq, stream, err)
-	}
-	if resp.Error != nil {
-		return nil, fmt.Errorf("message %d of %s: %d %s", seq, stream, resp.Error.Code, resp.Error.Description)
-	}
-	if resp.Message == nil {
-		return nil, fmt.Errorf("message %d of %s: an answer without a message", seq, stream)
-	}
-	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data, Time: resp.Message.Time}
-	if len(resp.Message.Header) > 0 {
-		// "NATS/1.0" and then MIME headers.
-		r := textproto.NewReader(bufio.NewReader(bytes.NewReader(resp.Message.Header)))
-		if _, err := r.ReadLine(); err != nil {
-			return nil, fmt.Errorf("message %d of %s: headers: %w", seq, stream, err)
-		}
-		h, err := r.ReadMIMEHeader()
-		if err != nil {
-			return nil, fmt.Errorf("message %d of %s: headers: %w", seq, stream, err)
-		}
-		m.Header = nats.Header(h)
-	}
-	return m, nil
 }
 
 // caughtUp waits until every replica of stream is current again.
